@@ -1,3 +1,172 @@
+//! relaxc command line: compile, run and inspect models. Only argument handling lives here.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand};
+
+use relaxc::codegen::ExecMode;
+use relaxc::host::{Model, npz};
+
+#[derive(Parser)]
+#[command(
+    name = "relaxc",
+    version,
+    about = "Ahead-of-time compiler from Relax VM programs to self-contained shared objects",
+    long_about = "relaxc turns a Relax program (a TVM 0.27 export made with ex.export_library(\"m.tar\")) into one \
+                  self-contained .so: the program, its kernels and a small C runtime, loadable with dlopen through \
+                  the C API in rvm.h. No libtvm and no Python are needed to run it."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compile a model into a shared object.
+    Compile {
+        /// A TVM export (.tar from export_library, built with exec_mode="bytecode").
+        input: PathBuf,
+        /// How Relax functions run: the shim's interpreter, or native code.
+        #[arg(long, value_enum, default_value = "bytecode")]
+        exec_mode: ExecMode,
+        /// The shared object to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Print how long each stage took.
+        #[arg(short, long)]
+        verbose: bool,
+    },
+    /// Run a function of a compiled model on inputs from an .npz file.
+    Run {
+        /// A model built by `relaxc compile`.
+        model: PathBuf,
+        /// The Relax function to call.
+        #[arg(long, default_value = "main")]
+        func: String,
+        /// Arguments: argN (or arr_N) tensors, argN.shape int64 1-D shape tuples, argN.prim 0-d scalars.
+        #[arg(long)]
+        inputs: Option<PathBuf>,
+        /// Where to write the results (out0, out1, ...; tuples flattened depth-first).
+        #[arg(long)]
+        outputs: Option<PathBuf>,
+        /// After one warm-up call, time N calls and print the median per-call latency.
+        #[arg(long, value_name = "N")]
+        bench: Option<usize>,
+        /// Print storage statistics of the call (peak bytes held, allocations).
+        #[arg(long)]
+        stats: bool,
+    },
+    /// Print the listing (as TVM's as_text()) and statistics of a TVM export or a compiled model.
+    Inspect {
+        /// A TVM export (.tar) or a model built by relaxc (.so).
+        input: PathBuf,
+        /// Print the builder form (TVM's as_python()) instead of the listing.
+        #[arg(long)]
+        python: bool,
+    },
+}
+
 fn main() {
-    println!("Hello, world!");
+    if let Err(e) = run(Cli::parse()) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Compile { input, exec_mode, output, verbose } => {
+            let report = relaxc::compile::compile_file(&input, exec_mode, &output)
+                .with_context(|| format!("compiling {}", input.display()))?;
+            if verbose {
+                eprintln!(
+                    "import {:.2} ms, codegen {:.2} ms ({} bytes of object), link {:.2} ms",
+                    report.import.as_secs_f64() * 1e3,
+                    report.codegen.as_secs_f64() * 1e3,
+                    report.object_bytes,
+                    report.link.as_secs_f64() * 1e3
+                );
+            }
+            Ok(())
+        }
+        Command::Run { model, func, inputs, outputs, bench, stats } => run_model(&model, &func, inputs.as_deref(), outputs.as_deref(), bench, stats),
+        Command::Inspect { input, python } => {
+            let exec = relaxc::inspect::load_executable(&input).with_context(|| format!("inspecting {}", input.display()))?;
+            if python {
+                print!("{}", exec.as_python());
+            } else {
+                print!("{}", exec.as_text());
+                print!("{}", exec.stats());
+            }
+            Ok(())
+        }
+    }
+}
+
+fn run_model(path: &Path, func: &str, inputs: Option<&Path>, outputs: Option<&Path>, bench: Option<usize>, stats: bool) -> Result<()> {
+    let model = Model::load(path)?;
+    let f = model.find(func).with_context(|| format!("available functions: {}", model.functions().join(", ")))?;
+    let args = match inputs {
+        Some(p) => npz::read_inputs(p)?,
+        None => Vec::new(),
+    };
+    let mut vm = model.vm()?;
+    let result = vm.call(f, &args).with_context(|| format!("calling {func}"))?;
+    let flat = result.to_output().flatten();
+    drop(result);
+    if stats {
+        let s = vm.stats();
+        println!(
+            "storage: peak {} bytes held at once, {} allocations ({} from the pool)",
+            s.peak_storage_bytes, s.storage_allocations, s.pool_hits
+        );
+    }
+    match outputs {
+        Some(p) => npz::write_outputs(p, &flat)?,
+        None => {
+            for (i, o) in flat.iter().enumerate() {
+                println!("out{i}: {}", describe(o));
+            }
+        }
+    }
+    if let Some(n) = bench {
+        if n == 0 {
+            bail!("--bench needs at least one call");
+        }
+        let prepared = vm.prepare(&args)?;
+        drop(vm.call_prepared(f, &prepared)?);
+        let mut times = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            let r = vm.call_prepared(f, &prepared)?;
+            drop(r);
+            times.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        times.sort_by(|a, b| a.total_cmp(b));
+        println!("{func}: median {:.3} us per call over {n} calls", times[n / 2]);
+    }
+    Ok(())
+}
+
+fn describe(o: &relaxc::host::Output) -> String {
+    use relaxc::host::Output;
+    match o {
+        Output::Tensor { dtype, shape, data } => format!(
+            "tensor shape {:?} dtype (code {}, bits {}, lanes {}), {} bytes",
+            shape,
+            dtype.code,
+            dtype.bits,
+            dtype.lanes,
+            data.len()
+        ),
+        Output::Shape(d) => format!("shape {d:?}"),
+        Output::Int(v) => format!("int {v}"),
+        Output::Bool(v) => format!("bool {v}"),
+        Output::Float(v) => format!("float {v}"),
+        Output::Tuple(_) => "tuple".into(),
+        Output::Other(t) => format!("{t} (not representable in .npz)"),
+    }
 }

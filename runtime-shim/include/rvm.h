@@ -1,0 +1,127 @@
+/*
+ * rvm.h: the C API of every model .so built by relaxc.
+ *
+ * A model exports one symbol, rvm_get_api, found with dlsym. It returns a table of functions for
+ * the ABI version asked for (NULL if the library does not speak it). Typical use:
+ *
+ *   const rvm_api *api = ((rvm_get_api_fn)dlsym(h, "rvm_get_api"))(RVM_ABI_VERSION);
+ *   rvm_module *m;  api->module_open(&m);              // once; shareable across threads
+ *   rvm_vm *vm;     api->vm_create(m, NULL, &vm);      // one per thread
+ *   int32_t f;      api->function_find(m, "main", &f); // look names up once
+ *   rvm_value in[1] = {{.type_index = kTVMFFIDLTensorPtr, .v_ptr = &my_dltensor}}, out = {0};
+ *   if (api->vm_call(vm, f, in, 1, &out) != 0) fprintf(stderr, "%s\n", api->last_error());
+ *   ... api->tensor_view(&out) ...; api->value_release(&out);
+ *   api->vm_destroy(vm); api->module_close(m);
+ *
+ * Ownership: arguments are borrowed for the duration of a call; results are owned by the caller,
+ * who releases them with value_release (on any thread). Every function that can fail returns 0 on
+ * success and non-zero on failure, with a message for last_error() on the calling thread.
+ */
+#ifndef RVM_H
+#define RVM_H
+
+#include "rvm_kernel.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define RVM_ABI_VERSION 1u
+
+/* A value: TVMFFIAny. Tensors, shapes, tuples (arrays), strings and closures are objects. */
+typedef TVMFFIAny rvm_value;
+
+/* The program of one .so: constants and functions. Thread-safe, reference counted by its VMs. */
+typedef struct rvm_module rvm_module;
+
+/* An execution context with its own allocator and register stack. One thread at a time. */
+typedef struct rvm_vm rvm_vm;
+
+/* Identity of the .so: what built it and for what. Strings are owned by the library. */
+typedef struct rvm_module_info {
+  uint32_t abi_version;
+  uint32_t exec_mode; /* 0 bytecode, 1 compiled (mixed modes count as compiled) */
+  const char *compiler_version;
+  const char *target_triple;
+  uint64_t executable_hash;
+  int32_t num_functions; /* Relax functions callable through the API */
+} rvm_module_info;
+
+/* Counters of one VM, reset by vm_reset_stats. */
+typedef struct rvm_vm_stats {
+  uint64_t live_storage_bytes; /* storage currently held by tensors */
+  uint64_t peak_storage_bytes; /* the most storage held at once since the last reset */
+  uint64_t storage_allocations;
+  uint64_t pool_hits; /* allocations served from the pool instead of malloc */
+} rvm_vm_stats;
+
+typedef struct rvm_api {
+  uint32_t abi_version;
+  uint32_t struct_size;
+
+  /* The message of the last failed call on this thread ("" if none). Owned by the library. */
+  const char *(*last_error)(void);
+  /* The error kind of that failure (e.g. "ValueError"). Owned by the library. */
+  const char *(*last_error_kind)(void);
+
+  /* Loads the program of this .so. The caller owns *out and closes it with module_close. */
+  int (*module_open)(rvm_module **out);
+  /* Drops the caller's reference; the module lives on while VMs use it. */
+  void (*module_close)(rvm_module *module);
+  /* Fills *out with the identity block of the .so. */
+  int (*module_info)(const rvm_module *module, rvm_module_info *out);
+  /* Name of Relax function i (0 <= i < num_functions). Owned by the library. */
+  const char *(*function_name)(const rvm_module *module, int32_t index);
+  /* Finds a Relax function by name; *out_index is what vm_call takes. */
+  int (*function_find)(const rvm_module *module, const char *name, int32_t *out_index);
+  /* Number of parameters of function index, or -1 if out of range. */
+  int32_t (*function_arity)(const rvm_module *module, int32_t index);
+
+  /* Creates a VM on the module (which it retains). The caller owns *out. */
+  int (*vm_create)(rvm_module *module, rvm_vm **out);
+  /* Destroys a VM. Values it returned stay valid. */
+  void (*vm_destroy)(rvm_vm *vm);
+  /* Calls a function. args are borrowed: DLTensorPtr (type 7) tensors must be compact CPU tensors
+   * and stay untouched during the call (misaligned data is copied to 64-byte aligned memory).
+   * *result must hold no object on entry; on success the caller owns it. */
+  int (*vm_call)(rvm_vm *vm, int32_t function, const rvm_value *args, int32_t num_args,
+                 rvm_value *result);
+  /* Calls a closure value returned by this module. Same rules as vm_call. */
+  int (*vm_call_closure)(rvm_vm *vm, const rvm_value *closure, const rvm_value *args,
+                         int32_t num_args, rvm_value *result);
+  /* Reads the VM's counters. */
+  void (*vm_stats)(const rvm_vm *vm, rvm_vm_stats *out);
+  /* Resets the peak and the counting statistics. */
+  void (*vm_reset_stats)(rvm_vm *vm);
+
+  /* Releases an owned value and sets it to None. Safe on None and POD values. */
+  void (*value_release)(rvm_value *value);
+  /* Makes *out an owned copy (a new reference) of *value. */
+  void (*value_retain)(const rvm_value *value, rvm_value *out);
+  /* Name of the value's type ("Tensor", "Shape", "Array", "int", ...). */
+  const char *(*value_type_name)(const rvm_value *value);
+  /* A new owned Shape from n dims. */
+  int (*shape_new)(const int64_t *dims, int64_t n, rvm_value *out);
+  /* Borrowed view of a Shape's dims; fails if the value is not a Shape. */
+  int (*shape_view)(const rvm_value *value, const int64_t **dims, int64_t *n);
+  /* A new owned tuple holding new references to items[0..n). */
+  int (*tuple_new)(const rvm_value *items, int64_t n, rvm_value *out);
+  /* Number of elements of a tuple, or -1 if the value is not a tuple. */
+  int64_t (*tuple_size)(const rvm_value *value);
+  /* Borrowed view of element i of a tuple (valid while the tuple lives). */
+  int (*tuple_get)(const rvm_value *value, int64_t index, rvm_value *out);
+  /* Borrowed DLTensor of a Tensor value (or a DLTensorPtr), NULL for anything else. */
+  const DLTensor *(*tensor_view)(const rvm_value *value);
+  /* Exports a Tensor as DLPack: *out holds a new reference, freed by its deleter. */
+  int (*tensor_export)(const rvm_value *value, DLManagedTensorVersioned **out);
+} rvm_api;
+
+typedef const rvm_api *(*rvm_get_api_fn)(uint32_t abi_version);
+
+/* The one exported entry point: the API table for abi_version, or NULL if unsupported. */
+const rvm_api *rvm_get_api(uint32_t abi_version);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* RVM_H */

@@ -1,0 +1,356 @@
+/*
+ * api.c: the C API of rvm.h — modules, VMs, calls and values — and its one exported symbol.
+ *
+ * Opening a module turns the constant table in .rodata into values (tensors view their data in
+ * place) and makes the function pool. A call wraps borrowed DLTensor inputs into Tensor objects,
+ * as TVM's kernels and builtins expect, and runs the function.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static const char *api_last_error(void) { return rvm_error_message(); }
+static const char *api_last_error_kind(void) { return rvm_error_kind(); }
+
+static void module_free(rvm_module *m) {
+  const rvm_program *p = m->program;
+  if (m->consts)
+    for (int64_t i = 0; i < p->num_consts; i++) rvm_any_release(&m->consts[i]);
+  if (m->func_pool)
+    for (int64_t i = 0; i < p->num_funcs; i++) rvm_any_release(&m->func_pool[i]);
+  free(m->consts);
+  free(m->func_pool);
+  free(m->relax_funcs);
+  free(m);
+}
+
+static void module_release(rvm_module *m) {
+  if (atomic_fetch_sub_explicit(&m->refcount, 1, memory_order_acq_rel) == 1) module_free(m);
+}
+
+static int make_constant(const rvm_const_info *c, TVMFFIAny *out) {
+  *out = rvm_none();
+  switch (c->kind) {
+    case kTVMFFITensor: {
+      DLDevice cpu = {kDLCPU, 0};
+      /* Constants are read-only inputs to kernels; their data stays in .rodata. */
+      rvm_tensor *t = rvm_tensor_new((void *)c->data, cpu, c->ndim, c->dtype, c->shape, 0, NULL);
+      if (!t) return -1;
+      *out = rvm_obj_any(t);
+      return 0;
+    }
+    case kTVMFFIShape: {
+      rvm_shape *s = rvm_shape_new(c->data, c->size);
+      if (!s) return -1;
+      *out = rvm_obj_any(s);
+      return 0;
+    }
+    case kTVMFFIStr: {
+      rvm_string *s = rvm_string_new(c->data, (uint64_t)c->size);
+      if (!s) return -1;
+      *out = rvm_obj_any(s);
+      return 0;
+    }
+    case kTVMFFIInt:
+      *out = rvm_int(c->size);
+      return 0;
+    case kTVMFFIFloat:
+      out->type_index = kTVMFFIFloat;
+      memcpy(&out->v_float64, &c->size, sizeof(double));
+      return 0;
+    case kTVMFFIDataType:
+      out->type_index = kTVMFFIDataType;
+      out->v_dtype = c->dtype;
+      return 0;
+    default:
+      return rvm_raise("InternalError", "constant of unknown kind %d", c->kind);
+  }
+}
+
+static int api_module_open(rvm_module **out) {
+  rvm_error_clear();
+  const rvm_program *p = &rvm_model_program;
+  if (p->magic != RVM_PROGRAM_MAGIC)
+    return rvm_raise("ValueError", "this library's program tables have the wrong magic number (not built by relaxc?)");
+  if (p->abi_version != RVM_ABI_VERSION)
+    return rvm_raise("ValueError", "program tables have ABI version %u, the runtime expects %u", p->abi_version, RVM_ABI_VERSION);
+  rvm_module *m = calloc(1, sizeof(*m));
+  if (!m) return rvm_raise("MemoryError", "out of memory opening the module");
+  atomic_init(&m->refcount, 1);
+  m->program = p;
+  m->consts = calloc((size_t)p->num_consts + 1, sizeof(TVMFFIAny));
+  m->func_pool = calloc((size_t)p->num_funcs + 1, sizeof(TVMFFIAny));
+  m->relax_funcs = calloc((size_t)p->num_funcs + 1, sizeof(int32_t));
+  if (!m->consts || !m->func_pool || !m->relax_funcs) {
+    module_free(m);
+    return rvm_raise("MemoryError", "out of memory opening the module");
+  }
+  for (int64_t i = 0; i < p->num_consts; i++) {
+    if (make_constant(&p->consts[i], &m->consts[i])) {
+      module_free(m);
+      return -1;
+    }
+  }
+  for (int64_t i = 0; i < p->num_funcs; i++) {
+    const rvm_func_info *f = &p->funcs[i];
+    void *obj;
+    if (f->kind == RVM_FUNC_PACKED) {
+      obj = rvm_function_new(f->packed);
+    } else {
+      obj = rvm_closure_new(p, i, 0);
+      m->relax_funcs[m->num_relax_funcs++] = (int32_t)i;
+    }
+    if (!obj) {
+      module_free(m);
+      return -1;
+    }
+    m->func_pool[i] = rvm_obj_any(obj);
+  }
+  *out = m;
+  return 0;
+}
+
+static void api_module_close(rvm_module *m) {
+  if (m) module_release(m);
+}
+
+static int api_module_info(const rvm_module *m, rvm_module_info *out) {
+  const rvm_program *p = m->program;
+  out->abi_version = p->abi_version;
+  out->exec_mode = p->exec_mode;
+  out->compiler_version = p->compiler_version;
+  out->target_triple = p->target_triple;
+  out->executable_hash = p->executable_hash;
+  out->num_functions = m->num_relax_funcs;
+  return 0;
+}
+
+static const char *api_function_name(const rvm_module *m, int32_t index) {
+  if (index < 0 || index >= m->num_relax_funcs) return NULL;
+  return m->program->funcs[m->relax_funcs[index]].name;
+}
+
+static int api_function_find(const rvm_module *m, const char *name, int32_t *out) {
+  for (int32_t i = 0; i < m->num_relax_funcs; i++) {
+    if (strcmp(m->program->funcs[m->relax_funcs[i]].name, name) == 0) {
+      *out = i;
+      return 0;
+    }
+  }
+  return rvm_raise("ValueError", "Unknown function: %s", name);
+}
+
+static int32_t api_function_arity(const rvm_module *m, int32_t index) {
+  if (index < 0 || index >= m->num_relax_funcs) return -1;
+  return m->program->funcs[m->relax_funcs[index]].num_args;
+}
+
+static int api_vm_create(rvm_module *m, rvm_vm **out) {
+  rvm_error_clear();
+  rvm_vm *vm = calloc(1, sizeof(*vm));
+  if (!vm) return rvm_raise("MemoryError", "out of memory creating a VM");
+  vm->allocator = rvm_allocator_new();
+  if (!vm->allocator) {
+    free(vm);
+    return -1;
+  }
+  atomic_fetch_add_explicit(&m->refcount, 1, memory_order_relaxed);
+  vm->module = m;
+  vm->program = m->program;
+  vm->consts = m->consts;
+  vm->func_pool = m->func_pool;
+  *out = vm;
+  return 0;
+}
+
+static void api_vm_destroy(rvm_vm *vm) {
+  if (!vm) return;
+  rvm_frames_free(vm);
+  rvm_allocator_release(vm->allocator);
+  module_release(vm->module);
+  free(vm);
+}
+
+/* Wraps a borrowed DLTensor as a Tensor object; copies it when kernels could not use it as is. */
+static int wrap_tensor(const DLTensor *t, int32_t index, TVMFFIAny *out) {
+  if (!t) return rvm_raise("ValueError", "argument %d: NULL DLTensor pointer", index);
+  if (t->device.device_type != kDLCPU)
+    return rvm_raise("ValueError", "argument %d: tensor on device type %d, but this model runs on the CPU", index,
+                     t->device.device_type);
+  if (t->ndim < 0) return rvm_raise("ValueError", "argument %d: negative ndim %d", index, t->ndim);
+  if (t->strides) {
+    int64_t expect = 1;
+    for (int32_t i = t->ndim - 1; i >= 0; i--) {
+      if (t->shape[i] != 1 && t->strides[i] != expect)
+        return rvm_raise("ValueError", "argument %d: tensor is not compact (strides[%d] = %lld, expected %lld)", index, i,
+                         (long long)t->strides[i], (long long)expect);
+      expect *= t->shape[i];
+    }
+  }
+  char *data = (char *)t->data + t->byte_offset;
+  if (!data && rvm_tensor_nbytes(t) > 0) return rvm_raise("ValueError", "argument %d: tensor data pointer is NULL", index);
+  rvm_tensor *w;
+  if (((uintptr_t)data % 64) == 0)
+    w = rvm_tensor_new(data, t->device, t->ndim, t->dtype, t->shape, 0, NULL);
+  else
+    w = rvm_tensor_copy_aligned(t);
+  if (!w) return -1;
+  *out = rvm_obj_any(w);
+  return 0;
+}
+
+static int call_with(rvm_vm *vm, const TVMFFIAny *callee, int64_t func, const rvm_value *args, int32_t num_args,
+                     rvm_value *result) {
+  rvm_error_clear();
+  if (rvm_is_object(result)) return rvm_raise("ValueError", "the result slot must not hold an object on entry");
+  if (num_args < 0 || (num_args > 0 && !args)) return rvm_raise("ValueError", "bad argument list");
+  TVMFFIAny inline_args[16];
+  TVMFFIAny *conv = num_args <= 16 ? inline_args : malloc(sizeof(TVMFFIAny) * (size_t)num_args);
+  if (!conv) return rvm_raise("MemoryError", "out of memory");
+  int rc = 0;
+  int32_t wrapped = 0;
+  for (; wrapped < num_args; wrapped++) {
+    if (args[wrapped].type_index == kTVMFFIDLTensorPtr) {
+      rc = wrap_tensor(args[wrapped].v_ptr, wrapped, &conv[wrapped]);
+      if (rc) break;
+    } else {
+      conv[wrapped] = args[wrapped];
+    }
+  }
+  *result = rvm_none();
+  if (rc == 0) rc = callee ? rvm_invoke_value(vm, callee, conv, num_args, result) : rvm_invoke(vm, func, conv, num_args, result);
+  for (int32_t i = 0; i < wrapped; i++)
+    if (args[i].type_index == kTVMFFIDLTensorPtr) rvm_any_release(&conv[i]);
+  if (conv != inline_args) free(conv);
+  return rc;
+}
+
+static int api_vm_call(rvm_vm *vm, int32_t function, const rvm_value *args, int32_t num_args, rvm_value *result) {
+  if (function < 0 || function >= vm->module->num_relax_funcs)
+    return rvm_raise("ValueError", "function index %d out of range (the model has %d functions)", function,
+                     vm->module->num_relax_funcs);
+  return call_with(vm, NULL, vm->module->relax_funcs[function], args, num_args, result);
+}
+
+static int api_vm_call_closure(rvm_vm *vm, const rvm_value *closure, const rvm_value *args, int32_t num_args,
+                               rvm_value *result) {
+  return call_with(vm, closure, 0, args, num_args, result);
+}
+
+static void api_vm_stats(const rvm_vm *vm, rvm_vm_stats *out) { rvm_allocator_stats(vm->allocator, out); }
+static void api_vm_reset_stats(rvm_vm *vm) { rvm_allocator_reset_stats(vm->allocator); }
+
+static void api_value_release(rvm_value *v) {
+  if (v) rvm_any_release(v);
+}
+
+static void api_value_retain(const rvm_value *v, rvm_value *out) {
+  *out = *v;
+  if (rvm_is_object(v)) rvm_object_incref(v->v_obj);
+}
+
+static const char *api_value_type_name(const rvm_value *v) { return rvm_type_name(v); }
+
+static int api_shape_new(const int64_t *dims, int64_t n, rvm_value *out) {
+  if (n < 0 || (n > 0 && !dims)) return rvm_raise("ValueError", "bad shape");
+  rvm_shape *s = rvm_shape_new(dims, n);
+  if (!s) return -1;
+  *out = rvm_obj_any(s);
+  return 0;
+}
+
+static int api_shape_view(const rvm_value *v, const int64_t **dims, int64_t *n) {
+  const TVMFFIShapeCell *s = rvm_as_shape(v);
+  if (!s) return rvm_raise("TypeError", "expected a Shape, but got %s", rvm_type_name(v));
+  *dims = s->data;
+  *n = (int64_t)s->size;
+  return 0;
+}
+
+static int api_tuple_new(const rvm_value *items, int64_t n, rvm_value *out) {
+  if (n < 0 || (n > 0 && !items)) return rvm_raise("ValueError", "bad tuple");
+  rvm_array *a = rvm_array_new(n);
+  if (!a) return -1;
+  for (int64_t i = 0; i < n; i++) {
+    if (items[i].type_index == kTVMFFIDLTensorPtr) {
+      if (wrap_tensor(items[i].v_ptr, (int32_t)i, &a->items[i])) {
+        rvm_object_decref(&a->header);
+        return -1;
+      }
+    } else if (rvm_any_copy(&items[i], &a->items[i])) {
+      rvm_object_decref(&a->header);
+      return -1;
+    }
+  }
+  *out = rvm_obj_any(a);
+  return 0;
+}
+
+static int64_t api_tuple_size(const rvm_value *v) {
+  if (v->type_index != kTVMFFIArray) return -1;
+  return ((const rvm_array *)v->v_obj)->cell.size;
+}
+
+static int api_tuple_get(const rvm_value *v, int64_t index, rvm_value *out) {
+  if (v->type_index != kTVMFFIArray) return rvm_raise("TypeError", "expected a tuple, but got %s", rvm_type_name(v));
+  const rvm_array *a = (const rvm_array *)v->v_obj;
+  if (index < 0 || index >= a->cell.size)
+    return rvm_raise("IndexError", "Index %lld out of bounds %lld", (long long)index, (long long)a->cell.size);
+  *out = a->items[index];
+  return 0;
+}
+
+static const DLTensor *api_tensor_view(const rvm_value *v) { return rvm_as_dltensor(v); }
+
+static void dlpack_deleter(DLManagedTensorVersioned *self) {
+  rvm_object_decref(self->manager_ctx);
+  free(self);
+}
+
+static int api_tensor_export(const rvm_value *v, DLManagedTensorVersioned **out) {
+  if (v->type_index != kTVMFFITensor) return rvm_raise("TypeError", "expected a Tensor, but got %s", rvm_type_name(v));
+  DLManagedTensorVersioned *m = calloc(1, sizeof(*m));
+  if (!m) return rvm_raise("MemoryError", "out of memory");
+  m->version.major = DLPACK_MAJOR_VERSION;
+  m->version.minor = DLPACK_MINOR_VERSION;
+  m->manager_ctx = v->v_obj;
+  m->deleter = dlpack_deleter;
+  m->dl_tensor = *rvm_tensor_of_object(v->v_obj);
+  rvm_object_incref(v->v_obj);
+  *out = m;
+  return 0;
+}
+
+static const rvm_api api_v1 = {
+    .abi_version = RVM_ABI_VERSION,
+    .struct_size = sizeof(rvm_api),
+    .last_error = api_last_error,
+    .last_error_kind = api_last_error_kind,
+    .module_open = api_module_open,
+    .module_close = api_module_close,
+    .module_info = api_module_info,
+    .function_name = api_function_name,
+    .function_find = api_function_find,
+    .function_arity = api_function_arity,
+    .vm_create = api_vm_create,
+    .vm_destroy = api_vm_destroy,
+    .vm_call = api_vm_call,
+    .vm_call_closure = api_vm_call_closure,
+    .vm_stats = api_vm_stats,
+    .vm_reset_stats = api_vm_reset_stats,
+    .value_release = api_value_release,
+    .value_retain = api_value_retain,
+    .value_type_name = api_value_type_name,
+    .shape_new = api_shape_new,
+    .shape_view = api_shape_view,
+    .tuple_new = api_tuple_new,
+    .tuple_size = api_tuple_size,
+    .tuple_get = api_tuple_get,
+    .tensor_view = api_tensor_view,
+    .tensor_export = api_tensor_export,
+};
+
+__attribute__((visibility("default"))) const rvm_api *rvm_get_api(uint32_t abi_version) {
+  return abi_version == RVM_ABI_VERSION ? &api_v1 : NULL;
+}

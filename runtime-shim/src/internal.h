@@ -1,0 +1,272 @@
+/*
+ * internal.h: what the shim's files share, and the tables relaxc emits into every model.
+ *
+ * The program tables are the contract between the compiler (src/codegen/tables.rs writes them
+ * byte by byte) and the shim (which reads them in place from .rodata). Their offsets are checked
+ * here with _Static_assert and in Rust by a test against the same numbers.
+ */
+#ifndef RVM_INTERNAL_H
+#define RVM_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rvm.h"
+
+#define RVM_HIDDEN __attribute__((visibility("hidden")))
+
+/* ---- Program tables (emitted by relaxc) ------------------------------------------------- */
+
+#define RVM_PROGRAM_MAGIC 0x31474f52504d5652ull /* "RVMPROG1" little-endian */
+
+enum { RVM_FUNC_PACKED = 0, RVM_FUNC_BYTECODE = 1, RVM_FUNC_COMPILED = 2 };
+
+/* A compiled Relax function: works on the register file of the frame its caller set up. */
+typedef int (*rvm_compiled_fn)(rvm_vm *vm, TVMFFIAny *regs);
+
+typedef struct rvm_func_info {
+  const char *name;                /* NUL-terminated */
+  TVMFFISafeCallType packed;       /* PACKED: the kernel or builtin */
+  const char *const *param_names;  /* num_args entries */
+  int64_t start_instr;             /* BYTECODE: [start_instr, end_instr) */
+  int64_t end_instr;
+  int64_t register_file_size;
+  int32_t kind;
+  int32_t num_args;
+  rvm_compiled_fn compiled;        /* COMPILED: native body */
+} rvm_func_info;
+
+/* One constant-pool entry; `kind` is its TVM-FFI type index. */
+typedef struct rvm_const_info {
+  const void *data;     /* Tensor: element bytes (64-aligned); Shape: int64 dims; Str: bytes */
+  const int64_t *shape; /* Tensor: ndim dims */
+  int64_t size;         /* Tensor: byte size; Shape: ndim; Str: length; Int: value; Float: bits */
+  int32_t kind;
+  int32_t ndim;         /* Tensor */
+  DLDataType dtype;     /* Tensor and DataType */
+  int32_t reserved;
+} rvm_const_info;
+
+typedef struct rvm_program {
+  uint64_t magic;
+  uint32_t abi_version;
+  uint32_t exec_mode;
+  const char *compiler_version;
+  const char *target_triple;
+  uint64_t executable_hash;
+  int64_t num_funcs;
+  const rvm_func_info *funcs;
+  int64_t num_consts;
+  const rvm_const_info *consts;
+  int64_t num_instrs;
+  const int64_t *instr_offset;
+  const int64_t *instr_data;
+} rvm_program;
+
+_Static_assert(sizeof(rvm_func_info) == 64, "rvm_func_info layout");
+_Static_assert(offsetof(rvm_func_info, packed) == 8, "rvm_func_info layout");
+_Static_assert(offsetof(rvm_func_info, param_names) == 16, "rvm_func_info layout");
+_Static_assert(offsetof(rvm_func_info, start_instr) == 24, "rvm_func_info layout");
+_Static_assert(offsetof(rvm_func_info, end_instr) == 32, "rvm_func_info layout");
+_Static_assert(offsetof(rvm_func_info, register_file_size) == 40, "rvm_func_info layout");
+_Static_assert(offsetof(rvm_func_info, kind) == 48, "rvm_func_info layout");
+_Static_assert(offsetof(rvm_func_info, num_args) == 52, "rvm_func_info layout");
+_Static_assert(offsetof(rvm_func_info, compiled) == 56, "rvm_func_info layout");
+_Static_assert(sizeof(rvm_const_info) == 40, "rvm_const_info layout");
+_Static_assert(offsetof(rvm_const_info, shape) == 8, "rvm_const_info layout");
+_Static_assert(offsetof(rvm_const_info, size) == 16, "rvm_const_info layout");
+_Static_assert(offsetof(rvm_const_info, kind) == 24, "rvm_const_info layout");
+_Static_assert(offsetof(rvm_const_info, ndim) == 28, "rvm_const_info layout");
+_Static_assert(offsetof(rvm_const_info, dtype) == 32, "rvm_const_info layout");
+_Static_assert(sizeof(rvm_program) == 96, "rvm_program layout");
+_Static_assert(offsetof(rvm_program, abi_version) == 8, "rvm_program layout");
+_Static_assert(offsetof(rvm_program, exec_mode) == 12, "rvm_program layout");
+_Static_assert(offsetof(rvm_program, compiler_version) == 16, "rvm_program layout");
+_Static_assert(offsetof(rvm_program, target_triple) == 24, "rvm_program layout");
+_Static_assert(offsetof(rvm_program, executable_hash) == 32, "rvm_program layout");
+_Static_assert(offsetof(rvm_program, num_funcs) == 40, "rvm_program layout");
+_Static_assert(offsetof(rvm_program, funcs) == 48, "rvm_program layout");
+_Static_assert(offsetof(rvm_program, num_consts) == 56, "rvm_program layout");
+_Static_assert(offsetof(rvm_program, consts) == 64, "rvm_program layout");
+_Static_assert(offsetof(rvm_program, num_instrs) == 72, "rvm_program layout");
+_Static_assert(offsetof(rvm_program, instr_offset) == 80, "rvm_program layout");
+_Static_assert(offsetof(rvm_program, instr_data) == 88, "rvm_program layout");
+
+/* The tables of this model, defined by the object relaxc generates. */
+extern const rvm_program rvm_model_program RVM_HIDDEN;
+
+/* ---- Bytecode encoding (TVM's) ----------------------------------------------------------- */
+
+enum { RVM_OP_CALL = 1, RVM_OP_RET = 2, RVM_OP_GOTO = 3, RVM_OP_IF = 4 };
+enum { RVM_ARG_REG = 0, RVM_ARG_IMM = 1, RVM_ARG_CONST = 2, RVM_ARG_FUNC = 3 };
+#define RVM_REG_VOID ((int64_t)1 << 54)
+#define RVM_REG_VM (((int64_t)1 << 54) + 1)
+
+/* ---- Objects ------------------------------------------------------------------------------ */
+
+/* Type indices of relaxc's own object kinds (dynamic range; never seen by TVM). */
+enum { RVM_TYPE_CLOSURE = 128, RVM_TYPE_STORAGE = 129 };
+
+typedef struct rvm_allocator rvm_allocator;
+
+/* Storage: a 64-byte aligned buffer from an allocator, shared by the tensors viewing it. */
+typedef struct rvm_storage {
+  TVMFFIObject header;
+  void *data;
+  uint64_t nbytes;
+  DLDevice device;
+  rvm_allocator *allocator; /* retained; NULL when data is plain malloc memory */
+} rvm_storage;
+
+/* Tensor: header, the DLTensor at +24 (TVM-FFI layout), then what keeps the data alive, then the
+ * shape and strides arrays inline. */
+typedef struct rvm_tensor {
+  TVMFFIObject header;
+  DLTensor dl;
+  TVMFFIObject *owner; /* storage or tensor whose data this views; NULL for borrowed data */
+  int64_t dims[];      /* shape[ndim] then strides[ndim] */
+} rvm_tensor;
+_Static_assert(offsetof(rvm_tensor, dl) == 24, "DLTensor must follow the object header");
+
+/* Shape: TVM-FFI layout with the dims inline. */
+typedef struct rvm_shape {
+  TVMFFIObject header;
+  TVMFFIShapeCell cell;
+  int64_t dims[];
+} rvm_shape;
+
+/* Str: TVM-FFI layout with the bytes inline and NUL-terminated. */
+typedef struct rvm_string {
+  TVMFFIObject header;
+  TVMFFIByteArray cell;
+  char bytes[];
+} rvm_string;
+
+/* Array (tuple): TVM-FFI layout with owned elements inline. */
+typedef struct rvm_array {
+  TVMFFIObject header;
+  TVMFFISeqCell cell;
+  TVMFFIAny items[];
+} rvm_array;
+
+/* Function: TVM-FFI layout. */
+typedef struct rvm_function {
+  TVMFFIObject header;
+  TVMFFIFunctionCell cell;
+} rvm_function;
+
+/* Closure over a Relax function: captured values are appended to the call's arguments. */
+typedef struct rvm_closure {
+  TVMFFIObject header;
+  const rvm_program *program; /* the module it belongs to */
+  int64_t func_index;
+  int64_t num_captured;
+  TVMFFIAny captured[];
+} rvm_closure;
+
+RVM_HIDDEN void rvm_object_incref(TVMFFIObject *obj);
+RVM_HIDDEN void rvm_object_decref(TVMFFIObject *obj);
+RVM_HIDDEN void rvm_any_release(TVMFFIAny *v);
+/* Returns an owned copy of a borrowed view (objects get a new reference; RawStr becomes Str). */
+RVM_HIDDEN int rvm_any_copy(const TVMFFIAny *view, TVMFFIAny *out);
+RVM_HIDDEN const char *rvm_type_name(const TVMFFIAny *v);
+RVM_HIDDEN void rvm_object_init(TVMFFIObject *obj, int32_t type_index, void (*deleter)(void *, int));
+
+static inline bool rvm_is_object(const TVMFFIAny *v) { return v->type_index >= kTVMFFIStaticObjectBegin; }
+static inline TVMFFIAny rvm_none(void) { TVMFFIAny v = {0}; return v; }
+static inline TVMFFIAny rvm_int(int64_t x) { TVMFFIAny v = {0}; v.type_index = kTVMFFIInt; v.v_int64 = x; return v; }
+static inline TVMFFIAny rvm_obj_any(void *obj) {
+  TVMFFIAny v = {0};
+  v.type_index = ((TVMFFIObject *)obj)->type_index;
+  v.v_obj = (TVMFFIObject *)obj;
+  return v;
+}
+
+/* Constructors return NULL (with the error set) when memory runs out. */
+RVM_HIDDEN rvm_shape *rvm_shape_new(const int64_t *dims, int64_t n);
+RVM_HIDDEN rvm_string *rvm_string_new(const char *bytes, uint64_t size);
+RVM_HIDDEN rvm_array *rvm_array_new(int64_t n); /* elements start as None */
+RVM_HIDDEN rvm_function *rvm_function_new(TVMFFISafeCallType fn);
+/* A tensor viewing `data` (not owned: `owner`, if any, is retained to keep it alive). */
+RVM_HIDDEN rvm_tensor *rvm_tensor_new(void *data, DLDevice dev, int32_t ndim, DLDataType dtype,
+                                      const int64_t *shape, uint64_t byte_offset, TVMFFIObject *owner);
+RVM_HIDDEN rvm_closure *rvm_closure_new(const rvm_program *program, int64_t func_index,
+                                        int64_t num_captured);
+/* The DLTensor of a Tensor object or DLTensorPtr value, or NULL. */
+RVM_HIDDEN DLTensor *rvm_as_dltensor(const TVMFFIAny *v);
+/* The dims of a Shape value, or NULL. */
+RVM_HIDDEN const TVMFFIShapeCell *rvm_as_shape(const TVMFFIAny *v);
+/* The bytes of a string value (RawStr, SmallStr or Str); false if it is not a string. */
+RVM_HIDDEN bool rvm_as_string(const TVMFFIAny *v, const char **data, uint64_t *size);
+RVM_HIDDEN int64_t rvm_tensor_nbytes(const DLTensor *t);
+RVM_HIDDEN void rvm_format_dtype(DLDataType t, char *buf, size_t cap);
+
+/* ---- Errors ------------------------------------------------------------------------------- */
+
+/* Sets the thread's error (printf-style message) and returns -1. */
+RVM_HIDDEN int rvm_raise(const char *kind, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Adds "in <fn> at pc <pc> (<callee>): " in front of the current error, once per error. */
+RVM_HIDDEN void rvm_error_locate(const char *function, int64_t pc, const char *callee);
+RVM_HIDDEN void rvm_error_clear(void);
+RVM_HIDDEN const char *rvm_error_message(void);
+RVM_HIDDEN const char *rvm_error_kind(void);
+
+/* ---- Allocation --------------------------------------------------------------------------- */
+
+/* A pooled CPU allocator: freed buffers are kept by size for reuse. Reference counted; safe to
+ * release buffers from any thread. */
+RVM_HIDDEN rvm_allocator *rvm_allocator_new(void);
+RVM_HIDDEN void rvm_allocator_retain(rvm_allocator *a);
+RVM_HIDDEN void rvm_allocator_release(rvm_allocator *a);
+/* 64-byte aligned, at least nbytes (0 allowed). NULL with the error set on failure. */
+RVM_HIDDEN void *rvm_allocator_alloc(rvm_allocator *a, uint64_t nbytes);
+RVM_HIDDEN void rvm_allocator_free(rvm_allocator *a, void *ptr, uint64_t nbytes);
+RVM_HIDDEN void rvm_allocator_stats(const rvm_allocator *a, rvm_vm_stats *out);
+RVM_HIDDEN void rvm_allocator_reset_stats(rvm_allocator *a);
+/* A new Storage object of nbytes from the allocator (which it retains). */
+RVM_HIDDEN rvm_storage *rvm_storage_new(rvm_allocator *a, uint64_t nbytes);
+/* A Storage of plain 64-byte aligned memory, freed with the object (for copies outside a VM). */
+RVM_HIDDEN rvm_storage *rvm_storage_new_unpooled(uint64_t nbytes);
+/* A compact, zero-offset, 64-byte aligned copy of t's elements as a new Tensor. */
+RVM_HIDDEN rvm_tensor *rvm_tensor_copy_aligned(const DLTensor *t);
+
+/* ---- Modules and VMs ---------------------------------------------------------------------- */
+
+struct rvm_module {
+  atomic_long refcount;
+  const rvm_program *program;
+  TVMFFIAny *consts;    /* owned constant pool */
+  TVMFFIAny *func_pool; /* owned: Function objects for packed entries, closures for Relax ones */
+  int32_t num_relax_funcs;
+  int32_t *relax_funcs; /* API function index -> function-table index */
+};
+
+typedef struct rvm_frame_chunk rvm_frame_chunk;
+
+struct rvm_vm {
+  rvm_module *module;
+  const rvm_program *program;
+  const TVMFFIAny *consts;
+  const TVMFFIAny *func_pool;
+  rvm_allocator *allocator;
+  rvm_frame_chunk *frames; /* register stack: a list of chunks, never moved */
+  int depth;
+};
+
+/* Runs function-table entry `func` (a Relax function) with borrowed args; *result is owned. */
+RVM_HIDDEN int rvm_invoke(rvm_vm *vm, int64_t func, const TVMFFIAny *args, int32_t num_args,
+                          TVMFFIAny *result);
+/* Calls any callable value: a closure (through the VM) or a Function object. */
+RVM_HIDDEN int rvm_invoke_value(rvm_vm *vm, const TVMFFIAny *callee, const TVMFFIAny *args,
+                                int32_t num_args, TVMFFIAny *result);
+RVM_HIDDEN void rvm_frames_free(rvm_vm *vm);
+
+#define RVM_BUILTIN(suffix, name, doc) \
+  RVM_HIDDEN int rvm_builtin_##suffix(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result);
+#include "rvm_builtins.def"
+#undef RVM_BUILTIN
+
+#endif /* RVM_INTERNAL_H */

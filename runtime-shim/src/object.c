@@ -1,0 +1,260 @@
+/*
+ * object.c: reference counting and the object kinds of the runtime, in TVM-FFI layouts.
+ *
+ * Objects are single allocations (header, body, inline arrays) so that creating one is one
+ * malloc. Reference counts follow TVM-FFI: strong count in the low 32 bits of the combined
+ * count, one weak reference held by all strong ones together; relaxc never hands out weak
+ * references, so the last strong release frees the object.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+#define RVM_STRONG_ONE 1ull
+#define RVM_FRESH_COUNT 0x0000000100000001ull
+
+void rvm_object_init(TVMFFIObject *obj, int32_t type_index, void (*deleter)(void *, int)) {
+  obj->combined_ref_count = RVM_FRESH_COUNT;
+  obj->type_index = type_index;
+  obj->padding = 0;
+  obj->deleter = deleter;
+}
+
+void rvm_object_incref(TVMFFIObject *obj) {
+  __atomic_fetch_add(&obj->combined_ref_count, RVM_STRONG_ONE, __ATOMIC_RELAXED);
+}
+
+void rvm_object_decref(TVMFFIObject *obj) {
+  uint64_t before = __atomic_fetch_sub(&obj->combined_ref_count, RVM_STRONG_ONE, __ATOMIC_RELEASE);
+  if (before == RVM_FRESH_COUNT) {
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    obj->deleter(obj, 3);
+  } else if ((before & 0xffffffffu) == 1) {
+    /* Someone holds a weak reference (only possible for objects made elsewhere). */
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    obj->deleter(obj, 1);
+    uint64_t weak_before = __atomic_fetch_sub(&obj->combined_ref_count, 1ull << 32, __ATOMIC_RELEASE);
+    if ((weak_before >> 32) == 1) obj->deleter(obj, 2);
+  }
+}
+
+void rvm_any_release(TVMFFIAny *v) {
+  if (rvm_is_object(v)) rvm_object_decref(v->v_obj);
+  memset(v, 0, sizeof(*v));
+}
+
+int rvm_any_copy(const TVMFFIAny *view, TVMFFIAny *out) {
+  if (view->type_index == kTVMFFIRawStr) {
+    const char *s = view->v_c_str;
+    rvm_string *str = rvm_string_new(s, strlen(s));
+    if (!str) return -1;
+    *out = rvm_obj_any(str);
+    return 0;
+  }
+  *out = *view;
+  if (rvm_is_object(view)) rvm_object_incref(view->v_obj);
+  return 0;
+}
+
+const char *rvm_type_name(const TVMFFIAny *v) {
+  switch (v->type_index) {
+    case kTVMFFINone: return "None";
+    case kTVMFFIInt: return "int";
+    case kTVMFFIBool: return "bool";
+    case kTVMFFIFloat: return "float";
+    case kTVMFFIOpaquePtr: return "void*";
+    case kTVMFFIDataType: return "DataType";
+    case kTVMFFIDevice: return "Device";
+    case kTVMFFIDLTensorPtr: return "DLTensor*";
+    case kTVMFFIRawStr: return "const char*";
+    case kTVMFFISmallStr: return "ffi.SmallStr";
+    case kTVMFFIStr: return "ffi.String";
+    case kTVMFFIBytes: return "ffi.Bytes";
+    case kTVMFFIFunction: return "ffi.Function";
+    case kTVMFFIShape: return "ffi.Shape";
+    case kTVMFFITensor: return "ffi.Tensor";
+    case kTVMFFIArray: return "ffi.Array";
+    case kTVMFFIMap: return "ffi.Map";
+    case RVM_TYPE_CLOSURE: return "relax.vm.Closure";
+    case RVM_TYPE_STORAGE: return "vm.Storage";
+    default: return "Object";
+  }
+}
+
+static void free_deleter(void *self, int flags) {
+  if (flags & 2) free(self);
+}
+
+static void *object_alloc(size_t size) {
+  void *p = malloc(size);
+  if (!p) rvm_raise("MemoryError", "out of memory allocating a %zu-byte object", size);
+  return p;
+}
+
+rvm_shape *rvm_shape_new(const int64_t *dims, int64_t n) {
+  rvm_shape *s = object_alloc(sizeof(rvm_shape) + sizeof(int64_t) * (size_t)n);
+  if (!s) return NULL;
+  rvm_object_init(&s->header, kTVMFFIShape, free_deleter);
+  if (n > 0) memcpy(s->dims, dims, sizeof(int64_t) * (size_t)n);
+  s->cell.data = s->dims;
+  s->cell.size = (uint64_t)n;
+  return s;
+}
+
+rvm_string *rvm_string_new(const char *bytes, uint64_t size) {
+  rvm_string *s = object_alloc(sizeof(rvm_string) + size + 1);
+  if (!s) return NULL;
+  rvm_object_init(&s->header, kTVMFFIStr, free_deleter);
+  if (size) memcpy(s->bytes, bytes, size);
+  s->bytes[size] = 0;
+  s->cell.data = s->bytes;
+  s->cell.size = size;
+  return s;
+}
+
+static void array_deleter(void *self, int flags) {
+  rvm_array *a = self;
+  if (flags & 1) {
+    for (int64_t i = 0; i < a->cell.size; i++) rvm_any_release(&a->items[i]);
+  }
+  if (flags & 2) free(a);
+}
+
+rvm_array *rvm_array_new(int64_t n) {
+  rvm_array *a = object_alloc(sizeof(rvm_array) + sizeof(TVMFFIAny) * (size_t)n);
+  if (!a) return NULL;
+  rvm_object_init(&a->header, kTVMFFIArray, array_deleter);
+  memset(a->items, 0, sizeof(TVMFFIAny) * (size_t)n);
+  a->cell.data = a->items;
+  a->cell.size = n;
+  a->cell.capacity = n;
+  a->cell.data_deleter = NULL;
+  return a;
+}
+
+rvm_function *rvm_function_new(TVMFFISafeCallType fn) {
+  rvm_function *f = object_alloc(sizeof(rvm_function));
+  if (!f) return NULL;
+  rvm_object_init(&f->header, kTVMFFIFunction, free_deleter);
+  f->cell.safe_call = fn;
+  f->cell.cpp_call = NULL;
+  return f;
+}
+
+static void tensor_deleter(void *self, int flags) {
+  rvm_tensor *t = self;
+  if ((flags & 1) && t->owner) rvm_object_decref(t->owner);
+  if (flags & 2) free(t);
+}
+
+rvm_tensor *rvm_tensor_new(void *data, DLDevice dev, int32_t ndim, DLDataType dtype,
+                           const int64_t *shape, uint64_t byte_offset, TVMFFIObject *owner) {
+  rvm_tensor *t = object_alloc(sizeof(rvm_tensor) + 2 * sizeof(int64_t) * (size_t)ndim);
+  if (!t) return NULL;
+  rvm_object_init(&t->header, kTVMFFITensor, tensor_deleter);
+  int64_t *dims = t->dims, *strides = t->dims + ndim;
+  int64_t stride = 1;
+  for (int32_t i = ndim - 1; i >= 0; i--) {
+    dims[i] = shape[i];
+    strides[i] = stride;
+    stride *= shape[i];
+  }
+  t->dl.data = data;
+  t->dl.device = dev;
+  t->dl.ndim = ndim;
+  t->dl.dtype = dtype;
+  t->dl.shape = dims;
+  /* TVM's tensors carry explicit compact strides; kernels accept them as well as NULL. */
+  t->dl.strides = strides;
+  t->dl.byte_offset = byte_offset;
+  t->owner = owner;
+  if (owner) rvm_object_incref(owner);
+  return t;
+}
+
+static void closure_deleter(void *self, int flags) {
+  rvm_closure *c = self;
+  if (flags & 1) {
+    for (int64_t i = 0; i < c->num_captured; i++) rvm_any_release(&c->captured[i]);
+  }
+  if (flags & 2) free(c);
+}
+
+rvm_closure *rvm_closure_new(const rvm_program *program, int64_t func_index, int64_t num_captured) {
+  rvm_closure *c = object_alloc(sizeof(rvm_closure) + sizeof(TVMFFIAny) * (size_t)num_captured);
+  if (!c) return NULL;
+  rvm_object_init(&c->header, RVM_TYPE_CLOSURE, closure_deleter);
+  c->program = program;
+  c->func_index = func_index;
+  c->num_captured = num_captured;
+  memset(c->captured, 0, sizeof(TVMFFIAny) * (size_t)num_captured);
+  return c;
+}
+
+DLTensor *rvm_as_dltensor(const TVMFFIAny *v) {
+  if (v->type_index == kTVMFFITensor) return rvm_tensor_of_object(v->v_obj);
+  if (v->type_index == kTVMFFIDLTensorPtr) return (DLTensor *)v->v_ptr;
+  return NULL;
+}
+
+const TVMFFIShapeCell *rvm_as_shape(const TVMFFIAny *v) {
+  if (v->type_index != kTVMFFIShape) return NULL;
+  return (const TVMFFIShapeCell *)((const char *)v->v_obj + sizeof(TVMFFIObject));
+}
+
+bool rvm_as_string(const TVMFFIAny *v, const char **data, uint64_t *size) {
+  switch (v->type_index) {
+    case kTVMFFIRawStr:
+      *data = v->v_c_str;
+      *size = strlen(v->v_c_str);
+      return true;
+    case kTVMFFISmallStr:
+      *data = v->v_bytes;
+      *size = v->zero_padding;
+      return true;
+    case kTVMFFIStr: {
+      const TVMFFIByteArray *b = (const TVMFFIByteArray *)((const char *)v->v_obj + sizeof(TVMFFIObject));
+      *data = b->data;
+      *size = b->size;
+      return true;
+    }
+    default:
+      return false;
+  }
+}
+
+int64_t rvm_tensor_nbytes(const DLTensor *t) {
+  int64_t n = 1;
+  for (int32_t i = 0; i < t->ndim; i++) n *= t->shape[i];
+  return (n * t->dtype.bits * t->dtype.lanes + 7) / 8;
+}
+
+void rvm_format_dtype(DLDataType t, char *buf, size_t cap) {
+  const char *base;
+  switch (t.code) {
+    case kDLInt: base = "int"; break;
+    case kDLUInt: base = "uint"; break;
+    case kDLFloat: base = "float"; break;
+    case kDLOpaqueHandle: base = "handle"; break;
+    case kDLBfloat: base = "bfloat"; break;
+    case kDLBool: snprintf(buf, cap, "bool"); return;
+    default: base = "custom"; break;
+  }
+  if (t.lanes > 1)
+    snprintf(buf, cap, "%s%ux%u", base, (unsigned)t.bits, (unsigned)t.lanes);
+  else
+    snprintf(buf, cap, "%s%u", base, (unsigned)t.bits);
+}
+
+rvm_tensor *rvm_tensor_copy_aligned(const DLTensor *t) {
+  int64_t nbytes = rvm_tensor_nbytes(t);
+  rvm_storage *s = rvm_storage_new_unpooled((uint64_t)nbytes);
+  if (!s) return NULL;
+  const char *src = (const char *)t->data + t->byte_offset;
+  if (nbytes) memcpy(s->data, src, (size_t)nbytes);
+  rvm_tensor *copy = rvm_tensor_new(s->data, t->device, t->ndim, t->dtype, t->shape, 0, &s->header);
+  rvm_object_decref(&s->header);
+  return copy;
+}

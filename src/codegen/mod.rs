@@ -1,0 +1,7 @@
+//! Everything relaxc emits into the model object: the program tables both modes read, and
+//! (in compiled mode) native code for Relax functions.
+
+pub mod builtins;
+pub mod tables;
+
+pub use tables::{ExecMode, TablesError, emit_object};

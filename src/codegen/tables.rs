@@ -1,0 +1,367 @@
+//! Emits the object holding a model's program tables (the layout of `rvm_program` in
+//! runtime-shim/src/internal.h) with cranelift-object. Function-table entries are relocations
+//! straight to kernel and builtin symbols, so nothing is looked up by name at load time;
+//! constants sit in read-only data, tensors 64-byte aligned and used in place.
+
+use std::collections::BTreeSet;
+
+use cranelift_codegen::isa;
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_module::{DataDescription, DataId, FuncId, Linkage, Module, ModuleError};
+use cranelift_object::{ObjectBuilder, ObjectModule};
+
+use super::builtins;
+use crate::tvm::executable::write_executable;
+use crate::vm::{Constant, Executable, FuncKind};
+
+/// Layout of the shared tables; the C side asserts the same numbers.
+pub mod layout {
+    pub const PROGRAM_MAGIC: u64 = 0x31474f52504d5652;
+    pub const ABI_VERSION: u32 = 1;
+    pub const FUNC_INFO_SIZE: usize = 64;
+    pub const FUNC_NAME: usize = 0;
+    pub const FUNC_PACKED: usize = 8;
+    pub const FUNC_PARAM_NAMES: usize = 16;
+    pub const FUNC_START: usize = 24;
+    pub const FUNC_END: usize = 32;
+    pub const FUNC_REGS: usize = 40;
+    pub const FUNC_KIND: usize = 48;
+    pub const FUNC_NUM_ARGS: usize = 52;
+    pub const FUNC_COMPILED: usize = 56;
+    pub const CONST_INFO_SIZE: usize = 40;
+    pub const CONST_DATA: usize = 0;
+    pub const CONST_SHAPE: usize = 8;
+    pub const CONST_SIZE: usize = 16;
+    pub const CONST_KIND: usize = 24;
+    pub const CONST_NDIM: usize = 28;
+    pub const CONST_DTYPE: usize = 32;
+    pub const PROGRAM_SIZE: usize = 96;
+    pub const PROG_MAGIC: usize = 0;
+    pub const PROG_ABI: usize = 8;
+    pub const PROG_EXEC_MODE: usize = 12;
+    pub const PROG_COMPILER_VERSION: usize = 16;
+    pub const PROG_TRIPLE: usize = 24;
+    pub const PROG_HASH: usize = 32;
+    pub const PROG_NUM_FUNCS: usize = 40;
+    pub const PROG_FUNCS: usize = 48;
+    pub const PROG_NUM_CONSTS: usize = 56;
+    pub const PROG_CONSTS: usize = 64;
+    pub const PROG_NUM_INSTRS: usize = 72;
+    pub const PROG_INSTR_OFFSET: usize = 80;
+    pub const PROG_INSTR_DATA: usize = 88;
+    /// Symbol of the program tables (hidden; read by the shim).
+    pub const PROGRAM_SYMBOL: &str = "rvm_model_program";
+    /// Non-allocated section holding the serialized executable, for `relaxc inspect`.
+    pub const EXEC_SECTION: &str = ".rvm_exec";
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExecMode {
+    /// Every Relax function runs in the shim's interpreter.
+    Bytecode,
+    /// Relax functions become native code (Cranelift); those it cannot lower stay bytecode.
+    Compiled,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TablesError {
+    #[error("unknown builtin {name} (pc {pc} of {function} calls it): relaxc's runtime does not provide it")]
+    UnknownBuiltin { name: String, function: String, pc: i64 },
+    #[error(
+        "kernel {name} is not defined: no symbol {prefix}{name} in {objects} (called from {function} at pc {pc})",
+        prefix = crate::tvm::KERNEL_PREFIX
+    )]
+    MissingKernel { name: String, objects: String, function: String, pc: i64 },
+    #[error("{name} is a Python-registered TVM function, which relaxc does not provide yet (called from {function} at pc {pc})")]
+    PythonFunction { name: String, function: String, pc: i64 },
+    #[error("cranelift: {0}")]
+    Module(#[from] ModuleError),
+    #[error("cranelift: {0}")]
+    Isa(String),
+    #[error("cannot write the object: {0}")]
+    Object(String),
+}
+
+/// Makes the Cranelift object module for the host.
+pub fn object_module(name: &str) -> Result<ObjectModule, TablesError> {
+    let mut flags = settings::builder();
+    flags.set("is_pic", "true").map_err(|e| TablesError::Isa(e.to_string()))?;
+    flags.set("opt_level", "speed").map_err(|e| TablesError::Isa(e.to_string()))?;
+    let isa = isa::lookup(target_lexicon::Triple::host())
+        .map_err(|e| TablesError::Isa(e.to_string()))?
+        .finish(settings::Flags::new(flags))
+        .map_err(|e| TablesError::Isa(e.to_string()))?;
+    let builder = ObjectBuilder::new(isa, name, cranelift_module::default_libcall_names())?;
+    Ok(ObjectModule::new(builder))
+}
+
+/// Where each call and each packed entry of the program goes: a builtin, a kernel, or an error
+/// naming the first instruction that needs a missing one.
+pub fn bind_packed_functions(exec: &Executable, kernels: &BTreeSet<String>, objects: &str) -> Result<Vec<Option<String>>, TablesError> {
+    let first_use = |index: usize| -> (String, i64) {
+        for f in exec.funcs.iter().filter(|f| f.kind == FuncKind::Bytecode) {
+            for k in f.start_instr..f.end_instr {
+                if let Ok(crate::vm::Instr::Call { func, args, .. }) = exec.instr(k as usize) {
+                    let named = func == index as i64 || args.iter().any(|a| *a == crate::vm::Arg::Func(index as i64));
+                    if named {
+                        return (f.name.clone(), k - f.start_instr);
+                    }
+                }
+            }
+        }
+        ("<no caller>".to_string(), -1)
+    };
+    exec.funcs
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            if f.kind != FuncKind::Packed {
+                return Ok(None);
+            }
+            if let Some(b) = builtins::find(&f.name) {
+                return Ok(Some(b.symbol.clone()));
+            }
+            if kernels.contains(&f.name) {
+                return Ok(Some(format!("{}{}", crate::tvm::KERNEL_PREFIX, f.name)));
+            }
+            let (function, pc) = first_use(i);
+            let name = f.name.clone();
+            Err(if name.starts_with("vm.builtin.") {
+                TablesError::UnknownBuiltin { name, function, pc }
+            } else if name.starts_with("relax.run.") {
+                TablesError::PythonFunction { name, function, pc }
+            } else {
+                TablesError::MissingKernel { name, function, pc, objects: objects.to_string() }
+            })
+        })
+        .collect()
+}
+
+/// A growing data blob whose pointers to itself become relocations.
+struct Blob {
+    bytes: Vec<u8>,
+    self_relocs: Vec<(usize, usize)>,
+    func_relocs: Vec<(usize, FuncId)>,
+    data_relocs: Vec<(usize, DataId, usize)>,
+}
+
+impl Blob {
+    fn new() -> Blob {
+        Blob { bytes: Vec::new(), self_relocs: Vec::new(), func_relocs: Vec::new(), data_relocs: Vec::new() }
+    }
+    fn align(&mut self, a: usize) -> usize {
+        while self.bytes.len() % a != 0 {
+            self.bytes.push(0);
+        }
+        self.bytes.len()
+    }
+    fn put(&mut self, b: &[u8]) -> usize {
+        let at = self.bytes.len();
+        self.bytes.extend_from_slice(b);
+        at
+    }
+    fn put_at(&mut self, at: usize, b: &[u8]) {
+        self.bytes[at..at + b.len()].copy_from_slice(b);
+    }
+    fn zeros(&mut self, n: usize) -> usize {
+        let at = self.bytes.len();
+        self.bytes.resize(at + n, 0);
+        at
+    }
+    fn cstr(&mut self, s: &str) -> usize {
+        let at = self.put(s.as_bytes());
+        self.bytes.push(0);
+        at
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+}
+
+/// Adds the program tables for `exec` to `module`. `symbols[i]` is the symbol bound to packed
+/// entry i; `compiled[i]` the native body of Relax function i, if it has one.
+pub fn define_tables(
+    module: &mut ObjectModule,
+    exec: &Executable,
+    symbols: &[Option<String>],
+    compiled: &[Option<FuncId>],
+    mode: ExecMode,
+) -> Result<(), TablesError> {
+    use layout::*;
+    let mut rodata = Blob::new(); // pointer-free read-only data: strings, shapes, tensors, code
+    let mut tables = Blob::new(); // the tables proper: full of pointers
+    let sig = module.make_signature();
+
+    // Strings and arrays first, so the tables can point at them.
+    let func_names: Vec<usize> = exec.funcs.iter().map(|f| rodata.cstr(&f.name)).collect();
+    let version = rodata.cstr(env!("CARGO_PKG_VERSION"));
+    let triple = rodata.cstr(&target_lexicon::Triple::host().to_string());
+    rodata.align(8);
+    let instr_offset = rodata.put(&exec.instr_offset.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>());
+    let instr_data = rodata.put(&exec.instr_data.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>());
+    let mut const_parts = Vec::new(); // (data offset, shape offset) into rodata
+    for c in &exec.constants {
+        let part = match c {
+            Constant::Tensor(t) => {
+                let shape = rodata.align(8);
+                rodata.put(&t.shape.iter().flat_map(|d| d.to_le_bytes()).collect::<Vec<_>>());
+                let data = rodata.align(64);
+                rodata.put(&t.data);
+                (Some(data), Some(shape))
+            }
+            Constant::Shape(s) => {
+                let at = rodata.align(8);
+                rodata.put(&s.iter().flat_map(|d| d.to_le_bytes()).collect::<Vec<_>>());
+                (Some(at), None)
+            }
+            Constant::Str(s) => (Some(rodata.cstr(s)), None),
+            _ => (None, None),
+        };
+        const_parts.push(part);
+    }
+    let rodata_id = module.declare_data("rvm_model_rodata", Linkage::Local, false, false)?;
+
+    // Parameter-name arrays.
+    tables.align(8);
+    let mut param_arrays = Vec::new();
+    for f in &exec.funcs {
+        let at = tables.bytes.len();
+        for p in &f.param_names {
+            let s = rodata.cstr(p);
+            let slot = tables.zeros(8);
+            tables.data_relocs.push((slot, rodata_id, s));
+        }
+        param_arrays.push(at);
+    }
+
+    let funcs_at = tables.align(16);
+    for (i, f) in exec.funcs.iter().enumerate() {
+        let base = tables.zeros(FUNC_INFO_SIZE);
+        tables.data_relocs.push((base + FUNC_NAME, rodata_id, func_names[i]));
+        if let Some(sym) = &symbols[i] {
+            let id = module.declare_function(sym, Linkage::Import, &sig)?;
+            tables.func_relocs.push((base + FUNC_PACKED, id));
+        }
+        if !f.param_names.is_empty() {
+            tables.self_relocs.push((base + FUNC_PARAM_NAMES, param_arrays[i]));
+        }
+        tables.put_at(base + FUNC_START, &f.start_instr.to_le_bytes());
+        tables.put_at(base + FUNC_END, &f.end_instr.to_le_bytes());
+        tables.put_at(base + FUNC_REGS, &f.register_file_size.to_le_bytes());
+        let (kind, id) = match (f.kind, compiled.get(i).copied().flatten()) {
+            (FuncKind::Packed, _) => (0i32, None),
+            (_, Some(id)) => (2, Some(id)),
+            _ => (1, None),
+        };
+        tables.put_at(base + FUNC_KIND, &kind.to_le_bytes());
+        tables.put_at(base + FUNC_NUM_ARGS, &(f.num_args as i32).to_le_bytes());
+        if let Some(id) = id {
+            tables.func_relocs.push((base + FUNC_COMPILED, id));
+        }
+    }
+
+    let consts_at = tables.align(16);
+    for (c, (data, shape)) in exec.constants.iter().zip(&const_parts) {
+        let base = tables.zeros(CONST_INFO_SIZE);
+        if let Some(d) = data {
+            tables.data_relocs.push((base + CONST_DATA, rodata_id, *d));
+        }
+        if let Some(s) = shape {
+            tables.data_relocs.push((base + CONST_SHAPE, rodata_id, *s));
+        }
+        let (size, ndim, dtype): (i64, i32, [u8; 4]) = match c {
+            Constant::Tensor(t) => (t.data.len() as i64, t.shape.len() as i32, dtype_bytes(t.dtype)),
+            Constant::Shape(s) => (s.len() as i64, 0, [0; 4]),
+            Constant::Str(s) => (s.len() as i64, 0, [0; 4]),
+            Constant::Int(v) => (*v, 0, [0; 4]),
+            Constant::Float(v) => (v.to_bits() as i64, 0, [0; 4]),
+            Constant::DataType(d) => (0, 0, dtype_bytes(*d)),
+        };
+        tables.put_at(base + CONST_SIZE, &size.to_le_bytes());
+        tables.put_at(base + CONST_KIND, &c.type_index().to_le_bytes());
+        tables.put_at(base + CONST_NDIM, &ndim.to_le_bytes());
+        tables.put_at(base + CONST_DTYPE, &dtype);
+    }
+
+    let exec_bytes = write_executable(exec);
+    let prog = tables.align(16);
+    tables.zeros(PROGRAM_SIZE);
+    tables.put_at(prog + PROG_MAGIC, &PROGRAM_MAGIC.to_le_bytes());
+    tables.put_at(prog + PROG_ABI, &ABI_VERSION.to_le_bytes());
+    let mode_word: u32 = if mode == ExecMode::Compiled { 1 } else { 0 };
+    tables.put_at(prog + PROG_EXEC_MODE, &mode_word.to_le_bytes());
+    tables.data_relocs.push((prog + PROG_COMPILER_VERSION, rodata_id, version));
+    tables.data_relocs.push((prog + PROG_TRIPLE, rodata_id, triple));
+    tables.put_at(prog + PROG_HASH, &fnv1a(&exec_bytes).to_le_bytes());
+    tables.put_at(prog + PROG_NUM_FUNCS, &(exec.funcs.len() as i64).to_le_bytes());
+    tables.self_relocs.push((prog + PROG_FUNCS, funcs_at));
+    tables.put_at(prog + PROG_NUM_CONSTS, &(exec.constants.len() as i64).to_le_bytes());
+    tables.self_relocs.push((prog + PROG_CONSTS, consts_at));
+    tables.put_at(prog + PROG_NUM_INSTRS, &(exec.instr_offset.len() as i64).to_le_bytes());
+    tables.data_relocs.push((prog + PROG_INSTR_OFFSET, rodata_id, instr_offset));
+    tables.data_relocs.push((prog + PROG_INSTR_DATA, rodata_id, instr_data));
+
+    // The tables live in one object whose program header is the exported (hidden) symbol: put
+    // the header first by splitting it off as its own data object.
+    let tables_id = module.declare_data("rvm_model_tables", Linkage::Local, false, false)?;
+    let program_id = module.declare_data(PROGRAM_SYMBOL, Linkage::Hidden, false, false)?;
+    let header: Vec<u8> = tables.bytes[prog..prog + PROGRAM_SIZE].to_vec();
+    let mut header_desc = DataDescription::new();
+    header_desc.define(header.into_boxed_slice());
+    header_desc.set_align(16);
+    let mut tables_desc = DataDescription::new();
+    tables_desc.define(tables.bytes[..prog].to_vec().into_boxed_slice());
+    tables_desc.set_align(16);
+    let rodata_gv_t = module.declare_data_in_data(rodata_id, &mut tables_desc);
+    let self_gv_t = module.declare_data_in_data(tables_id, &mut tables_desc);
+    let rodata_gv_h = module.declare_data_in_data(rodata_id, &mut header_desc);
+    let tables_gv_h = module.declare_data_in_data(tables_id, &mut header_desc);
+    for (at, target) in &tables.self_relocs {
+        if *at >= prog {
+            header_desc.write_data_addr((*at - prog) as u32, tables_gv_h, *target as i64);
+        } else {
+            tables_desc.write_data_addr(*at as u32, self_gv_t, *target as i64);
+        }
+    }
+    for (at, _, target) in &tables.data_relocs {
+        if *at >= prog {
+            header_desc.write_data_addr((*at - prog) as u32, rodata_gv_h, *target as i64);
+        } else {
+            tables_desc.write_data_addr(*at as u32, rodata_gv_t, *target as i64);
+        }
+    }
+    for (at, id) in &tables.func_relocs {
+        let fref = module.declare_func_in_data(*id, &mut tables_desc);
+        tables_desc.write_function_addr(*at as u32, fref);
+    }
+    module.define_data(tables_id, &tables_desc)?;
+    module.define_data(program_id, &header_desc)?;
+
+    let mut rodata_desc = DataDescription::new();
+    rodata_desc.define(rodata.bytes.into_boxed_slice());
+    rodata_desc.set_align(64);
+    module.define_data(rodata_id, &rodata_desc)?;
+    Ok(())
+}
+
+fn dtype_bytes(d: crate::vm::DType) -> [u8; 4] {
+    let l = d.lanes.to_le_bytes();
+    [d.code, d.bits, l[0], l[1]]
+}
+
+/// Emits the whole model object for `exec` in bytecode mode: tables, plus the serialized
+/// executable in a non-allocated section for `relaxc inspect`.
+pub fn emit_object(exec: &Executable, symbols: &[Option<String>], mode: ExecMode) -> Result<Vec<u8>, TablesError> {
+    let mut module = object_module("model")?;
+    define_tables(&mut module, exec, symbols, &[], mode)?;
+    finish_object(module, exec)
+}
+
+/// Finishes the module and appends the `.rvm_exec` section.
+pub fn finish_object(module: ObjectModule, exec: &Executable) -> Result<Vec<u8>, TablesError> {
+    let mut product = module.finish();
+    let section = product.object.add_section(Vec::new(), layout::EXEC_SECTION.as_bytes().to_vec(), object::SectionKind::Metadata);
+    product.object.append_section_data(section, &write_executable(exec), 8);
+    product.emit().map_err(|e| TablesError::Object(e.to_string()))
+}

@@ -1,0 +1,72 @@
+//! The compile driver: input → verified executable → model object → linked `.so`.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::codegen::{self, ExecMode, TablesError};
+use crate::link::{self, LinkError};
+use crate::tvm::{self, ImportError, KernelObject};
+use crate::vm::{Executable, VerifyError, verify};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    #[error(transparent)]
+    Import(#[from] ImportError),
+    #[error("the executable is malformed: {0}")]
+    Verify(#[from] VerifyError),
+    #[error(transparent)]
+    Tables(#[from] TablesError),
+    #[error(transparent)]
+    Link(#[from] LinkError),
+}
+
+/// What a compile did, for `--verbose` and benchmarks.
+#[derive(Debug, Default)]
+pub struct CompileReport {
+    pub import: Duration,
+    pub codegen: Duration,
+    pub link: Duration,
+    pub object_bytes: usize,
+}
+
+/// A program ready for code generation: the executable and the kernel objects it needs.
+pub struct Program {
+    pub exec: Executable,
+    pub kernels: Vec<KernelObject>,
+}
+
+/// Loads a TVM export (`.tar`) and verifies it.
+pub fn load_tvm_export(input: &Path) -> Result<Program, CompileError> {
+    let export = tvm::import_tar(input)?;
+    verify(&export.exec)?;
+    Ok(Program { exec: export.exec, kernels: export.kernels })
+}
+
+/// Emits the model object for a program.
+pub fn emit(program: &Program, mode: ExecMode) -> Result<Vec<u8>, CompileError> {
+    let available: BTreeSet<String> = program.kernels.iter().flat_map(|k| k.kernels.iter().cloned()).collect();
+    let objects = if program.kernels.is_empty() {
+        "the kernel objects (there are none)".to_string()
+    } else {
+        program.kernels.iter().map(|k| k.name.as_str()).collect::<Vec<_>>().join(", ")
+    };
+    let symbols = codegen::tables::bind_packed_functions(&program.exec, &available, &objects)?;
+    Ok(codegen::emit_object(&program.exec, &symbols, mode)?)
+}
+
+/// Compiles `input` into the shared object `out`.
+pub fn compile_file(input: &Path, mode: ExecMode, out: &Path) -> Result<CompileReport, CompileError> {
+    let mut report = CompileReport::default();
+    let t = Instant::now();
+    let program = load_tvm_export(input)?;
+    report.import = t.elapsed();
+    let t = Instant::now();
+    let object = emit(&program, mode)?;
+    report.codegen = t.elapsed();
+    report.object_bytes = object.len();
+    let t = Instant::now();
+    link::link_shared(&object, &program.kernels, out)?;
+    report.link = t.elapsed();
+    Ok(report)
+}

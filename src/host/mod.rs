@@ -1,0 +1,383 @@
+//! Loading a built model `.so` into this process through its C API, the way any C host does:
+//! `dlopen`, `rvm_get_api`, one module, VMs, calls. Used by `relaxc run` and the tests.
+
+pub mod ffi;
+pub mod npz;
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::ffi::{CStr, CString, c_void};
+use std::path::Path;
+
+use ffi::{Any, Api, DLDataType, DLDevice, DLTensor};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("cannot load {path}: {message}")]
+    Load { path: String, message: String },
+    #[error("{path} is not a relaxc model: {message}")]
+    NotAModel { path: String, message: String },
+    #[error("{kind}: {message}")]
+    Call { kind: String, message: String },
+    #[error("{0}")]
+    Value(String),
+}
+
+/// 64-byte aligned bytes (what TVM kernels assume of tensor data).
+pub struct AlignedBuf {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl AlignedBuf {
+    pub fn zeroed(len: usize) -> AlignedBuf {
+        let layout = Layout::from_size_align(len.max(1), 64).expect("buffer layout");
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        AlignedBuf { ptr, len }
+    }
+    pub fn from_bytes(bytes: &[u8]) -> AlignedBuf {
+        let mut b = AlignedBuf::zeroed(bytes.len());
+        b.as_mut_slice().copy_from_slice(bytes);
+        b
+    }
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len bytes for the life of self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and self is borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `zeroed` with this layout.
+        unsafe { dealloc(self.ptr, Layout::from_size_align(self.len.max(1), 64).expect("buffer layout")) }
+    }
+}
+
+/// A CPU tensor owned by the host.
+pub struct HostTensor {
+    pub dtype: DLDataType,
+    pub shape: Vec<i64>,
+    pub data: AlignedBuf,
+}
+
+impl HostTensor {
+    pub fn new(dtype: DLDataType, shape: Vec<i64>, bytes: &[u8]) -> HostTensor {
+        HostTensor { dtype, shape, data: AlignedBuf::from_bytes(bytes) }
+    }
+}
+
+/// A call argument.
+pub enum Input {
+    Tensor(HostTensor),
+    Shape(Vec<i64>),
+    Int(i64),
+    Float(f64),
+}
+
+/// A call result, copied out of the runtime.
+#[derive(Debug, PartialEq)]
+pub enum Output {
+    Tensor { dtype: DLDataType, shape: Vec<i64>, data: Vec<u8> },
+    Shape(Vec<i64>),
+    Int(i64),
+    Bool(bool),
+    Float(f64),
+    Tuple(Vec<Output>),
+    /// Something with no host form (a closure, a string): its type name.
+    Other(String),
+}
+
+/// A loaded model: the library, its API table and one opened module.
+pub struct Model {
+    api: *const Api,
+    module: *mut ffi::Module,
+    _lib: libloading::Library,
+}
+
+fn cstr(p: *const std::ffi::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: the library returns NUL-terminated strings it owns.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+impl Model {
+    pub fn load(path: &Path) -> Result<Model, HostError> {
+        let shown = path.display().to_string();
+        // SAFETY: loading a library runs its initialisers; relaxc models have none beyond libc's.
+        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| HostError::Load { path: shown.clone(), message: e.to_string() })?;
+        // SAFETY: the symbol's type is fixed by rvm.h.
+        let get: libloading::Symbol<ffi::GetApi> = unsafe { lib.get(b"rvm_get_api\0") }
+            .map_err(|e| HostError::NotAModel { path: shown.clone(), message: e.to_string() })?;
+        // SAFETY: calling the documented entry point.
+        let api = unsafe { get(ffi::ABI_VERSION) };
+        if api.is_null() {
+            return Err(HostError::NotAModel { path: shown, message: format!("it does not speak ABI version {}", ffi::ABI_VERSION) });
+        }
+        let mut module = std::ptr::null_mut();
+        // SAFETY: api is a valid table for the life of lib.
+        let rc = unsafe { ((*api).module_open)(&mut module) };
+        let model = Model { api, module, _lib: lib };
+        if rc != 0 {
+            let e = model.error();
+            return Err(HostError::NotAModel { path: shown, message: e.to_string() });
+        }
+        Ok(model)
+    }
+
+    fn api(&self) -> &Api {
+        // SAFETY: valid while the library is loaded, which self guarantees.
+        unsafe { &*self.api }
+    }
+
+    fn error(&self) -> HostError {
+        // SAFETY: API calls with no arguments.
+        let (kind, message) = unsafe { (cstr((self.api().last_error_kind)()), cstr((self.api().last_error)())) };
+        HostError::Call { kind, message }
+    }
+
+    pub fn info(&self) -> (u32, String, String, u64) {
+        let mut info = ffi::ModuleInfo {
+            abi_version: 0,
+            exec_mode: 0,
+            compiler_version: std::ptr::null(),
+            target_triple: std::ptr::null(),
+            executable_hash: 0,
+            num_functions: 0,
+        };
+        // SAFETY: module is open; info is a valid out-pointer.
+        unsafe { (self.api().module_info)(self.module, &mut info) };
+        (info.exec_mode, cstr(info.compiler_version), cstr(info.target_triple), info.executable_hash)
+    }
+
+    /// Names of the Relax functions, in API index order.
+    pub fn functions(&self) -> Vec<String> {
+        (0..)
+            .map(|i| unsafe { (self.api().function_name)(self.module, i) })
+            .take_while(|p| !p.is_null())
+            .map(cstr)
+            .collect()
+    }
+
+    pub fn find(&self, name: &str) -> Result<i32, HostError> {
+        let c = CString::new(name).map_err(|_| HostError::Value(format!("bad function name {name:?}")))?;
+        let mut index = -1;
+        // SAFETY: valid module, NUL-terminated name, valid out-pointer.
+        if unsafe { (self.api().function_find)(self.module, c.as_ptr(), &mut index) } != 0 {
+            return Err(self.error());
+        }
+        Ok(index)
+    }
+
+    pub fn vm(&self) -> Result<Vm<'_>, HostError> {
+        let mut vm = std::ptr::null_mut();
+        // SAFETY: valid module and out-pointer.
+        if unsafe { (self.api().vm_create)(self.module, &mut vm) } != 0 {
+            return Err(self.error());
+        }
+        Ok(Vm { model: self, vm })
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        // SAFETY: closing the module opened in load.
+        unsafe { (self.api().module_close)(self.module) }
+    }
+}
+
+/// A VM on a model (one thread at a time).
+pub struct Vm<'m> {
+    model: &'m Model,
+    vm: *mut ffi::Vm,
+}
+
+/// Arguments converted for one call, kept alive until it returns.
+pub struct PreparedArgs<'a> {
+    api: &'a Api,
+    anys: Vec<Any>,
+    _tensors: Vec<Box<DLTensor>>,
+    owned: Vec<usize>,
+}
+
+impl Drop for PreparedArgs<'_> {
+    fn drop(&mut self) {
+        for &i in &self.owned {
+            // SAFETY: releasing values this struct created.
+            unsafe { (self.api.value_release)(&mut self.anys[i]) }
+        }
+    }
+}
+
+impl<'m> Vm<'m> {
+    /// Converts inputs into call arguments. Tensors are borrowed: `inputs` must outlive the result.
+    pub fn prepare<'a>(&self, inputs: &'a [Input]) -> Result<PreparedArgs<'a>, HostError>
+    where
+        'm: 'a,
+    {
+        let model: &'m Model = self.model;
+        let api = model.api();
+        let mut args = PreparedArgs { api, anys: Vec::new(), _tensors: Vec::new(), owned: Vec::new() };
+        for input in inputs {
+            let any = match input {
+                Input::Tensor(t) => {
+                    let dl = Box::new(DLTensor {
+                        data: t.data.as_ptr() as *mut c_void,
+                        device: DLDevice { device_type: 1, device_id: 0 },
+                        ndim: t.shape.len() as i32,
+                        dtype: t.dtype,
+                        shape: t.shape.as_ptr() as *mut i64,
+                        strides: std::ptr::null_mut(),
+                        byte_offset: 0,
+                    });
+                    let any = Any::dltensor(&*dl);
+                    args._tensors.push(dl);
+                    any
+                }
+                Input::Shape(dims) => {
+                    let mut any = Any::default();
+                    // SAFETY: dims is a valid slice; any is a valid out-pointer.
+                    if unsafe { (api.shape_new)(dims.as_ptr(), dims.len() as i64, &mut any) } != 0 {
+                        return Err(self.model.error());
+                    }
+                    args.owned.push(args.anys.len());
+                    any
+                }
+                Input::Int(v) => Any::int(*v),
+                Input::Float(v) => Any::float(*v),
+            };
+            args.anys.push(any);
+        }
+        Ok(args)
+    }
+
+    /// Calls function `f` with prepared arguments; the result is owned by the returned value.
+    pub fn call_prepared(&mut self, f: i32, args: &PreparedArgs) -> Result<Value<'m>, HostError> {
+        let api = self.model.api();
+        let mut out = Any::default();
+        // SAFETY: valid VM, argument array and out-pointer.
+        let rc = unsafe { (api.vm_call)(self.vm, f, args.anys.as_ptr(), args.anys.len() as i32, &mut out) };
+        if rc != 0 {
+            return Err(self.model.error());
+        }
+        Ok(Value { api, any: out })
+    }
+
+    pub fn call(&mut self, f: i32, inputs: &[Input]) -> Result<Value<'m>, HostError> {
+        let api = self.model.api();
+        let mut out = Any::default();
+        let rc = {
+            let args = self.prepare(inputs)?;
+            // SAFETY: as in call_prepared.
+            unsafe { (api.vm_call)(self.vm, f, args.anys.as_ptr(), args.anys.len() as i32, &mut out) }
+        };
+        if rc != 0 {
+            return Err(self.model.error());
+        }
+        Ok(Value { api, any: out })
+    }
+
+    pub fn stats(&self) -> ffi::VmStats {
+        let mut s = ffi::VmStats::default();
+        // SAFETY: valid VM and out-pointer.
+        unsafe { (self.model.api().vm_stats)(self.vm, &mut s) };
+        s
+    }
+
+    pub fn reset_stats(&mut self) {
+        // SAFETY: valid VM.
+        unsafe { (self.model.api().vm_reset_stats)(self.vm) }
+    }
+}
+
+impl Drop for Vm<'_> {
+    fn drop(&mut self) {
+        // SAFETY: destroying the VM created in Model::vm.
+        unsafe { (self.model.api().vm_destroy)(self.vm) }
+    }
+}
+
+/// An owned result value.
+pub struct Value<'m> {
+    api: &'m Api,
+    any: Any,
+}
+
+impl Value<'_> {
+    /// Copies the value (recursively) out of the runtime.
+    pub fn to_output(&self) -> Output {
+        to_output(self.api, &self.any)
+    }
+}
+
+impl Drop for Value<'_> {
+    fn drop(&mut self) {
+        // SAFETY: releasing the owned result.
+        unsafe { (self.api.value_release)(&mut self.any) }
+    }
+}
+
+fn to_output(api: &Api, any: &Any) -> Output {
+    match any.type_index {
+        ffi::TYPE_INT => Output::Int(any.payload as i64),
+        ffi::TYPE_BOOL => Output::Bool(any.payload != 0),
+        ffi::TYPE_FLOAT => Output::Float(f64::from_bits(any.payload)),
+        ffi::TYPE_TENSOR | ffi::TYPE_DLTENSOR_PTR => {
+            // SAFETY: the value is a tensor, so the view is a valid DLTensor.
+            let t = unsafe { &*(api.tensor_view)(any) };
+            let shape: Vec<i64> = (0..t.ndim as usize).map(|i| unsafe { *t.shape.add(i) }).collect();
+            let elems: i64 = shape.iter().product();
+            let nbytes = (elems as usize * t.dtype.bits as usize * t.dtype.lanes as usize).div_ceil(8);
+            let data = if nbytes == 0 {
+                Vec::new()
+            } else {
+                // SAFETY: compact tensor data of nbytes at data + byte_offset (runtime tensors are compact).
+                unsafe { std::slice::from_raw_parts((t.data as *const u8).add(t.byte_offset as usize), nbytes) }.to_vec()
+            };
+            Output::Tensor { dtype: t.dtype, shape, data }
+        }
+        ffi::TYPE_SHAPE => {
+            let (mut dims, mut n) = (std::ptr::null(), 0i64);
+            // SAFETY: the value is a Shape.
+            unsafe { (api.shape_view)(any, &mut dims, &mut n) };
+            Output::Shape((0..n as usize).map(|i| unsafe { *dims.add(i) }).collect())
+        }
+        ffi::TYPE_ARRAY => {
+            // SAFETY: the value is a tuple.
+            let n = unsafe { (api.tuple_size)(any) };
+            Output::Tuple(
+                (0..n)
+                    .map(|i| {
+                        let mut item = Any::default();
+                        // SAFETY: i is in range; the item is a borrowed view.
+                        unsafe { (api.tuple_get)(any, i, &mut item) };
+                        to_output(api, &item)
+                    })
+                    .collect(),
+            )
+        }
+        // SAFETY: any value has a type name.
+        _ => Output::Other(cstr(unsafe { (api.value_type_name)(any) })),
+    }
+}
+
+impl Output {
+    /// Tuples flattened depth-first, as `relaxc run` writes them.
+    pub fn flatten(self) -> Vec<Output> {
+        match self {
+            Output::Tuple(items) => items.into_iter().flat_map(Output::flatten).collect(),
+            other => vec![other],
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! Reading the executable back out of an input (a TVM export) or a built model (its
+//! `.rvm_exec` section), for `relaxc inspect`.
+
+use std::path::Path;
+
+use object::{Object, ObjectSection};
+
+use crate::codegen::tables::layout::EXEC_SECTION;
+use crate::tvm::{self, ImportError, executable};
+use crate::vm::Executable;
+
+#[derive(Debug, thiserror::Error)]
+pub enum InspectError {
+    #[error(transparent)]
+    Import(#[from] ImportError),
+    #[error("cannot read {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("{path} has no {EXEC_SECTION} section: not a model built by relaxc")]
+    NotAModel { path: String },
+    #[error("{path}: the embedded executable is corrupt: {source}")]
+    Corrupt { path: String, source: executable::FormatError },
+}
+
+pub fn load_executable(path: &Path) -> Result<Executable, InspectError> {
+    let shown = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
+    if !bytes.starts_with(b"\x7fELF") {
+        return Ok(tvm::import_tar(path)?.exec);
+    }
+    let file = object::File::parse(&*bytes).map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
+    let section = file.section_by_name(EXEC_SECTION).ok_or(InspectError::NotAModel { path: shown.clone() })?;
+    let data = section.data().map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
+    executable::read_executable(data).map_err(|source| InspectError::Corrupt { path: shown, source })
+}

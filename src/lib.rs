@@ -1,0 +1,13 @@
+//! relaxc: an ahead-of-time compiler from Relax VM programs to self-contained shared objects.
+//!
+//! The pipeline (see DESIGN.md): an input (a TVM export, `tvm`) becomes a [`vm::Executable`],
+//! which is verified, turned into tables (and native code) by `codegen`, and linked with its
+//! kernels and the C runtime shim by `link`. `host` loads a built model to run it.
+
+pub mod codegen;
+pub mod compile;
+pub mod host;
+pub mod inspect;
+pub mod link;
+pub mod tvm;
+pub mod vm;

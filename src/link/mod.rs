@@ -1,0 +1,66 @@
+//! The final link: the model object, the kernel objects and the runtime shim (embedded in
+//! relaxc at build time) become one shared object with the system C compiler driver. A version
+//! script keeps every symbol but the C API's entry point local, so many models load in one
+//! process without clashing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::tvm::KernelObject;
+
+/// The runtime shim, compiled by build.rs.
+pub const SHIM_ARCHIVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/librvm_shim.a"));
+
+/// The only symbols a model exports.
+const VERSION_SCRIPT: &str = "{\n  global: rvm_get_api;\n  local: *;\n};\n";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("cannot write temporary file {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("cannot run the linker {linker:?}: {source} (set CC to a C compiler driver)")]
+    Spawn { linker: String, source: std::io::Error },
+    #[error("the link failed ({linker} {status}):\n{stderr}")]
+    Failed { linker: String, status: String, stderr: String },
+}
+
+/// The C compiler driver used to link: $CC, else `cc`.
+pub fn linker() -> String {
+    std::env::var("CC").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "cc".to_string())
+}
+
+/// Links `model_object` with `kernels` and the shim into `out`.
+pub fn link_shared(model_object: &[u8], kernels: &[KernelObject], out: &Path) -> Result<(), LinkError> {
+    let dir = tempfile::tempdir().map_err(|source| LinkError::Io { path: "temporary directory".into(), source })?;
+    let write = |name: &str, bytes: &[u8]| -> Result<PathBuf, LinkError> {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).map_err(|source| LinkError::Io { path: path.display().to_string(), source })?;
+        Ok(path)
+    };
+    let model = write("model.o", model_object)?;
+    let shim = write("librvm_shim.a", SHIM_ARCHIVE)?;
+    let script = write("exports.map", VERSION_SCRIPT.as_bytes())?;
+    let mut kernel_paths = Vec::new();
+    for (i, k) in kernels.iter().enumerate() {
+        kernel_paths.push(write(&format!("kernels{i}_{}", sanitize(&k.name)), &k.bytes)?);
+    }
+    let linker = linker();
+    let mut cmd = Command::new(&linker);
+    cmd.arg("-shared").arg("-o").arg(out).arg(&model).args(&kernel_paths);
+    cmd.arg("-Wl,--whole-archive").arg(&shim).arg("-Wl,--no-whole-archive");
+    cmd.arg(format!("-Wl,--version-script={}", script.display()));
+    cmd.args(["-Wl,--no-undefined", "-Wl,-z,noexecstack", "-Wl,-z,relro", "-Wl,-z,now", "-lm"]);
+    let output = cmd.output().map_err(|source| LinkError::Spawn { linker: linker.clone(), source })?;
+    if !output.status.success() {
+        return Err(LinkError::Failed {
+            linker,
+            status: output.status.to_string(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        });
+    }
+    Ok(())
+}
+
+fn sanitize(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '_' }).collect()
+}
