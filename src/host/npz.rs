@@ -147,6 +147,24 @@ fn type_str(dtype: DLDataType) -> Result<npyz::TypeStr, String> {
     s.parse().map_err(|e| format!("{e}"))
 }
 
+/// One result as a numpy array: dtype descriptor (`<f4`, `|b1`, …), shape, element bytes.
+pub fn output_array(out: &Output) -> Result<(String, Vec<u64>, Vec<u8>), String> {
+    let (dtype, shape, data): (DLDataType, Vec<u64>, Vec<u8>) = match out {
+        Output::Tensor { dtype, shape, data } => (*dtype, shape.iter().map(|&d| d as u64).collect(), data.clone()),
+        Output::Shape(dims) => (
+            DLDataType { code: 0, bits: 64, lanes: 1 },
+            vec![dims.len() as u64],
+            dims.iter().flat_map(|d| d.to_le_bytes()).collect(),
+        ),
+        Output::Int(v) => (DLDataType { code: 0, bits: 64, lanes: 1 }, vec![], v.to_le_bytes().to_vec()),
+        Output::Bool(v) => (DLDataType { code: 6, bits: 8, lanes: 1 }, vec![], vec![*v as u8]),
+        Output::Float(v) => (DLDataType { code: 2, bits: 64, lanes: 1 }, vec![], v.to_le_bytes().to_vec()),
+        Output::Tuple(_) => return Err("nested tuple (flatten first)".into()),
+        Output::Other(t) => return Err(format!("a value of type {t} cannot be stored in .npz")),
+    };
+    Ok((type_str(dtype)?.to_string(), shape, data))
+}
+
 /// Writes flattened results as `out0, out1, …` to an `.npz` file.
 pub fn write_outputs(path: &Path, outputs: &[Output]) -> Result<(), NpzError> {
     let shown = path.display().to_string();
@@ -154,20 +172,8 @@ pub fn write_outputs(path: &Path, outputs: &[Output]) -> Result<(), NpzError> {
     let mut arrays = Vec::new();
     for (index, out) in outputs.iter().enumerate() {
         let err = |message: String| NpzError::Output { index, message };
-        let (dtype, shape, data): (DLDataType, Vec<u64>, Vec<u8>) = match out {
-            Output::Tensor { dtype, shape, data } => (*dtype, shape.iter().map(|&d| d as u64).collect(), data.clone()),
-            Output::Shape(dims) => (
-                DLDataType { code: 0, bits: 64, lanes: 1 },
-                vec![dims.len() as u64],
-                dims.iter().flat_map(|d| d.to_le_bytes()).collect(),
-            ),
-            Output::Int(v) => (DLDataType { code: 0, bits: 64, lanes: 1 }, vec![], v.to_le_bytes().to_vec()),
-            Output::Bool(v) => (DLDataType { code: 6, bits: 8, lanes: 1 }, vec![], vec![*v as u8]),
-            Output::Float(v) => (DLDataType { code: 2, bits: 64, lanes: 1 }, vec![], v.to_le_bytes().to_vec()),
-            Output::Tuple(_) => return Err(err("nested tuple (flatten first)".into())),
-            Output::Other(t) => return Err(err(format!("a value of type {t} cannot be stored in .npz"))),
-        };
-        let ts = type_str(dtype).map_err(err)?;
+        let (descr, shape, data) = output_array(out).map_err(err)?;
+        let ts: npyz::TypeStr = descr.parse().map_err(|e| err(format!("{e}")))?;
         let mut npy = Vec::new();
         npyz::WriteOptions::new_header_only()
             .dtype(npyz::DType::Plain(ts))
@@ -202,7 +208,10 @@ pub fn read_arrays(path: &Path) -> Result<BTreeMap<String, (String, Vec<u64>, Ve
         let mut bytes = Vec::new();
         entry.read_to_end(&mut bytes).map_err(|e| io(e.to_string()))?;
         let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| io(format!("{key}: {e}")))?;
-        let dtype = npy.dtype().descr();
+        let dtype = match npy.dtype() {
+            npyz::DType::Plain(ts) => ts.to_string(),
+            other => other.descr(),
+        };
         let shape = npy.shape().to_vec();
         let mut data = Vec::new();
         npy.into_inner().read_to_end(&mut data).map_err(|e| io(e.to_string()))?;

@@ -1,0 +1,144 @@
+//! Helpers shared by the integration tests: the fixture corpus, building models once per test
+//! binary, and comparing results with TVM's recorded outputs and errors.
+#![allow(dead_code)] // each test binary uses a different part
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use relaxc::codegen::ExecMode;
+use relaxc::host::{HostError, Output, npz};
+
+pub fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn fixtures_dir() -> PathBuf {
+    root().join("fixtures/tvm")
+}
+
+/// Where built models go (kept between runs, rebuilt by every run).
+pub fn scratch_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("relaxc-tests");
+    std::fs::create_dir_all(&dir).expect("scratch dir");
+    dir
+}
+
+pub struct Fixture {
+    pub name: String,
+    pub dir: PathBuf,
+    pub ok_cases: Vec<String>,
+    pub fail_cases: Vec<String>,
+}
+
+impl Fixture {
+    pub fn tar(&self) -> PathBuf {
+        self.dir.join("m.tar")
+    }
+}
+
+/// Every TVM fixture, with its input cases.
+pub fn fixtures() -> Vec<Fixture> {
+    let mut out = Vec::new();
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(fixtures_dir())
+        .expect("fixtures/tvm")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("m.tar").exists())
+        .collect();
+    dirs.sort();
+    for dir in dirs {
+        let mut ok_cases = Vec::new();
+        let mut fail_cases = Vec::new();
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .expect("fixture dir")
+            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect();
+        names.sort();
+        for n in names {
+            if let Some(case) = n.strip_prefix("ok_").and_then(|c| c.strip_suffix(".in.npz")) {
+                ok_cases.push(case.to_string());
+            }
+            if let Some(case) = n.strip_prefix("fail_").and_then(|c| c.strip_suffix(".in.npz")) {
+                fail_cases.push(case.to_string());
+            }
+        }
+        let name = dir.file_name().expect("name").to_string_lossy().into_owned();
+        out.push(Fixture { name, dir, ok_cases, fail_cases });
+    }
+    out
+}
+
+pub fn mode_name(mode: ExecMode) -> &'static str {
+    match mode {
+        ExecMode::Bytecode => "bytecode",
+        ExecMode::Compiled => "compiled",
+    }
+}
+
+type BuildCell = Arc<OnceLock<Result<PathBuf, String>>>;
+
+/// Builds `tar` in `mode` once per test binary; concurrent callers wait for the same build.
+pub fn build(name: &str, tar: &Path, mode: ExecMode) -> Result<PathBuf, String> {
+    static CACHE: OnceLock<Mutex<HashMap<(String, &'static str), BuildCell>>> = OnceLock::new();
+    let cell = {
+        let mut map = CACHE.get_or_init(Default::default).lock().expect("build cache");
+        map.entry((name.to_string(), mode_name(mode))).or_default().clone()
+    };
+    cell.get_or_init(|| {
+        let out = scratch_dir().join(format!("{name}.{}.{}.so", mode_name(mode), std::process::id()));
+        relaxc::compile::compile_file(tar, mode, &out).map_err(|e| format!("{e}"))?;
+        Ok(out)
+    })
+    .clone()
+}
+
+/// Results equal TVM's recorded ones: same names, dtypes, shapes and bytes.
+pub fn compare_outputs(outputs: &[Output], expected: &Path) -> Result<(), String> {
+    let want = npz::read_arrays(expected).map_err(|e| e.to_string())?;
+    if outputs.len() != want.len() {
+        return Err(format!("{} results, TVM gave {}", outputs.len(), want.len()));
+    }
+    for (i, out) in outputs.iter().enumerate() {
+        let key = format!("out{i}");
+        let (dtype, shape, data) = npz::output_array(out).map_err(|e| format!("{key}: {e}"))?;
+        let (wdtype, wshape, wdata) = want.get(&key).ok_or_else(|| format!("TVM has no {key}"))?;
+        if dtype != *wdtype || shape != *wshape {
+            return Err(format!("{key}: got {dtype} {shape:?}, TVM gave {wdtype} {wshape:?}"));
+        }
+        if data != *wdata {
+            let first = data.iter().zip(wdata).position(|(a, b)| a != b).unwrap_or(0);
+            return Err(format!("{key}: bytes differ from TVM's (first at byte {first})"));
+        }
+    }
+    Ok(())
+}
+
+/// Strips relaxc's location prefix ("in main at pc 3 (callee): ").
+pub fn strip_location(message: &str) -> &str {
+    if message.starts_with("in ") {
+        if let Some(at) = message.find("): ") {
+            return &message[at + 3..];
+        }
+    }
+    message
+}
+
+/// The error matches TVM's recorded one: same kind (TVM's InternalError excepted, where relaxc
+/// reports what the user did wrong), and the same message, or TVM's message is ours behind
+/// TVM's C++ "Check failed: ... : " preamble.
+pub fn check_error(err: &HostError, expected: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(expected).map_err(|e| e.to_string())?;
+    let mut lines = text.lines();
+    let (want_kind, want_msg) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+    let HostError::Call { kind, message } = err else {
+        return Err(format!("expected a call error, got: {err}"));
+    };
+    if want_kind != "InternalError" && kind != want_kind {
+        return Err(format!("error kind {kind}, TVM raised {want_kind} ({message})"));
+    }
+    let ours = strip_location(message);
+    if ours != want_msg && !want_msg.ends_with(&format!(": {ours}")) {
+        return Err(format!("message differs:\n  relaxc: {ours}\n  TVM:    {want_msg}"));
+    }
+    Ok(())
+}

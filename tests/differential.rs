@@ -1,0 +1,70 @@
+//! The differential harness: every fixture, every input set, in every execution mode, against
+//! TVM's recorded outputs and errors. Trials are named `<fixture>::<case>::<mode>`, so
+//! `cargo test --test differential -- mlp_static` selects one fixture.
+
+mod common;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use relaxc::codegen::ExecMode;
+use relaxc::host::{Model, npz};
+
+fn run_case(fixture: &common::Fixture, case: &str, ok: bool, mode: ExecMode) -> Result<(), Failed> {
+    let so = common::build(&fixture.name, &fixture.tar(), mode)?;
+    let model = Model::load(&so)?;
+    let prefix = if ok { "ok" } else { "fail" };
+    let inputs = npz::read_inputs(&fixture.dir.join(format!("{prefix}_{case}.in.npz")))?;
+    let main = model.find("main")?;
+    let mut vm = model.vm()?;
+    let result = vm.call(main, &inputs);
+    if ok {
+        let outputs = result?.to_output().flatten();
+        common::compare_outputs(&outputs, &fixture.dir.join(format!("ok_{case}.out.npz")))?;
+        // A second call on the same VM reuses pooled storage and must give the same bytes.
+        let again = vm.call(main, &inputs)?.to_output().flatten();
+        if again != outputs {
+            return Err("a second call gave different results".into());
+        }
+    } else {
+        match result {
+            Ok(_) => return Err(format!("{case}: the call succeeded; TVM rejected it").into()),
+            Err(e) => common::check_error(&e, &fixture.dir.join(format!("fail_{case}.err")))?,
+        }
+    }
+    Ok(())
+}
+
+fn inspect_matches_tvm(fixture: &common::Fixture) -> Result<(), Failed> {
+    let expected = std::fs::read_to_string(fixture.dir.join("as_text.txt"))? + &std::fs::read_to_string(fixture.dir.join("stats.txt"))?;
+    let exec = relaxc::inspect::load_executable(&fixture.tar())?;
+    let got = exec.as_text() + &exec.stats();
+    if got != expected {
+        return Err(format!("listing differs from TVM's as_text()/stats():\n--- TVM\n{expected}\n--- relaxc\n{got}").into());
+    }
+    let so = common::build(&fixture.name, &fixture.tar(), ExecMode::Bytecode)?;
+    let from_so = relaxc::inspect::load_executable(&so)?;
+    if from_so != exec {
+        return Err("the executable embedded in the .so differs from the imported one".into());
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let mut trials = Vec::new();
+    for fixture in common::fixtures() {
+        let fixture = std::sync::Arc::new(fixture);
+        for mode in [ExecMode::Bytecode] {
+            let cases = fixture.ok_cases.iter().map(|c| (c.clone(), true)).chain(fixture.fail_cases.iter().map(|c| (format!("fail_{c}"), false)));
+            for (label, ok) in cases {
+                let f = fixture.clone();
+                let case = label.trim_start_matches("fail_").to_string();
+                trials.push(Trial::test(format!("{}::{label}::{}", fixture.name, common::mode_name(mode)), move || {
+                    run_case(&f, &case, ok, mode)
+                }));
+            }
+        }
+        let f = fixture.clone();
+        trials.push(Trial::test(format!("{}::inspect", fixture.name), move || inspect_matches_tvm(&f)));
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
