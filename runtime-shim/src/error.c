@@ -47,8 +47,13 @@ static error_state *state(void) {
   return s;
 }
 
+/* On dlclose: free the unloading thread's state (other threads free theirs when they exit,
+ * through the key's destructor, as long as the library is still loaded), then the key. */
 __attribute__((destructor)) static void delete_key(void) {
-  if (error_key_made) pthread_key_delete(error_key);
+  if (!error_key_made) return;
+  free(pthread_getspecific(error_key));
+  pthread_setspecific(error_key, NULL);
+  pthread_key_delete(error_key);
 }
 
 static error_state *set_kind(const char *kind) {

@@ -76,6 +76,8 @@ impl KernelObject {
 #[derive(Clone, Debug)]
 pub struct TvmExport {
     pub exec: Executable,
+    /// The VMExecutable bytes exactly as TVM wrote them.
+    pub exec_bytes: Vec<u8>,
     pub kernels: Vec<KernelObject>,
 }
 
@@ -112,6 +114,7 @@ pub fn import_tar(path: &Path) -> Result<TvmExport, ImportError> {
         (None, None) => return Err(ImportError::MissingMember { path: shown, member: "devc.o".into() }),
     };
     let exec = executable_from_blob(member, &blob)?;
+    let exec_bytes = executable_payload(member, &blob)?.to_vec();
     let mut kernels = Vec::new();
     if let Some(bytes) = lib0_o {
         kernels.push(KernelObject::parse("lib0.o", bytes)?);
@@ -131,7 +134,7 @@ pub fn import_tar(path: &Path) -> Result<TvmExport, ImportError> {
         let functions = if compiled.is_empty() { "its functions".to_string() } else { compiled.join(", ") };
         return Err(ImportError::CompiledModeExport { functions });
     }
-    Ok(TvmExport { exec, kernels })
+    Ok(TvmExport { exec, exec_bytes, kernels })
 }
 
 fn library_blob_from_object(bytes: &[u8]) -> Result<Vec<u8>, ImportError> {
@@ -177,6 +180,12 @@ fn library_blob_from_c(bytes: &[u8]) -> Result<Vec<u8>, ImportError> {
 
 /// Parses the library blob and returns its `relax.VMExecutable`.
 pub fn executable_from_blob(member: &str, blob: &[u8]) -> Result<Executable, ImportError> {
+    let payload = executable_payload(member, blob)?;
+    executable::read_executable(payload).map_err(|source| ImportError::Executable { member: member.to_string(), source })
+}
+
+/// The raw `relax.VMExecutable` payload inside a library blob.
+pub fn executable_payload<'a>(member: &str, blob: &'a [u8]) -> Result<&'a [u8], ImportError> {
     let blob_err = |source: FormatError| ImportError::Blob { member: member.to_string(), source };
     let mut r = Reader::new(blob);
     let nbytes = r.u64("blob length").map_err(blob_err)?;
@@ -195,12 +204,7 @@ pub fn executable_from_blob(member: &str, blob: &[u8]) -> Result<Executable, Imp
         let n = r.count(1, &format!("module {i} ({kind}) payload")).map_err(blob_err)?;
         let payload = r.bytes(n, &format!("module {i} ({kind}) payload")).map_err(blob_err)?;
         match kind.as_str() {
-            "relax.VMExecutable" if exec.is_none() => {
-                exec = Some(
-                    executable::read_executable(payload)
-                        .map_err(|source| ImportError::Executable { member: member.to_string(), source })?,
-                );
-            }
+            "relax.VMExecutable" if exec.is_none() => exec = Some(payload),
             // Constants bound through relax.build(params=...): the default pipeline's bytecode does not use them.
             "const_loader" => {}
             _ => return Err(ImportError::UnsupportedModule { kind }),
