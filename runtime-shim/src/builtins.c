@@ -44,13 +44,51 @@ static rvm_vm *arg_vm(const TVMFFIAny *args, int32_t i) {
   return args[i].type_index == kTVMFFIOpaquePtr ? (rvm_vm *)args[i].v_ptr : NULL;
 }
 
-static int64_t *heap_data(const TVMFFIAny *heap) {
+/* The shape heap: an int64 tensor. Slots come from the executable, so they are bounds-checked
+ * here (one compare) rather than trusted. */
+typedef struct {
+  int64_t *data;
+  int64_t size;
+} shape_heap;
+
+static shape_heap heap_of(const TVMFFIAny *heap) {
+  shape_heap h = {NULL, 0};
   DLTensor *t = rvm_as_dltensor(heap);
-  return t ? (int64_t *)((char *)t->data + t->byte_offset) : NULL;
+  if (t && t->ndim == 1 && t->dtype.code == kDLInt && t->dtype.bits == 64) {
+    h.data = (int64_t *)((char *)t->data + t->byte_offset);
+    h.size = t->shape[0];
+  }
+  return h;
+}
+
+static int heap_slot(const char *builtin, shape_heap h, int64_t slot) {
+  if (!h.data) return rvm_raise("InternalError", "%s: no shape heap", builtin);
+  if (slot < 0 || slot >= h.size)
+    return rvm_raise("InternalError", "%s: shape heap slot %lld is out of range (heap has %lld)", builtin, (long long)slot,
+                     (long long)h.size);
+  return 0;
 }
 
 static bool dtype_eq(DLDataType a, DLDataType b) {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+/* Element count of dims, or -1 (with the error set) if a dim is negative or the count overflows. */
+static int64_t checked_count(const char *builtin, const int64_t *dims, uint64_t n, int64_t bytes_per_elem) {
+  int64_t count = 1;
+  for (uint64_t i = 0; i < n; i++) {
+    if (dims[i] < 0) {
+      rvm_raise("ValueError", "%s: negative dimension %lld", builtin, (long long)dims[i]);
+      return -1;
+    }
+    if (__builtin_mul_overflow(count, dims[i], &count)) break;
+  }
+  int64_t bytes;
+  if (count < 0 || __builtin_mul_overflow(count, bytes_per_elem, &bytes)) {
+    rvm_raise("ValueError", "%s: size overflows", builtin);
+    return -1;
+  }
+  return count;
 }
 
 /* ---- checks ------------------------------------------------------------------------------ */
@@ -192,7 +230,7 @@ int rvm_builtin_match_shape(void *self, const TVMFFIAny *args, int32_t n, TVMFFI
   if (size != ndim)
     return rvm_raise("RuntimeError", "Check failed: input_shape.size() == size (%lld vs. %lld) : %s match_cast shape size mismatch.",
                      (long long)size, (long long)ndim, ctx);
-  int64_t *heap = heap_data(&args[1]);
+  shape_heap heap = heap_of(&args[1]);
   for (int64_t i = 0; i < ndim; i++) {
     int64_t code = args[3 + 2 * i].v_int64, reg = args[4 + 2 * i].v_int64;
     switch (code) {
@@ -203,17 +241,17 @@ int rvm_builtin_match_shape(void *self, const TVMFFIAny *args, int32_t n, TVMFFI
                            (long long)dims[i], (long long)reg, ctx, (long long)i);
         break;
       case MATCH_STORE:
-        if (!heap) return rvm_raise("InternalError", "vm.builtin.match_shape: no shape heap to store into");
-        heap[reg] = dims[i];
+        if (heap_slot("vm.builtin.match_shape", heap, reg)) return -1;
+        heap.data[reg] = dims[i];
         break;
       case MATCH_NOOP:
         break;
       case MATCH_ASSERT_LOAD:
-        if (!heap) return rvm_raise("InternalError", "vm.builtin.match_shape: no shape heap to load from");
-        if (dims[i] != heap[reg])
+        if (heap_slot("vm.builtin.match_shape", heap, reg)) return -1;
+        if (dims[i] != heap.data[reg])
           return rvm_raise("RuntimeError",
                            "Check failed: input_shape[i] == heap_data[reg] (%lld vs. %lld) : %s match_cast error,  shape[%lld] mismatch to a previous populated value.",
-                           (long long)dims[i], (long long)heap[reg], ctx, (long long)i);
+                           (long long)dims[i], (long long)heap.data[reg], ctx, (long long)i);
         break;
       default:
         return rvm_raise("InternalError", "Unknown match shape code: %lld", (long long)code);
@@ -231,7 +269,7 @@ int rvm_builtin_match_prim_value(void *self, const TVMFFIAny *args, int32_t n, T
   if (arg_int("vm.builtin.match_prim_value", args, 0, &value) || arg_int("vm.builtin.match_prim_value", args, 2, &code) ||
       arg_int("vm.builtin.match_prim_value", args, 3, &reg))
     return -1;
-  int64_t *heap = heap_data(&args[1]);
+  shape_heap heap = heap_of(&args[1]);
   switch (code) {
     case MATCH_ASSERT_IMM:
       if (value != reg)
@@ -239,31 +277,31 @@ int rvm_builtin_match_prim_value(void *self, const TVMFFIAny *args, int32_t n, T
                          (long long)value, (long long)reg, ctx);
       return 0;
     case MATCH_STORE:
-      if (!heap) return rvm_raise("InternalError", "vm.builtin.match_prim_value: no shape heap");
-      heap[reg] = value;
+      if (heap_slot("vm.builtin.match_prim_value", heap, reg)) return -1;
+      heap.data[reg] = value;
       return 0;
     case MATCH_NOOP:
       return 0;
     case MATCH_ASSERT_LOAD:
-      if (!heap) return rvm_raise("InternalError", "vm.builtin.match_prim_value: no shape heap");
-      if (value != heap[reg])
+      if (heap_slot("vm.builtin.match_prim_value", heap, reg)) return -1;
+      if (value != heap.data[reg])
         return rvm_raise("RuntimeError",
                          "Check failed: input_shape == heap_data[reg] (%lld vs. %lld) : %s match_cast error,  PrimExpr mismatch to a previous populated value.",
-                         (long long)value, (long long)heap[reg], ctx);
+                         (long long)value, (long long)heap.data[reg], ctx);
       return 0;
     default:
       return rvm_raise("InternalError", "Unknown match shape code: %lld", (long long)code);
   }
 }
 
-static int shape_value(const char *builtin, const int64_t *heap, int64_t code, int64_t reg, int64_t *out) {
+static int shape_value(const char *builtin, shape_heap heap, int64_t code, int64_t reg, int64_t *out) {
   if (code == 0) {
     *out = reg;
     return 0;
   }
   if (code == 1) {
-    if (!heap) return rvm_raise("InternalError", "%s: no shape heap to load from", builtin);
-    *out = heap[reg];
+    if (heap_slot(builtin, heap, reg)) return -1;
+    *out = heap.data[reg];
     return 0;
   }
   return rvm_raise("InternalError", "Invalid shape code: %lld", (long long)code);
@@ -276,7 +314,7 @@ int rvm_builtin_make_shape(void *self, const TVMFFIAny *args, int32_t n, TVMFFIA
   if (arg_int("vm.builtin.make_shape", args, 1, &ndim)) return -1;
   if (ndim < 0 || n != 2 + 2 * ndim)
     return rvm_raise("TypeError", "vm.builtin.make_shape: %d arguments do not fit %lld dims", n, (long long)ndim);
-  const int64_t *heap = heap_data(&args[0]);
+  shape_heap heap = heap_of(&args[0]);
   int64_t stack_dims[16];
   int64_t *dims = ndim <= 16 ? stack_dims : malloc(sizeof(int64_t) * (size_t)ndim);
   if (!dims) return rvm_raise("MemoryError", "out of memory");
@@ -297,7 +335,7 @@ int rvm_builtin_make_prim_value(void *self, const TVMFFIAny *args, int32_t n, TV
   (void)self;
   if (need_args("vm.builtin.make_prim_value", n, 3, 3)) return -1;
   int64_t value = 0;
-  if (shape_value("vm.builtin.make_prim_value", heap_data(&args[0]), args[1].v_int64, args[2].v_int64, &value)) return -1;
+  if (shape_value("vm.builtin.make_prim_value", heap_of(&args[0]), args[1].v_int64, args[2].v_int64, &value)) return -1;
   *result = rvm_int(value);
   return 0;
 }
@@ -376,12 +414,9 @@ int rvm_builtin_alloc_storage(void *self, const TVMFFIAny *args, int32_t n, TVMF
   if (device_index != 0)
     return rvm_raise("ValueError", "vm.builtin.alloc_storage: device index %lld is out of the VM's device list (1 device: cpu)",
                      (long long)device_index);
-  uint64_t nbytes = 1;
-  for (uint64_t i = 0; i < size->size; i++) {
-    if (size->data[i] < 0) return rvm_raise("ValueError", "vm.builtin.alloc_storage: negative size %lld", (long long)size->data[i]);
-    nbytes *= (uint64_t)size->data[i];
-  }
-  rvm_storage *s = rvm_storage_new(vm->allocator, nbytes);
+  int64_t nbytes = checked_count("vm.builtin.alloc_storage", size->data, size->size, 1);
+  if (nbytes < 0) return -1;
+  rvm_storage *s = rvm_storage_new(vm->allocator, (uint64_t)nbytes);
   if (!s) return -1;
   *result = rvm_obj_any(s);
   return 0;
@@ -411,10 +446,10 @@ int rvm_builtin_alloc_tensor(void *self, const TVMFFIAny *args, int32_t n, TVMFF
     return rvm_raise("TypeError", "vm.builtin.alloc_tensor: the dtype must be a DataType, but got %s", rvm_type_name(&args[3]));
   DLDataType dt = args[3].v_dtype;
   if (check_alloc_dtype(dt)) return -1;
-  int64_t count = 1;
-  for (uint64_t i = 0; i < shape->size; i++) count *= shape->data[i];
+  int64_t count = checked_count("vm.builtin.alloc_tensor", shape->data, shape->size, 64);
+  if (count < 0) return -1;
   int64_t nbytes = (count * dt.bits * dt.lanes + 7) / 8;
-  if (offset < 0 || (uint64_t)(offset + nbytes) > s->nbytes)
+  if (offset < 0 || (uint64_t)offset > s->nbytes || (uint64_t)nbytes > s->nbytes - (uint64_t)offset)
     return rvm_raise("RuntimeError", "storage allocation failure, attempted to allocate %lld at offset %lld in region that is %llubytes",
                      (long long)nbytes, (long long)offset, (unsigned long long)s->nbytes);
   rvm_tensor *t = rvm_tensor_new(s->data, s->device, (int32_t)shape->size, dt, shape->data, (uint64_t)offset, &s->header);
@@ -463,8 +498,8 @@ int rvm_builtin_reshape(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny 
   if (!t) return rvm_raise("TypeError", "vm.builtin.reshape expects a Tensor or DLTensor*, but get %s", rvm_type_name(&args[0]));
   const TVMFFIShapeCell *shape = rvm_as_shape(&args[1]);
   if (!shape) return rvm_raise("TypeError", "vm.builtin.reshape: the new shape must be a Shape, but got %s", rvm_type_name(&args[1]));
-  int64_t count = 1;
-  for (uint64_t i = 0; i < shape->size; i++) count *= shape->data[i];
+  int64_t count = checked_count("vm.builtin.reshape", shape->data, shape->size, 64);
+  if (count < 0) return -1;
   int64_t view = (count * t->dtype.bits * t->dtype.lanes + 7) / 8;
   int64_t have = rvm_tensor_nbytes(t);
   if (view > have) {

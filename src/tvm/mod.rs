@@ -86,13 +86,21 @@ pub fn import_tar(path: &Path) -> Result<TvmExport, ImportError> {
     let shown = path.display().to_string();
     let raw = std::fs::read(path).map_err(|source| ImportError::Io { path: shown.clone(), source })?;
     let tar_err = |e: std::io::Error| ImportError::Tar { path: shown.clone(), message: e.to_string() };
-    // TVM writes the archive gzip-compressed; plain tar is accepted too.
-    let reader: Box<dyn Read> = if raw.starts_with(&[0x1f, 0x8b]) {
-        Box::new(flate2::read::GzDecoder::new(&raw[..]))
+    // TVM writes the archive gzip-compressed; plain tar is accepted too. The whole stream is
+    // inflated first so that a damaged or truncated gzip (bad checksum) is an error.
+    let inflated;
+    let data: &[u8] = if raw.starts_with(&[0x1f, 0x8b]) {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(&raw[..]).read_to_end(&mut out).map_err(|e| ImportError::Tar {
+            path: shown.clone(),
+            message: format!("gzip stream is damaged or truncated: {e}"),
+        })?;
+        inflated = out;
+        &inflated
     } else {
-        Box::new(&raw[..])
+        &raw
     };
-    let mut archive = tar::Archive::new(reader);
+    let mut archive = tar::Archive::new(data);
     let (mut devc_o, mut devc_c, mut lib0_o, mut lib0_c) = (None, None, None, None);
     for entry in archive.entries().map_err(tar_err)? {
         let mut entry = entry.map_err(tar_err)?;
@@ -211,4 +219,28 @@ pub fn executable_payload<'a>(member: &str, blob: &'a [u8]) -> Result<&'a [u8], 
         }
     }
     exec.ok_or_else(|| blob_err(r.error("library blob", "no relax.VMExecutable module")))
+}
+
+/// Wraps an executable into a library blob as TVM's export does (module 0 the executable,
+/// importing module 1, the `_lib` placeholder).
+pub fn write_library_blob(exec_bytes: &[u8]) -> Vec<u8> {
+    let mut body = Vec::new();
+    let put_u64 = |out: &mut Vec<u8>, v: u64| out.extend(v.to_le_bytes());
+    put_u64(&mut body, 3);
+    for v in [0u64, 1, 1] {
+        put_u64(&mut body, v);
+    }
+    put_u64(&mut body, 1);
+    put_u64(&mut body, 1);
+    for (kind, payload) in [("relax.VMExecutable", Some(exec_bytes)), ("_lib", None)] {
+        put_u64(&mut body, kind.len() as u64);
+        body.extend(kind.as_bytes());
+        if let Some(p) = payload {
+            put_u64(&mut body, p.len() as u64);
+            body.extend(p);
+        }
+    }
+    let mut blob = (body.len() as u64).to_le_bytes().to_vec();
+    blob.extend(body);
+    blob
 }

@@ -30,6 +30,12 @@ impl Executable {
         }
     }
 
+    /// A function's instruction range cut to the instructions that exist (for unverified input).
+    fn clamped_range(&self, start: i64, end: i64) -> std::ops::Range<i64> {
+        let n = self.instr_offset.len() as i64;
+        start.clamp(0, n)..end.clamp(0, n)
+    }
+
     /// The listing TVM's `as_text()` prints.
     pub fn as_text(&self) -> String {
         let mut out = String::new();
@@ -43,7 +49,7 @@ impl Executable {
                 }
                 FuncKind::Bytecode => {
                     let _ = writeln!(out, "@{}:", f.name);
-                    for k in f.start_instr..f.end_instr {
+                    for k in self.clamped_range(f.start_instr, f.end_instr) {
                         let line = match self.instr(k as usize) {
                             Ok(i) => self.instr_text(&i),
                             Err(e) => format!("<bad instruction: {e}>"),
@@ -75,7 +81,7 @@ impl Executable {
         let mut out = String::from("ib = rx.Builder()\n");
         for f in self.funcs.iter().filter(|f| f.kind == FuncKind::Bytecode) {
             let _ = writeln!(out, "with ib.function(\"{}\", num_inputs={}):", f.name, f.num_args);
-            for k in f.start_instr..f.end_instr {
+            for k in self.clamped_range(f.start_instr, f.end_instr) {
                 let line = match self.instr(k as usize) {
                     Ok(Instr::Call { dst, func, args }) => {
                         let args: Vec<String> = args.iter().map(|a| self.arg_python(*a)).collect();
