@@ -40,7 +40,10 @@ pub struct Program {
 pub fn load_tvm_export(input: &Path) -> Result<Program, CompileError> {
     let export = tvm::import_tar(input)?;
     verify(&export.exec)?;
-    Ok(Program { exec: export.exec, kernels: export.kernels })
+    Ok(Program {
+        exec: export.exec,
+        kernels: export.kernels,
+    })
 }
 
 /// Emits the model object for a program.
@@ -49,7 +52,12 @@ pub fn emit(program: &Program, mode: ExecMode) -> Result<Vec<u8>, CompileError> 
     let objects = if program.kernels.is_empty() {
         "the kernel objects (there are none)".to_string()
     } else {
-        program.kernels.iter().map(|k| k.name.as_str()).collect::<Vec<_>>().join(", ")
+        program
+            .kernels
+            .iter()
+            .map(|k| k.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     let symbols = codegen::tables::bind_packed_functions(&program.exec, &available, &objects)?;
     Ok(codegen::emit_object(&program.exec, &symbols, mode)?)

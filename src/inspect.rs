@@ -18,17 +18,31 @@ pub enum InspectError {
     #[error("{path} has no {EXEC_SECTION} section: not a model built by relaxc")]
     NotAModel { path: String },
     #[error("{path}: the embedded executable is corrupt: {source}")]
-    Corrupt { path: String, source: executable::FormatError },
+    Corrupt {
+        path: String,
+        source: executable::FormatError,
+    },
 }
 
 pub fn load_executable(path: &Path) -> Result<Executable, InspectError> {
     let shown = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
+    let bytes = std::fs::read(path).map_err(|e| InspectError::Read {
+        path: shown.clone(),
+        message: e.to_string(),
+    })?;
     if !bytes.starts_with(b"\x7fELF") {
         return Ok(tvm::import_tar(path)?.exec);
     }
-    let file = object::File::parse(&*bytes).map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
-    let section = file.section_by_name(EXEC_SECTION).ok_or(InspectError::NotAModel { path: shown.clone() })?;
-    let data = section.data().map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
+    let file = object::File::parse(&*bytes).map_err(|e| InspectError::Read {
+        path: shown.clone(),
+        message: e.to_string(),
+    })?;
+    let section = file
+        .section_by_name(EXEC_SECTION)
+        .ok_or(InspectError::NotAModel { path: shown.clone() })?;
+    let data = section.data().map_err(|e| InspectError::Read {
+        path: shown.clone(),
+        message: e.to_string(),
+    })?;
     executable::read_executable(data).map_err(|source| InspectError::Corrupt { path: shown, source })
 }

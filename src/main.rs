@@ -78,7 +78,12 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Compile { input, exec_mode, output, verbose } => {
+        Command::Compile {
+            input,
+            exec_mode,
+            output,
+            verbose,
+        } => {
             let report = relaxc::compile::compile_file(&input, exec_mode, &output)
                 .with_context(|| format!("compiling {}", input.display()))?;
             if verbose {
@@ -92,9 +97,17 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Run { model, func, inputs, outputs, bench, stats } => run_model(&model, &func, inputs.as_deref(), outputs.as_deref(), bench, stats),
+        Command::Run {
+            model,
+            func,
+            inputs,
+            outputs,
+            bench,
+            stats,
+        } => run_model(&model, &func, inputs.as_deref(), outputs.as_deref(), bench, stats),
         Command::Inspect { input, python } => {
-            let exec = relaxc::inspect::load_executable(&input).with_context(|| format!("inspecting {}", input.display()))?;
+            let exec =
+                relaxc::inspect::load_executable(&input).with_context(|| format!("inspecting {}", input.display()))?;
             if python {
                 print!("{}", exec.as_python());
             } else {
@@ -106,9 +119,18 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-fn run_model(path: &Path, func: &str, inputs: Option<&Path>, outputs: Option<&Path>, bench: Option<usize>, stats: bool) -> Result<()> {
+fn run_model(
+    path: &Path,
+    func: &str,
+    inputs: Option<&Path>,
+    outputs: Option<&Path>,
+    bench: Option<usize>,
+    stats: bool,
+) -> Result<()> {
     let model = Model::load(path)?;
-    let f = model.find(func).with_context(|| format!("available functions: {}", model.functions().join(", ")))?;
+    let f = model
+        .find(func)
+        .with_context(|| format!("available functions: {}", model.functions().join(", ")))?;
     let args = match inputs {
         Some(p) => npz::read_inputs(p)?,
         None => Vec::new(),

@@ -44,12 +44,23 @@ fn check_api(mode: ExecMode) {
     assert!(text.contains(", 0 failed"), "{text}");
 
     if Command::new("valgrind").arg("--version").output().is_err() {
-        assert!(std::env::var_os("CI").is_none(), "valgrind is required in CI (.ci/run installs it)");
-        eprintln!("SKIPPED: valgrind run of api_test ({}): valgrind is not installed", common::mode_name(mode));
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "valgrind is required in CI (.ci/run installs it)"
+        );
+        eprintln!(
+            "SKIPPED: valgrind run of api_test ({}): valgrind is not installed",
+            common::mode_name(mode)
+        );
         return;
     }
     let out = Command::new("valgrind")
-        .args(["--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite,indirect", "--show-leak-kinds=definite,indirect"])
+        .args([
+            "--error-exitcode=99",
+            "--leak-check=full",
+            "--errors-for-leak-kinds=definite,indirect",
+            "--show-leak-kinds=definite,indirect",
+        ])
         .arg(&exe)
         .arg(&a)
         .arg(&b)

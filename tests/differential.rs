@@ -34,11 +34,14 @@ fn run_case(fixture: &common::Fixture, case: &str, ok: bool, mode: ExecMode) -> 
 }
 
 fn inspect_matches_tvm(fixture: &common::Fixture) -> Result<(), Failed> {
-    let expected = std::fs::read_to_string(fixture.dir.join("as_text.txt"))? + &std::fs::read_to_string(fixture.dir.join("stats.txt"))?;
+    let expected = std::fs::read_to_string(fixture.dir.join("as_text.txt"))?
+        + &std::fs::read_to_string(fixture.dir.join("stats.txt"))?;
     let exec = relaxc::inspect::load_executable(&fixture.tar())?;
     let got = exec.as_text() + &exec.stats();
     if got != expected {
-        return Err(format!("listing differs from TVM's as_text()/stats():\n--- TVM\n{expected}\n--- relaxc\n{got}").into());
+        return Err(
+            format!("listing differs from TVM's as_text()/stats():\n--- TVM\n{expected}\n--- relaxc\n{got}").into(),
+        );
     }
     let so = common::build(&fixture.name, &fixture.tar(), ExecMode::Bytecode)?;
     let from_so = relaxc::inspect::load_executable(&so)?;
@@ -54,17 +57,24 @@ fn main() {
     for fixture in common::fixtures() {
         let fixture = std::sync::Arc::new(fixture);
         for mode in [ExecMode::Bytecode] {
-            let cases = fixture.ok_cases.iter().map(|c| (c.clone(), true)).chain(fixture.fail_cases.iter().map(|c| (format!("fail_{c}"), false)));
+            let cases = fixture
+                .ok_cases
+                .iter()
+                .map(|c| (c.clone(), true))
+                .chain(fixture.fail_cases.iter().map(|c| (format!("fail_{c}"), false)));
             for (label, ok) in cases {
                 let f = fixture.clone();
                 let case = label.trim_start_matches("fail_").to_string();
-                trials.push(Trial::test(format!("{}::{label}::{}", fixture.name, common::mode_name(mode)), move || {
-                    run_case(&f, &case, ok, mode)
-                }));
+                trials.push(Trial::test(
+                    format!("{}::{label}::{}", fixture.name, common::mode_name(mode)),
+                    move || run_case(&f, &case, ok, mode),
+                ));
             }
         }
         let f = fixture.clone();
-        trials.push(Trial::test(format!("{}::inspect", fixture.name), move || inspect_matches_tvm(&f)));
+        trials.push(Trial::test(format!("{}::inspect", fixture.name), move || {
+            inspect_matches_tvm(&f)
+        }));
     }
     libtest_mimic::run(&args, trials).exit();
 }

@@ -14,7 +14,11 @@ fn writer_reproduces_tvm_bytes_for_every_fixture() {
     for f in fixtures {
         let export = tvm::import_tar(&f.tar()).unwrap_or_else(|e| panic!("{}: {e}", f.name));
         let written = executable::write_executable(&export.exec);
-        assert!(written == export.exec_bytes, "{}: written executable differs from TVM's bytes", f.name);
+        assert!(
+            written == export.exec_bytes,
+            "{}: written executable differs from TVM's bytes",
+            f.name
+        );
     }
 }
 
@@ -24,7 +28,14 @@ fn argument_words_match_the_spec_examples() {
     assert_eq!(Arg::Const(1).encode() as u64, 0x0200000000000001);
     assert_eq!(Arg::Imm(-7).encode() as u64, 0x01FFFFFFFFFFFFF9);
     assert_eq!(Arg::Reg(VOID_REG).encode() as u64, 0x0040000000000000);
-    for a in [Arg::Imm(-7), Arg::Imm((1 << 55) - 1), Arg::Imm(-((1 << 55) - 1)), Arg::Reg(VM_REG), Arg::Func(12), Arg::Const(0)] {
+    for a in [
+        Arg::Imm(-7),
+        Arg::Imm((1 << 55) - 1),
+        Arg::Imm(-((1 << 55) - 1)),
+        Arg::Reg(VM_REG),
+        Arg::Func(12),
+        Arg::Const(0),
+    ] {
         assert_eq!(Arg::decode(a.encode()), Some(a));
     }
     assert_eq!(Arg::decode(0x0400000000000000), None, "kind 4 does not exist");
@@ -33,11 +44,22 @@ fn argument_words_match_the_spec_examples() {
 #[test]
 fn instructions_round_trip() {
     let instrs = [
-        Instr::Call { dst: 3, func: 2, args: vec![Arg::Reg(0), Arg::Imm(-1), Arg::Const(4), Arg::Func(1), Arg::Reg(VM_REG)] },
-        Instr::Call { dst: VOID_REG, func: 0, args: vec![] },
+        Instr::Call {
+            dst: 3,
+            func: 2,
+            args: vec![Arg::Reg(0), Arg::Imm(-1), Arg::Const(4), Arg::Func(1), Arg::Reg(VM_REG)],
+        },
+        Instr::Call {
+            dst: VOID_REG,
+            func: 0,
+            args: vec![],
+        },
         Instr::Ret { result: 5 },
         Instr::Goto { offset: -3 },
-        Instr::If { cond: 2, false_offset: 7 },
+        Instr::If {
+            cond: 2,
+            false_offset: 7,
+        },
     ];
     let mut words = Vec::new();
     for i in &instrs {
@@ -63,8 +85,16 @@ fn float_and_every_constant_kind_round_trip() {
         Constant::Shape(vec![]),
         Constant::Shape(vec![7, 8]),
         Constant::DataType(DType::new(2, 16, 1)),
-        Constant::Tensor(TensorConst { dtype: DType::new(0, 16, 1), shape: vec![2, 2], data: vec![1, 0, 2, 0, 3, 0, 4, 0] }),
-        Constant::Tensor(TensorConst { dtype: DType::F32, shape: vec![], data: 1.5f32.to_le_bytes().to_vec() }),
+        Constant::Tensor(TensorConst {
+            dtype: DType::new(0, 16, 1),
+            shape: vec![2, 2],
+            data: vec![1, 0, 2, 0, 3, 0, 4, 0],
+        }),
+        Constant::Tensor(TensorConst {
+            dtype: DType::F32,
+            shape: vec![],
+            data: 1.5f32.to_le_bytes().to_vec(),
+        }),
     ];
     for c in &consts {
         b.constant(c.clone());
@@ -77,5 +107,10 @@ fn float_and_every_constant_kind_round_trip() {
     assert_eq!(exec.constants.len(), consts.len());
     let back: Executable = executable::read_executable(&executable::write_executable(&exec)).expect("reads back");
     assert_eq!(back, exec);
-    assert!(exec.stats().contains("[2.5, 1152921504606846976, \"hello\", shapetupl], shapetuple[7, 8], float16, [2, 2], scalar]"), "{}", exec.stats());
+    assert!(
+        exec.stats()
+            .contains("[2.5, 1152921504606846976, \"hello\", shapetupl], shapetuple[7, 8], float16, [2, 2], scalar]"),
+        "{}",
+        exec.stats()
+    );
 }

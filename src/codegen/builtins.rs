@@ -32,7 +32,11 @@ fn parse_line(line: &'static str) -> Option<Builtin> {
     let mut quoted = rest.split('"').skip(1).step_by(2);
     let name = quoted.next()?;
     let doc = quoted.next().unwrap_or("");
-    Some(Builtin { name, symbol: format!("rvm_builtin_{}", suffix.trim()), doc })
+    Some(Builtin {
+        name,
+        symbol: format!("rvm_builtin_{}", suffix.trim()),
+        doc,
+    })
 }
 
 #[cfg(test)]
@@ -40,9 +44,24 @@ mod tests {
     #[test]
     fn table_parses_and_covers_the_required_builtins() {
         for name in [
-            "alloc_shape_heap", "alloc_storage", "alloc_tensor", "check_shape_info", "check_tensor_info", "copy",
-            "invoke_closure", "make_closure", "make_prim_value", "make_shape", "make_tuple", "match_shape",
-            "null_value", "read_if_cond", "reshape", "shape_of", "tensor_to_shape", "tuple_getitem",
+            "alloc_shape_heap",
+            "alloc_storage",
+            "alloc_tensor",
+            "check_shape_info",
+            "check_tensor_info",
+            "copy",
+            "invoke_closure",
+            "make_closure",
+            "make_prim_value",
+            "make_shape",
+            "make_tuple",
+            "match_shape",
+            "null_value",
+            "read_if_cond",
+            "reshape",
+            "shape_of",
+            "tensor_to_shape",
+            "tuple_getitem",
         ] {
             let b = super::find(&format!("vm.builtin.{name}")).unwrap_or_else(|| panic!("{name} missing"));
             assert_eq!(b.symbol, format!("rvm_builtin_{name}"));

@@ -71,22 +71,39 @@ pub enum TablesError {
         "kernel {name} is not defined: no symbol {prefix}{name} in {objects} (called from {function} at pc {pc})",
         prefix = crate::tvm::KERNEL_PREFIX
     )]
-    MissingKernel { name: String, objects: String, function: String, pc: i64 },
-    #[error("{name} is a Python-registered TVM function, which relaxc does not provide yet (called from {function} at pc {pc})")]
+    MissingKernel {
+        name: String,
+        objects: String,
+        function: String,
+        pc: i64,
+    },
+    #[error(
+        "{name} is a Python-registered TVM function, which relaxc does not provide yet (called from {function} at pc {pc})"
+    )]
     PythonFunction { name: String, function: String, pc: i64 },
     #[error("cranelift: {0}")]
-    Module(#[from] ModuleError),
+    Module(Box<ModuleError>),
     #[error("cranelift: {0}")]
     Isa(String),
     #[error("cannot write the object: {0}")]
     Object(String),
 }
 
+impl From<ModuleError> for TablesError {
+    fn from(e: ModuleError) -> TablesError {
+        TablesError::Module(Box::new(e))
+    }
+}
+
 /// Makes the Cranelift object module for the host.
 pub fn object_module(name: &str) -> Result<ObjectModule, TablesError> {
     let mut flags = settings::builder();
-    flags.set("is_pic", "true").map_err(|e| TablesError::Isa(e.to_string()))?;
-    flags.set("opt_level", "speed").map_err(|e| TablesError::Isa(e.to_string()))?;
+    flags
+        .set("is_pic", "true")
+        .map_err(|e| TablesError::Isa(e.to_string()))?;
+    flags
+        .set("opt_level", "speed")
+        .map_err(|e| TablesError::Isa(e.to_string()))?;
     let isa = isa::lookup(target_lexicon::Triple::host())
         .map_err(|e| TablesError::Isa(e.to_string()))?
         .finish(settings::Flags::new(flags))
@@ -97,12 +114,16 @@ pub fn object_module(name: &str) -> Result<ObjectModule, TablesError> {
 
 /// Where each call and each packed entry of the program goes: a builtin, a kernel, or an error
 /// naming the first instruction that needs a missing one.
-pub fn bind_packed_functions(exec: &Executable, kernels: &BTreeSet<String>, objects: &str) -> Result<Vec<Option<String>>, TablesError> {
+pub fn bind_packed_functions(
+    exec: &Executable,
+    kernels: &BTreeSet<String>,
+    objects: &str,
+) -> Result<Vec<Option<String>>, TablesError> {
     let first_use = |index: usize| -> (String, i64) {
         for f in exec.funcs.iter().filter(|f| f.kind == FuncKind::Bytecode) {
             for k in f.start_instr..f.end_instr {
                 if let Ok(crate::vm::Instr::Call { func, args, .. }) = exec.instr(k as usize) {
-                    let named = func == index as i64 || args.iter().any(|a| *a == crate::vm::Arg::Func(index as i64));
+                    let named = func == index as i64 || args.contains(&crate::vm::Arg::Func(index as i64));
                     if named {
                         return (f.name.clone(), k - f.start_instr);
                     }
@@ -131,7 +152,12 @@ pub fn bind_packed_functions(exec: &Executable, kernels: &BTreeSet<String>, obje
             } else if name.starts_with("relax.run.") {
                 TablesError::PythonFunction { name, function, pc }
             } else {
-                TablesError::MissingKernel { name, function, pc, objects: objects.to_string() }
+                TablesError::MissingKernel {
+                    name,
+                    function,
+                    pc,
+                    objects: objects.to_string(),
+                }
             })
         })
         .collect()
@@ -147,10 +173,15 @@ struct Blob {
 
 impl Blob {
     fn new() -> Blob {
-        Blob { bytes: Vec::new(), self_relocs: Vec::new(), func_relocs: Vec::new(), data_relocs: Vec::new() }
+        Blob {
+            bytes: Vec::new(),
+            self_relocs: Vec::new(),
+            func_relocs: Vec::new(),
+            data_relocs: Vec::new(),
+        }
     }
     fn align(&mut self, a: usize) -> usize {
-        while self.bytes.len() % a != 0 {
+        while !self.bytes.len().is_multiple_of(a) {
             self.bytes.push(0);
         }
         self.bytes.len()
@@ -176,7 +207,9 @@ impl Blob {
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
 }
 
 /// Adds the program tables for `exec` to `module`. `symbols[i]` is the symbol bound to packed
@@ -198,7 +231,13 @@ pub fn define_tables(
     let version = rodata.cstr(env!("CARGO_PKG_VERSION"));
     let triple = rodata.cstr(&target_lexicon::Triple::host().to_string());
     rodata.align(8);
-    let instr_offset = rodata.put(&exec.instr_offset.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>());
+    let instr_offset = rodata.put(
+        &exec
+            .instr_offset
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect::<Vec<_>>(),
+    );
     let instr_data = rodata.put(&exec.instr_data.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>());
     let mut const_parts = Vec::new(); // (data offset, shape offset) into rodata
     for c in &exec.constants {
@@ -291,7 +330,9 @@ pub fn define_tables(
     tables.put_at(prog + PROG_ABI, &ABI_VERSION.to_le_bytes());
     let mode_word: u32 = if mode == ExecMode::Compiled { 1 } else { 0 };
     tables.put_at(prog + PROG_EXEC_MODE, &mode_word.to_le_bytes());
-    tables.data_relocs.push((prog + PROG_COMPILER_VERSION, rodata_id, version));
+    tables
+        .data_relocs
+        .push((prog + PROG_COMPILER_VERSION, rodata_id, version));
     tables.data_relocs.push((prog + PROG_TRIPLE, rodata_id, triple));
     tables.put_at(prog + PROG_HASH, &fnv1a(&exec_bytes).to_le_bytes());
     tables.put_at(prog + PROG_NUM_FUNCS, &(exec.funcs.len() as i64).to_le_bytes());
@@ -299,7 +340,9 @@ pub fn define_tables(
     tables.put_at(prog + PROG_NUM_CONSTS, &(exec.constants.len() as i64).to_le_bytes());
     tables.self_relocs.push((prog + PROG_CONSTS, consts_at));
     tables.put_at(prog + PROG_NUM_INSTRS, &(exec.instr_offset.len() as i64).to_le_bytes());
-    tables.data_relocs.push((prog + PROG_INSTR_OFFSET, rodata_id, instr_offset));
+    tables
+        .data_relocs
+        .push((prog + PROG_INSTR_OFFSET, rodata_id, instr_offset));
     tables.data_relocs.push((prog + PROG_INSTR_DATA, rodata_id, instr_data));
 
     // The tables live in one object whose program header is the exported (hidden) symbol: put
@@ -361,7 +404,11 @@ pub fn emit_object(exec: &Executable, symbols: &[Option<String>], mode: ExecMode
 /// Finishes the module and appends the `.rvm_exec` section.
 pub fn finish_object(module: ObjectModule, exec: &Executable) -> Result<Vec<u8>, TablesError> {
     let mut product = module.finish();
-    let section = product.object.add_section(Vec::new(), layout::EXEC_SECTION.as_bytes().to_vec(), object::SectionKind::Metadata);
+    let section = product.object.add_section(
+        Vec::new(),
+        layout::EXEC_SECTION.as_bytes().to_vec(),
+        object::SectionKind::Metadata,
+    );
     product.object.append_section_data(section, &write_executable(exec), 8);
     product.emit().map_err(|e| TablesError::Object(e.to_string()))
 }

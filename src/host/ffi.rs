@@ -26,13 +26,25 @@ pub struct Any {
 
 impl Any {
     pub fn int(v: i64) -> Any {
-        Any { type_index: TYPE_INT, zero_padding: 0, payload: v as u64 }
+        Any {
+            type_index: TYPE_INT,
+            zero_padding: 0,
+            payload: v as u64,
+        }
     }
     pub fn float(v: f64) -> Any {
-        Any { type_index: TYPE_FLOAT, zero_padding: 0, payload: v.to_bits() }
+        Any {
+            type_index: TYPE_FLOAT,
+            zero_padding: 0,
+            payload: v.to_bits(),
+        }
     }
     pub fn dltensor(t: *const DLTensor) -> Any {
-        Any { type_index: TYPE_DLTENSOR_PTR, zero_padding: 0, payload: t as u64 }
+        Any {
+            type_index: TYPE_DLTENSOR_PTR,
+            zero_padding: 0,
+            payload: t as u64,
+        }
     }
     pub fn is_object(&self) -> bool {
         self.type_index >= TYPE_STATIC_OBJECT_BEGIN
@@ -104,7 +116,8 @@ pub struct Api {
     pub vm_create: unsafe extern "C" fn(m: *mut Module, out: *mut *mut Vm) -> c_int,
     pub vm_destroy: unsafe extern "C" fn(vm: *mut Vm),
     pub vm_call: unsafe extern "C" fn(vm: *mut Vm, f: i32, args: *const Any, n: i32, result: *mut Any) -> c_int,
-    pub vm_call_closure: unsafe extern "C" fn(vm: *mut Vm, c: *const Any, args: *const Any, n: i32, result: *mut Any) -> c_int,
+    pub vm_call_closure:
+        unsafe extern "C" fn(vm: *mut Vm, c: *const Any, args: *const Any, n: i32, result: *mut Any) -> c_int,
     pub vm_stats: unsafe extern "C" fn(vm: *const Vm, out: *mut VmStats),
     pub vm_reset_stats: unsafe extern "C" fn(vm: *mut Vm),
     pub value_release: unsafe extern "C" fn(v: *mut Any),

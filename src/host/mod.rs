@@ -59,7 +59,12 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in `zeroed` with this layout.
-        unsafe { dealloc(self.ptr, Layout::from_size_align(self.len.max(1), 64).expect("buffer layout")) }
+        unsafe {
+            dealloc(
+                self.ptr,
+                Layout::from_size_align(self.len.max(1), 64).expect("buffer layout"),
+            )
+        }
     }
 }
 
@@ -72,7 +77,11 @@ pub struct HostTensor {
 
 impl HostTensor {
     pub fn new(dtype: DLDataType, shape: Vec<i64>, bytes: &[u8]) -> HostTensor {
-        HostTensor { dtype, shape, data: AlignedBuf::from_bytes(bytes) }
+        HostTensor {
+            dtype,
+            shape,
+            data: AlignedBuf::from_bytes(bytes),
+        }
     }
 }
 
@@ -87,7 +96,11 @@ pub enum Input {
 /// A call result, copied out of the runtime.
 #[derive(Debug, PartialEq)]
 pub enum Output {
-    Tensor { dtype: DLDataType, shape: Vec<i64>, data: Vec<u8> },
+    Tensor {
+        dtype: DLDataType,
+        shape: Vec<i64>,
+        data: Vec<u8>,
+    },
     Shape(Vec<i64>),
     Int(i64),
     Bool(bool),
@@ -116,14 +129,23 @@ impl Model {
     pub fn load(path: &Path) -> Result<Model, HostError> {
         let shown = path.display().to_string();
         // SAFETY: loading a library runs its initialisers; relaxc models have none beyond libc's.
-        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| HostError::Load { path: shown.clone(), message: e.to_string() })?;
+        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| HostError::Load {
+            path: shown.clone(),
+            message: e.to_string(),
+        })?;
         // SAFETY: the symbol's type is fixed by rvm.h.
-        let get: libloading::Symbol<ffi::GetApi> = unsafe { lib.get(b"rvm_get_api\0") }
-            .map_err(|e| HostError::NotAModel { path: shown.clone(), message: e.to_string() })?;
+        let get: libloading::Symbol<ffi::GetApi> =
+            unsafe { lib.get(b"rvm_get_api\0") }.map_err(|e| HostError::NotAModel {
+                path: shown.clone(),
+                message: e.to_string(),
+            })?;
         // SAFETY: calling the documented entry point.
         let api = unsafe { get(ffi::ABI_VERSION) };
         if api.is_null() {
-            return Err(HostError::NotAModel { path: shown, message: format!("it does not speak ABI version {}", ffi::ABI_VERSION) });
+            return Err(HostError::NotAModel {
+                path: shown,
+                message: format!("it does not speak ABI version {}", ffi::ABI_VERSION),
+            });
         }
         let mut module = std::ptr::null_mut();
         // SAFETY: api is a valid table for the life of lib.
@@ -131,7 +153,10 @@ impl Model {
         let model = Model { api, module, _lib: lib };
         if rc != 0 {
             let e = model.error();
-            return Err(HostError::NotAModel { path: shown, message: e.to_string() });
+            return Err(HostError::NotAModel {
+                path: shown,
+                message: e.to_string(),
+            });
         }
         Ok(model)
     }
@@ -158,7 +183,12 @@ impl Model {
         };
         // SAFETY: module is open; info is a valid out-pointer.
         unsafe { (self.api().module_info)(self.module, &mut info) };
-        (info.exec_mode, cstr(info.compiler_version), cstr(info.target_triple), info.executable_hash)
+        (
+            info.exec_mode,
+            cstr(info.compiler_version),
+            cstr(info.target_triple),
+            info.executable_hash,
+        )
     }
 
     /// Names of the Relax functions, in API index order.
@@ -207,7 +237,8 @@ pub struct Vm<'m> {
 pub struct PreparedArgs<'a> {
     api: &'a Api,
     anys: Vec<Any>,
-    _tensors: Vec<Box<DLTensor>>,
+    /// Filled once and never grown after the pointers into it are taken.
+    _tensors: Vec<DLTensor>,
     owned: Vec<usize>,
 }
 
@@ -228,22 +259,28 @@ impl<'m> Vm<'m> {
     {
         let model: &'m Model = self.model;
         let api = model.api();
-        let mut args = PreparedArgs { api, anys: Vec::new(), _tensors: Vec::new(), owned: Vec::new() };
+        let mut args = PreparedArgs {
+            api,
+            anys: Vec::new(),
+            _tensors: Vec::new(),
+            owned: Vec::new(),
+        };
         for input in inputs {
             let any = match input {
                 Input::Tensor(t) => {
-                    let dl = Box::new(DLTensor {
+                    args._tensors.push(DLTensor {
                         data: t.data.as_ptr() as *mut c_void,
-                        device: DLDevice { device_type: 1, device_id: 0 },
+                        device: DLDevice {
+                            device_type: 1,
+                            device_id: 0,
+                        },
                         ndim: t.shape.len() as i32,
                         dtype: t.dtype,
                         shape: t.shape.as_ptr() as *mut i64,
                         strides: std::ptr::null_mut(),
                         byte_offset: 0,
                     });
-                    let any = Any::dltensor(&*dl);
-                    args._tensors.push(dl);
-                    any
+                    Any::default() // pointed at its DLTensor below, once the list is complete
                 }
                 Input::Shape(dims) => {
                     let mut any = Any::default();
@@ -258,6 +295,14 @@ impl<'m> Vm<'m> {
                 Input::Float(v) => Any::float(*v),
             };
             args.anys.push(any);
+        }
+        let slots = inputs
+            .iter()
+            .enumerate()
+            .filter(|(_, i)| matches!(i, Input::Tensor(_)))
+            .map(|(k, _)| k);
+        for (slot, dl) in slots.zip(&args._tensors) {
+            args.anys[slot] = Any::dltensor(dl);
         }
         Ok(args)
     }
@@ -343,9 +388,14 @@ fn to_output(api: &Api, any: &Any) -> Output {
                 Vec::new()
             } else {
                 // SAFETY: compact tensor data of nbytes at data + byte_offset (runtime tensors are compact).
-                unsafe { std::slice::from_raw_parts((t.data as *const u8).add(t.byte_offset as usize), nbytes) }.to_vec()
+                unsafe { std::slice::from_raw_parts((t.data as *const u8).add(t.byte_offset as usize), nbytes) }
+                    .to_vec()
             };
-            Output::Tensor { dtype: t.dtype, shape, data }
+            Output::Tensor {
+                dtype: t.dtype,
+                shape,
+                data,
+            }
         }
         ffi::TYPE_SHAPE => {
             let (mut dims, mut n) = (std::ptr::null(), 0i64);

@@ -99,13 +99,28 @@ impl Instr {
                 let mut args = Vec::with_capacity(n as usize);
                 for i in 0..n as usize {
                     let w = get(4 + i)?;
-                    args.push(Arg::decode(w).ok_or_else(|| format!("argument {i} has unknown kind {}", (w as u64) >> 56))?);
+                    args.push(
+                        Arg::decode(w).ok_or_else(|| format!("argument {i} has unknown kind {}", (w as u64) >> 56))?,
+                    );
                 }
-                Ok((Instr::Call { dst: get(1)?, func: get(2)?, args }, 4 + n as usize))
+                Ok((
+                    Instr::Call {
+                        dst: get(1)?,
+                        func: get(2)?,
+                        args,
+                    },
+                    4 + n as usize,
+                ))
             }
             OP_RET => Ok((Instr::Ret { result: get(1)? }, 2)),
             OP_GOTO => Ok((Instr::Goto { offset: get(1)? }, 2)),
-            OP_IF => Ok((Instr::If { cond: get(1)?, false_offset: get(2)? }, 3)),
+            OP_IF => Ok((
+                Instr::If {
+                    cond: get(1)?,
+                    false_offset: get(2)?,
+                },
+                3,
+            )),
             op => Err(format!("unknown opcode {op}")),
         }
     }
@@ -179,7 +194,13 @@ impl fmt::Display for DType {
             3 => "handle",
             4 => "bfloat",
             5 => "complex",
-            6 => return if self.lanes > 1 { write!(f, "boolx{}", self.lanes) } else { write!(f, "bool") },
+            6 => {
+                return if self.lanes > 1 {
+                    write!(f, "boolx{}", self.lanes)
+                } else {
+                    write!(f, "bool")
+                };
+            }
             _ => "custom",
         };
         if self.lanes > 1 {
@@ -238,7 +259,10 @@ pub struct Executable {
 impl Executable {
     /// Decodes instruction `index` (an index into `instr_offset`).
     pub fn instr(&self, index: usize) -> Result<Instr, String> {
-        let start = *self.instr_offset.get(index).ok_or_else(|| format!("instruction {index} does not exist"))?;
+        let start = *self
+            .instr_offset
+            .get(index)
+            .ok_or_else(|| format!("instruction {index} does not exist"))?;
         if start < 0 || start as usize >= self.instr_data.len() {
             return Err(format!("instruction {index} starts at word {start}, outside the code"));
         }

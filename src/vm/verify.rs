@@ -32,7 +32,11 @@ pub fn verify(exec: &Executable) -> Result<(), VerifyError> {
     let n_instr = exec.instr_offset.len() as i64;
     for (k, &off) in exec.instr_offset.iter().enumerate() {
         if off < 0 || off as usize >= exec.instr_data.len() {
-            return Err(fail(None, None, format!("instruction {k} starts at word {off}, outside the code")));
+            return Err(fail(
+                None,
+                None,
+                format!("instruction {k} starts at word {off}, outside the code"),
+            ));
         }
     }
     for f in &exec.funcs {
@@ -44,10 +48,18 @@ pub fn verify(exec: &Executable) -> Result<(), VerifyError> {
             continue;
         }
         if f.num_args < 0 || f.num_args != f.param_names.len() as i64 {
-            return Err(fail(name, None, format!("{} parameters but {} parameter names", f.num_args, f.param_names.len())));
+            return Err(fail(
+                name,
+                None,
+                format!("{} parameters but {} parameter names", f.num_args, f.param_names.len()),
+            ));
         }
         if f.register_file_size < f.num_args || f.register_file_size > MAX_REGISTERS {
-            return Err(fail(name, None, format!("register file size {} is out of range", f.register_file_size)));
+            return Err(fail(
+                name,
+                None,
+                format!("register file size {} is out of range", f.register_file_size),
+            ));
         }
         if f.kind == FuncKind::Compiled {
             continue;
@@ -56,11 +68,15 @@ pub fn verify(exec: &Executable) -> Result<(), VerifyError> {
             return Err(fail(
                 name,
                 None,
-                format!("instruction range [{}, {}) is empty or outside the code ({n_instr} instructions)", f.start_instr, f.end_instr),
+                format!(
+                    "instruction range [{}, {}) is empty or outside the code ({n_instr} instructions)",
+                    f.start_instr, f.end_instr
+                ),
             ));
         }
         let regs = f.register_file_size;
-        let reg_ok = |r: i64, allow_special: bool| (0..regs).contains(&r) || (allow_special && (r == VOID_REG || r == VM_REG));
+        let reg_ok =
+            |r: i64, allow_special: bool| (0..regs).contains(&r) || (allow_special && (r == VOID_REG || r == VM_REG));
         for k in f.start_instr..f.end_instr {
             let pc = Some(k - f.start_instr);
             let instr = exec.instr(k as usize).map_err(|e| fail(name, pc, e))?;
@@ -68,10 +84,18 @@ pub fn verify(exec: &Executable) -> Result<(), VerifyError> {
             match &instr {
                 Instr::Call { dst, func, args } => {
                     if !(reg_ok(*dst, false) || *dst == VOID_REG) {
-                        return Err(fail(name, pc, format!("destination register {dst} is out of range (register file has {regs})")));
+                        return Err(fail(
+                            name,
+                            pc,
+                            format!("destination register {dst} is out of range (register file has {regs})"),
+                        ));
                     }
                     if !(0..exec.funcs.len() as i64).contains(func) {
-                        return Err(fail(name, pc, format!("function index {func} is out of range ({} functions)", exec.funcs.len())));
+                        return Err(fail(
+                            name,
+                            pc,
+                            format!("function index {func} is out of range ({} functions)", exec.funcs.len()),
+                        ));
                     }
                     for (i, a) in args.iter().enumerate() {
                         let bad = match *a {
@@ -83,10 +107,18 @@ pub fn verify(exec: &Executable) -> Result<(), VerifyError> {
                                 }
                             }),
                             Arg::Imm(_) => None,
-                            Arg::Const(c) => (!(0..exec.constants.len() as i64).contains(&c))
-                                .then(|| format!("argument {i} reads constant c[{c}], out of range ({} constants)", exec.constants.len())),
-                            Arg::Func(g) => (!(0..exec.funcs.len() as i64).contains(&g))
-                                .then(|| format!("argument {i} names function {g}, out of range ({} functions)", exec.funcs.len())),
+                            Arg::Const(c) => (!(0..exec.constants.len() as i64).contains(&c)).then(|| {
+                                format!(
+                                    "argument {i} reads constant c[{c}], out of range ({} constants)",
+                                    exec.constants.len()
+                                )
+                            }),
+                            Arg::Func(g) => (!(0..exec.funcs.len() as i64).contains(&g)).then(|| {
+                                format!(
+                                    "argument {i} names function {g}, out of range ({} functions)",
+                                    exec.funcs.len()
+                                )
+                            }),
                         };
                         if let Some(message) = bad {
                             return Err(fail(name, pc, message));
@@ -95,25 +127,45 @@ pub fn verify(exec: &Executable) -> Result<(), VerifyError> {
                 }
                 Instr::Ret { result } => {
                     if !(reg_ok(*result, false) || *result == VOID_REG) {
-                        return Err(fail(name, pc, format!("returns register {result}, out of range (register file has {regs})")));
+                        return Err(fail(
+                            name,
+                            pc,
+                            format!("returns register {result}, out of range (register file has {regs})"),
+                        ));
                     }
                 }
                 Instr::Goto { offset } => {
                     if !jump_ok(*offset) {
-                        return Err(fail(name, pc, format!("goto {offset} leaves the function or loops on itself")));
+                        return Err(fail(
+                            name,
+                            pc,
+                            format!("goto {offset} leaves the function or loops on itself"),
+                        ));
                     }
                 }
                 Instr::If { cond, false_offset } => {
                     if !reg_ok(*cond, false) {
-                        return Err(fail(name, pc, format!("condition register {cond} is out of range (register file has {regs})")));
+                        return Err(fail(
+                            name,
+                            pc,
+                            format!("condition register {cond} is out of range (register file has {regs})"),
+                        ));
                     }
                     if *false_offset <= 1 || !jump_ok(*false_offset) {
-                        return Err(fail(name, pc, format!("if's false offset {false_offset} must be > 1 and stay inside the function")));
+                        return Err(fail(
+                            name,
+                            pc,
+                            format!("if's false offset {false_offset} must be > 1 and stay inside the function"),
+                        ));
                     }
                 }
             }
             if k == f.end_instr - 1 && !matches!(instr, Instr::Ret { .. } | Instr::Goto { .. }) {
-                return Err(fail(name, pc, "the last instruction must be ret or goto (execution would run off the end)".into()));
+                return Err(fail(
+                    name,
+                    pc,
+                    "the last instruction must be ret or goto (execution would run off the end)".into(),
+                ));
             }
         }
     }

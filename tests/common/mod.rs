@@ -63,7 +63,12 @@ pub fn fixtures() -> Vec<Fixture> {
             }
         }
         let name = dir.file_name().expect("name").to_string_lossy().into_owned();
-        out.push(Fixture { name, dir, ok_cases, fail_cases });
+        out.push(Fixture {
+            name,
+            dir,
+            ok_cases,
+            fail_cases,
+        });
     }
     out
 }
@@ -115,12 +120,10 @@ pub fn compare_outputs(outputs: &[Output], expected: &Path) -> Result<(), String
 
 /// Strips relaxc's location prefix ("in main at pc 3 (callee): ").
 pub fn strip_location(message: &str) -> &str {
-    if message.starts_with("in ") {
-        if let Some(at) = message.find("): ") {
-            return &message[at + 3..];
-        }
+    match message.find("): ") {
+        Some(at) if message.starts_with("in ") => &message[at + 3..],
+        _ => message,
     }
-    message
 }
 
 /// The error matches TVM's recorded one: same kind (TVM's InternalError excepted, where relaxc

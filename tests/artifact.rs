@@ -1,0 +1,147 @@
+//! Properties of the built artifact: it exports only the C API, depends on nothing beyond the
+//! C library, the runtime shim stays small, and the layouts shared between C and Rust agree.
+
+mod common;
+
+use std::collections::HashMap;
+use std::mem::offset_of;
+use std::process::Command;
+
+use relaxc::codegen::ExecMode;
+use relaxc::codegen::tables::layout;
+use relaxc::host::ffi;
+
+fn model() -> std::path::PathBuf {
+    common::build(
+        "mlp_static",
+        &common::fixtures_dir().join("mlp_static/m.tar"),
+        ExecMode::Bytecode,
+    )
+    .expect("build")
+}
+
+fn tool(cmd: &str, args: &[&str], so: &std::path::Path) -> String {
+    let out = Command::new(cmd)
+        .args(args)
+        .arg(so)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(out.status.success(), "{cmd} failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn exports_only_the_c_api() {
+    let text = tool("nm", &["-D", "--defined-only"], &model());
+    let names: Vec<&str> = text.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();
+    assert!(names.contains(&"rvm_get_api"), "rvm_get_api missing:\n{text}");
+    let stray: Vec<&&str> = names.iter().filter(|n| !n.starts_with("rvm_")).collect();
+    assert!(stray.is_empty(), "symbols outside the C API are exported: {stray:?}");
+}
+
+#[test]
+fn needs_only_the_c_library() {
+    let text = tool("readelf", &["-d"], &model());
+    let allowed = ["libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0"];
+    for line in text.lines().filter(|l| l.contains("(NEEDED)")) {
+        let lib = line.split('[').nth(1).and_then(|s| s.strip_suffix(']')).unwrap_or(line);
+        assert!(allowed.contains(&lib), "unexpected dependency {lib}");
+    }
+    assert!(!text.contains("TEXTREL"), "the model needs text relocations");
+}
+
+#[test]
+fn runtime_shim_size() {
+    use object::{Object, ObjectSection, SectionKind};
+    let archive = object::read::archive::ArchiveFile::parse(relaxc::link::SHIM_ARCHIVE).expect("shim archive");
+    let (mut code, mut data) = (0u64, 0u64);
+    for member in archive.members() {
+        let member = member.expect("member");
+        let bytes = member.data(relaxc::link::SHIM_ARCHIVE).expect("member data");
+        let file = object::File::parse(bytes).expect("object");
+        for s in file.sections() {
+            match s.kind() {
+                SectionKind::Text => code += s.size(),
+                SectionKind::Data
+                | SectionKind::ReadOnlyData
+                | SectionKind::ReadOnlyString
+                | SectionKind::UninitializedData => data += s.size(),
+                _ => {}
+            }
+        }
+    }
+    eprintln!("runtime shim: {code} bytes of code, {data} bytes of data");
+    assert!(
+        code > 0 && code <= 64 * 1024,
+        "the shim's code ({code} bytes) is over the 64 KiB goal"
+    );
+}
+
+#[test]
+fn shared_layouts_agree_between_c_and_rust() {
+    let exe = common::scratch_dir().join(format!("abi_probe.{}", std::process::id()));
+    let status = Command::new(relaxc::link::linker())
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror"])
+        .arg("-I")
+        .arg(common::root().join("runtime-shim/include"))
+        .arg("-I")
+        .arg(common::root().join("runtime-shim/src"))
+        .arg(common::root().join("tests/c/abi_probe.c"))
+        .arg("-o")
+        .arg(&exe)
+        .status()
+        .expect("cc");
+    assert!(status.success(), "abi_probe.c does not build");
+    let out = Command::new(&exe).output().expect("run probe");
+    let c: HashMap<String, usize> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            l.split_once(' ')
+                .map(|(k, v)| (k.to_string(), v.parse().expect("number")))
+        })
+        .collect();
+    let rust: &[(&str, usize)] = &[
+        ("func_info.size", layout::FUNC_INFO_SIZE),
+        ("func_info.packed", layout::FUNC_PACKED),
+        ("func_info.param_names", layout::FUNC_PARAM_NAMES),
+        ("func_info.start_instr", layout::FUNC_START),
+        ("func_info.end_instr", layout::FUNC_END),
+        ("func_info.register_file_size", layout::FUNC_REGS),
+        ("func_info.kind", layout::FUNC_KIND),
+        ("func_info.num_args", layout::FUNC_NUM_ARGS),
+        ("func_info.compiled", layout::FUNC_COMPILED),
+        ("const_info.size", layout::CONST_INFO_SIZE),
+        ("const_info.shape", layout::CONST_SHAPE),
+        ("const_info.size_field", layout::CONST_SIZE),
+        ("const_info.kind", layout::CONST_KIND),
+        ("const_info.ndim", layout::CONST_NDIM),
+        ("const_info.dtype", layout::CONST_DTYPE),
+        ("program.size", layout::PROGRAM_SIZE),
+        ("program.funcs", layout::PROG_FUNCS),
+        ("program.consts", layout::PROG_CONSTS),
+        ("program.instr_offset", layout::PROG_INSTR_OFFSET),
+        ("program.instr_data", layout::PROG_INSTR_DATA),
+        (
+            "program.magic_value_low32",
+            (layout::PROGRAM_MAGIC & 0xffff_ffff) as usize,
+        ),
+        ("api.size", std::mem::size_of::<ffi::Api>()),
+        ("api.vm_call", offset_of!(ffi::Api, vm_call)),
+        ("api.tensor_export", offset_of!(ffi::Api, tensor_export)),
+        ("api.value_release", offset_of!(ffi::Api, value_release)),
+        ("any.size", std::mem::size_of::<ffi::Any>()),
+        ("dltensor.size", std::mem::size_of::<ffi::DLTensor>()),
+        ("dltensor.byte_offset", offset_of!(ffi::DLTensor, byte_offset)),
+        ("module_info.size", std::mem::size_of::<ffi::ModuleInfo>()),
+        ("vm_stats.size", std::mem::size_of::<ffi::VmStats>()),
+    ];
+    for (name, value) in rust {
+        assert_eq!(
+            c.get(*name),
+            Some(value),
+            "{name}: C says {:?}, Rust says {value}",
+            c.get(*name)
+        );
+    }
+    assert_eq!(c.len(), rust.len(), "the probe and the test list different fields");
+}
