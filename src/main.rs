@@ -52,6 +52,9 @@ enum Command {
         /// Where to write the results (out0, out1, ...; tuples flattened depth-first).
         #[arg(long)]
         outputs: Option<PathBuf>,
+        /// Check that the results equal the arrays in this .npz bit for bit (out0, out1, ...).
+        #[arg(long)]
+        expect: Option<PathBuf>,
         /// After one warm-up call, time N calls and print the median per-call latency.
         #[arg(long, value_name = "N")]
         bench: Option<usize>,
@@ -102,9 +105,20 @@ fn run(cli: Cli) -> Result<()> {
             func,
             inputs,
             outputs,
+            expect,
             bench,
             stats,
-        } => run_model(&model, &func, inputs.as_deref(), outputs.as_deref(), bench, stats),
+        } => {
+            let opts = RunOptions {
+                func,
+                inputs,
+                outputs,
+                expect,
+                bench,
+                stats,
+            };
+            run_model(&model, &opts)
+        }
         Command::Inspect { input, python } => {
             let exec =
                 relaxc::inspect::load_executable(&input).with_context(|| format!("inspecting {}", input.display()))?;
@@ -119,19 +133,30 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
-fn run_model(
-    path: &Path,
-    func: &str,
-    inputs: Option<&Path>,
-    outputs: Option<&Path>,
+struct RunOptions {
+    func: String,
+    inputs: Option<PathBuf>,
+    outputs: Option<PathBuf>,
+    expect: Option<PathBuf>,
     bench: Option<usize>,
     stats: bool,
-) -> Result<()> {
+}
+
+fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
+    let RunOptions {
+        func,
+        inputs,
+        outputs,
+        expect,
+        bench,
+        stats,
+    } = opts;
+    let (func, bench, stats) = (func.as_str(), *bench, *stats);
     let model = Model::load(path)?;
     let f = model
         .find(func)
         .with_context(|| format!("available functions: {}", model.functions().join(", ")))?;
-    let args = match inputs {
+    let args = match inputs.as_deref() {
         Some(p) => npz::read_inputs(p)?,
         None => Vec::new(),
     };
@@ -146,7 +171,11 @@ fn run_model(
             s.peak_storage_bytes, s.storage_allocations, s.pool_hits
         );
     }
-    match outputs {
+    if let Some(want) = expect {
+        check_expected(&flat, want)?;
+        println!("results match {} bit for bit", want.display());
+    }
+    match outputs.as_deref() {
         Some(p) => npz::write_outputs(p, &flat)?,
         None => {
             for (i, o) in flat.iter().enumerate() {
@@ -169,6 +198,35 @@ fn run_model(
         }
         times.sort_by(|a, b| a.total_cmp(b));
         println!("{func}: median {:.3} us per call over {n} calls", times[n / 2]);
+    }
+    Ok(())
+}
+
+fn check_expected(results: &[relaxc::host::Output], path: &Path) -> Result<()> {
+    let want = npz::read_arrays(path)?;
+    if want.len() != results.len() {
+        bail!(
+            "{} results, but {} has {} arrays",
+            results.len(),
+            path.display(),
+            want.len()
+        );
+    }
+    for (i, r) in results.iter().enumerate() {
+        let key = format!("out{i}");
+        let got = npz::output_array(r)
+            .map_err(anyhow::Error::msg)
+            .with_context(|| key.clone())?;
+        let Some(w) = want.get(&key) else {
+            bail!("{} has no {key}", path.display())
+        };
+        if (&got.0, &got.1) != (&w.0, &w.1) {
+            bail!("{key}: got {} {:?}, expected {} {:?}", got.0, got.1, w.0, w.1);
+        }
+        if got.2 != w.2 {
+            let at = got.2.iter().zip(&w.2).position(|(a, b)| a != b).unwrap_or(0);
+            bail!("{key}: values differ (first difference at byte {at})");
+        }
     }
     Ok(())
 }
