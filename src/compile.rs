@@ -1,6 +1,6 @@
 //! The compile driver: input → verified executable → model object → linked `.so`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -19,6 +19,8 @@ pub enum CompileError {
     Tables(#[from] TablesError),
     #[error(transparent)]
     Link(#[from] LinkError),
+    #[error("--keep-bytecode {0}: the program has no Relax function of that name")]
+    NoSuchFunction(String),
 }
 
 /// What a compile did, for `--verbose` and benchmarks.
@@ -28,6 +30,25 @@ pub struct CompileReport {
     pub codegen: Duration,
     pub link: Duration,
     pub object_bytes: usize,
+    /// Relax functions that stayed bytecode in compiled mode, with the reason.
+    pub notes: Vec<(String, String)>,
+}
+
+/// How to compile.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub mode: ExecMode,
+    /// Relax functions to leave as bytecode in compiled mode.
+    pub keep_bytecode: HashSet<String>,
+}
+
+impl Options {
+    pub fn mode(mode: ExecMode) -> Options {
+        Options {
+            mode,
+            keep_bytecode: HashSet::new(),
+        }
+    }
 }
 
 /// A program ready for code generation: the executable and the kernel objects it needs.
@@ -47,7 +68,7 @@ pub fn load_tvm_export(input: &Path) -> Result<Program, CompileError> {
 }
 
 /// Emits the model object for a program.
-pub fn emit(program: &Program, mode: ExecMode) -> Result<Vec<u8>, CompileError> {
+pub fn emit(program: &Program, options: &Options) -> Result<codegen::tables::EmittedObject, CompileError> {
     let available: BTreeSet<String> = program.kernels.iter().flat_map(|k| k.kernels.iter().cloned()).collect();
     let objects = if program.kernels.is_empty() {
         "the kernel objects (there are none)".to_string()
@@ -60,21 +81,42 @@ pub fn emit(program: &Program, mode: ExecMode) -> Result<Vec<u8>, CompileError> 
             .join(", ")
     };
     let symbols = codegen::tables::bind_packed_functions(&program.exec, &available, &objects)?;
-    Ok(codegen::emit_object(&program.exec, &symbols, mode)?)
+    for name in &options.keep_bytecode {
+        if !program
+            .exec
+            .funcs
+            .iter()
+            .any(|f| &f.name == name && f.kind != crate::vm::FuncKind::Packed)
+        {
+            return Err(CompileError::NoSuchFunction(name.clone()));
+        }
+    }
+    Ok(codegen::emit_object(
+        &program.exec,
+        &symbols,
+        options.mode,
+        &options.keep_bytecode,
+    )?)
 }
 
 /// Compiles `input` into the shared object `out`.
 pub fn compile_file(input: &Path, mode: ExecMode, out: &Path) -> Result<CompileReport, CompileError> {
+    compile_file_with(input, &Options::mode(mode), out)
+}
+
+/// Compiles `input` into the shared object `out` with options.
+pub fn compile_file_with(input: &Path, options: &Options, out: &Path) -> Result<CompileReport, CompileError> {
     let mut report = CompileReport::default();
     let t = Instant::now();
     let program = load_tvm_export(input)?;
     report.import = t.elapsed();
     let t = Instant::now();
-    let object = emit(&program, mode)?;
+    let object = emit(&program, options)?;
     report.codegen = t.elapsed();
-    report.object_bytes = object.len();
+    report.object_bytes = object.bytes.len();
+    report.notes = object.notes;
     let t = Instant::now();
-    link::link_shared(&object, &program.kernels, out)?;
+    link::link_shared(&object.bytes, &program.kernels, out)?;
     report.link = t.elapsed();
     Ok(report)
 }

@@ -38,6 +38,9 @@ enum Command {
         /// Print how long each stage took.
         #[arg(short, long)]
         verbose: bool,
+        /// In compiled mode, leave this Relax function as bytecode (repeatable).
+        #[arg(long, value_name = "FUNCTION")]
+        keep_bytecode: Vec<String>,
     },
     /// Run a function of a compiled model on inputs from an .npz file.
     Run {
@@ -86,9 +89,17 @@ fn run(cli: Cli) -> Result<()> {
             exec_mode,
             output,
             verbose,
+            keep_bytecode,
         } => {
-            let report = relaxc::compile::compile_file(&input, exec_mode, &output)
+            let options = relaxc::compile::Options {
+                mode: exec_mode,
+                keep_bytecode: keep_bytecode.into_iter().collect(),
+            };
+            let report = relaxc::compile::compile_file_with(&input, &options, &output)
                 .with_context(|| format!("compiling {}", input.display()))?;
+            for (function, reason) in &report.notes {
+                eprintln!("note: {function} runs as bytecode: {reason}");
+            }
             if verbose {
                 eprintln!(
                     "import {:.2} ms, codegen {:.2} ms ({} bytes of object), link {:.2} ms",

@@ -75,3 +75,8 @@ fn check_api(mode: ExecMode) {
 fn c_host_bytecode_under_valgrind() {
     check_api(ExecMode::Bytecode);
 }
+
+#[test]
+fn c_host_compiled_under_valgrind() {
+    check_api(ExecMode::Compiled);
+}

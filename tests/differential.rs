@@ -24,13 +24,46 @@ fn run_case(fixture: &common::Fixture, case: &str, ok: bool, mode: ExecMode) -> 
         if again != outputs {
             return Err("a second call gave different results".into());
         }
+        if mode != ExecMode::Bytecode {
+            let reference = bytecode_outputs(fixture, &format!("ok_{case}"))?;
+            if reference != outputs {
+                return Err("results differ from bytecode mode's".into());
+            }
+        }
     } else {
         match result {
             Ok(_) => return Err(format!("{case}: the call succeeded; TVM rejected it").into()),
-            Err(e) => common::check_error(&e, &fixture.dir.join(format!("fail_{case}.err")))?,
+            Err(e) => {
+                common::check_error(&e, &fixture.dir.join(format!("fail_{case}.err")))?;
+                if mode != ExecMode::Bytecode {
+                    let reference = bytecode_error(fixture, case)?;
+                    if reference != e.to_string() {
+                        return Err(format!("error differs from bytecode mode's:\n  {e}\n  {reference}").into());
+                    }
+                }
+            }
         }
     }
     Ok(())
+}
+
+fn bytecode_outputs(fixture: &common::Fixture, input: &str) -> Result<Vec<relaxc::host::Output>, Failed> {
+    let so = common::build(&fixture.name, &fixture.tar(), ExecMode::Bytecode)?;
+    let model = Model::load(&so)?;
+    let inputs = npz::read_inputs(&fixture.dir.join(format!("{input}.in.npz")))?;
+    let mut vm = model.vm()?;
+    Ok(vm.call(model.find("main")?, &inputs)?.to_output().flatten())
+}
+
+fn bytecode_error(fixture: &common::Fixture, case: &str) -> Result<String, Failed> {
+    let so = common::build(&fixture.name, &fixture.tar(), ExecMode::Bytecode)?;
+    let model = Model::load(&so)?;
+    let inputs = npz::read_inputs(&fixture.dir.join(format!("fail_{case}.in.npz")))?;
+    let mut vm = model.vm()?;
+    match vm.call(model.find("main")?, &inputs) {
+        Ok(_) => Err("bytecode mode accepted the input".into()),
+        Err(e) => Ok(e.to_string()),
+    }
 }
 
 fn inspect_matches_tvm(fixture: &common::Fixture) -> Result<(), Failed> {
@@ -43,10 +76,12 @@ fn inspect_matches_tvm(fixture: &common::Fixture) -> Result<(), Failed> {
             format!("listing differs from TVM's as_text()/stats():\n--- TVM\n{expected}\n--- relaxc\n{got}").into(),
         );
     }
-    let so = common::build(&fixture.name, &fixture.tar(), ExecMode::Bytecode)?;
-    let from_so = relaxc::inspect::load_executable(&so)?;
-    if from_so != exec {
-        return Err("the executable embedded in the .so differs from the imported one".into());
+    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+        let so = common::build(&fixture.name, &fixture.tar(), mode)?;
+        let from_so = relaxc::inspect::load_executable(&so)?;
+        if from_so != exec {
+            return Err("the executable embedded in the .so differs from the imported one".into());
+        }
     }
     Ok(())
 }
@@ -56,7 +91,7 @@ fn main() {
     let mut trials = Vec::new();
     for fixture in common::fixtures() {
         let fixture = std::sync::Arc::new(fixture);
-        for mode in [ExecMode::Bytecode] {
+        for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
             let cases = fixture
                 .ok_cases
                 .iter()

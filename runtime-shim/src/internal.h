@@ -24,8 +24,10 @@
 
 enum { RVM_FUNC_PACKED = 0, RVM_FUNC_BYTECODE = 1, RVM_FUNC_COMPILED = 2 };
 
-/* A compiled Relax function: works on the register file of the frame its caller set up. */
-typedef int (*rvm_compiled_fn)(rvm_vm *vm, TVMFFIAny *regs);
+/* A compiled Relax function: works on the register file of the frame its caller set up (the
+ * arguments in regs[0..num_args)) and moves its result into *result. */
+typedef int (*rvm_compiled_fn)(rvm_vm *vm, TVMFFIAny *regs, TVMFFIAny *result, const TVMFFIAny *consts,
+                               const TVMFFIAny *funcs);
 
 typedef struct rvm_func_info {
   const char *name;                /* NUL-terminated */
@@ -167,8 +169,6 @@ typedef struct rvm_closure {
   TVMFFIAny captured[];
 } rvm_closure;
 
-RVM_HIDDEN void rvm_object_incref(TVMFFIObject *obj);
-RVM_HIDDEN void rvm_object_decref(TVMFFIObject *obj);
 RVM_HIDDEN void rvm_any_release(TVMFFIAny *v);
 /* Returns an owned copy of a borrowed view (objects get a new reference; RawStr becomes Str). */
 RVM_HIDDEN int rvm_any_copy(const TVMFFIAny *view, TVMFFIAny *out);
@@ -256,9 +256,13 @@ struct rvm_vm {
   int depth;
 };
 
-/* Runs function-table entry `func` (a Relax function) with borrowed args; *result is owned. */
-RVM_HIDDEN int rvm_invoke(rvm_vm *vm, int64_t func, const TVMFFIAny *args, int32_t num_args,
-                          TVMFFIAny *result);
+/* The calls generated code makes into the shim (rvm_invoke, rvm_object_incref, ...). */
+#define RVM_CALL(ret, name, params, doc) RVM_HIDDEN ret name params;
+#include "rvm_calls.def"
+#undef RVM_CALL
+
+/* Raises If's TypeError for a condition that is not an int, located at fn/pc; returns -1. */
+RVM_HIDDEN int rvm_if_cond_error(const char *function, int64_t pc, const TVMFFIAny *cond);
 /* Calls any callable value: a closure (through the VM) or a Function object. */
 RVM_HIDDEN int rvm_invoke_value(rvm_vm *vm, const TVMFFIAny *callee, const TVMFFIAny *args,
                                 int32_t num_args, TVMFFIAny *result);

@@ -169,11 +169,7 @@ static int run_bytecode(rvm_vm *vm, const rvm_func_info *fi, TVMFFIAny *regs, TV
         break;
       case RVM_OP_IF: {
         const TVMFFIAny *c = &regs[ins[1]];
-        if (c->type_index != kTVMFFIInt && c->type_index != kTVMFFIBool) {
-          rvm_raise("TypeError", "Cannot convert from type `%s` to `int`", rvm_type_name(c));
-          rvm_error_locate(fi->name, pc - fi->start_instr, "If");
-          return -1;
-        }
+        if (c->type_index != kTVMFFIInt && c->type_index != kTVMFFIBool) return rvm_if_cond_error(fi->name, pc - fi->start_instr, c);
         pc += c->v_int64 != 0 ? 1 : ins[2];
         break;
       }
@@ -203,17 +199,29 @@ int rvm_invoke(rvm_vm *vm, int64_t func, const TVMFFIAny *args, int32_t num_args
   vm->depth++;
   int rc;
   if (fi->kind == RVM_FUNC_COMPILED) {
-    rc = fi->compiled(vm, regs);
-    if (rc == 0) {
-      *result = regs[num_args];
-      memset(&regs[num_args], 0, sizeof(TVMFFIAny));
-    }
+    rc = fi->compiled(vm, regs, result, vm->consts, vm->func_pool);
   } else {
     rc = run_bytecode(vm, fi, regs, result);
   }
   vm->depth--;
   frame_pop(vm, regs, nregs);
   return rc;
+}
+
+int rvm_if_cond_error(const char *function, int64_t pc, const TVMFFIAny *cond) {
+  rvm_raise("TypeError", "Cannot convert from type `%s` to `int`", rvm_type_name(cond));
+  rvm_error_locate(function, pc, "If");
+  return -1;
+}
+
+int rvm_compiled_fail(rvm_vm *vm, int64_t func, int64_t pc, int64_t callee) {
+  const rvm_func_info *funcs = vm->program->funcs;
+  rvm_error_locate(funcs[func].name, pc, funcs[callee].name);
+  return -1;
+}
+
+int rvm_compiled_bad_cond(rvm_vm *vm, int64_t func, int64_t pc, const TVMFFIAny *cond) {
+  return rvm_if_cond_error(vm->program->funcs[func].name, pc, cond);
 }
 
 int rvm_invoke_value(rvm_vm *vm, const TVMFFIAny *callee, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {

@@ -2,6 +2,7 @@
 //! (in compiled mode) native code for Relax functions.
 
 pub mod builtins;
+pub mod native;
 pub mod tables;
 
 pub use tables::{ExecMode, TablesError, emit_object};

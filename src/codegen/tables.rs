@@ -53,6 +53,8 @@ pub mod layout {
     pub const PROGRAM_SYMBOL: &str = "rvm_model_program";
     /// Non-allocated section holding the serialized executable, for `relaxc inspect`.
     pub const EXEC_SECTION: &str = ".rvm_exec";
+    /// Non-allocated section listing how each Relax function runs ("name\tcompiled" lines).
+    pub const MODES_SECTION: &str = ".rvm_modes";
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -224,7 +226,7 @@ pub fn define_tables(
     use layout::*;
     let mut rodata = Blob::new(); // pointer-free read-only data: strings, shapes, tensors, code
     let mut tables = Blob::new(); // the tables proper: full of pointers
-    let sig = module.make_signature();
+    let sig = super::native::packed_signature(module);
 
     // Strings and arrays first, so the tables can point at them.
     let func_names: Vec<usize> = exec.funcs.iter().map(|f| rodata.cstr(&f.name)).collect();
@@ -393,22 +395,47 @@ fn dtype_bytes(d: crate::vm::DType) -> [u8; 4] {
     [d.code, d.bits, l[0], l[1]]
 }
 
-/// Emits the whole model object for `exec` in bytecode mode: tables, plus the serialized
-/// executable in a non-allocated section for `relaxc inspect`.
-pub fn emit_object(exec: &Executable, symbols: &[Option<String>], mode: ExecMode) -> Result<Vec<u8>, TablesError> {
-    let mut module = object_module("model")?;
-    define_tables(&mut module, exec, symbols, &[], mode)?;
-    finish_object(module, exec)
+/// What the model object holds and how each Relax function runs.
+pub struct EmittedObject {
+    pub bytes: Vec<u8>,
+    /// Relax functions left as bytecode in compiled mode, with the reason.
+    pub notes: Vec<(String, String)>,
 }
 
-/// Finishes the module and appends the `.rvm_exec` section.
-pub fn finish_object(module: ObjectModule, exec: &Executable) -> Result<Vec<u8>, TablesError> {
+/// Emits the whole model object for `exec`: the tables, native code in compiled mode, and the
+/// serialized executable plus each function's mode in non-allocated sections for `relaxc inspect`.
+pub fn emit_object(
+    exec: &Executable,
+    symbols: &[Option<String>],
+    mode: ExecMode,
+    keep_bytecode: &std::collections::HashSet<String>,
+) -> Result<EmittedObject, TablesError> {
+    let mut module = object_module("model")?;
+    let native = match mode {
+        ExecMode::Compiled => super::native::compile_functions(&mut module, exec, symbols, keep_bytecode)?,
+        ExecMode::Bytecode => Default::default(),
+    };
+    define_tables(&mut module, exec, symbols, &native.compiled, mode)?;
+    let modes: String = exec
+        .funcs
+        .iter()
+        .zip(native.compiled.iter().chain(std::iter::repeat(&None)))
+        .filter(|(f, _)| f.kind != FuncKind::Packed)
+        .map(|(f, c)| format!("{}\t{}\n", f.name, if c.is_some() { "compiled" } else { "bytecode" }))
+        .collect();
     let mut product = module.finish();
-    let section = product.object.add_section(
-        Vec::new(),
-        layout::EXEC_SECTION.as_bytes().to_vec(),
-        object::SectionKind::Metadata,
-    );
-    product.object.append_section_data(section, &write_executable(exec), 8);
-    product.emit().map_err(|e| TablesError::Object(e.to_string()))
+    for (name, data) in [
+        (layout::EXEC_SECTION, write_executable(exec)),
+        (layout::MODES_SECTION, modes.into_bytes()),
+    ] {
+        let section = product
+            .object
+            .add_section(Vec::new(), name.as_bytes().to_vec(), object::SectionKind::Metadata);
+        product.object.append_section_data(section, &data, 8);
+    }
+    let bytes = product.emit().map_err(|e| TablesError::Object(e.to_string()))?;
+    Ok(EmittedObject {
+        bytes,
+        notes: native.notes,
+    })
 }

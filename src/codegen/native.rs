@@ -1,0 +1,505 @@
+//! Compiled mode: each Relax function's bytecode becomes one native function,
+//! `__vmtir__<name>(vm, regs, result, consts, funcs) -> status`, working on the register file
+//! directly. A Call stages its arguments in a stack array and calls its target directly (kernels
+//! and builtins by symbol; Relax functions through `rvm_invoke`); Goto/If become branches; every
+//! failing call branches to one error block that records the function and pc, exactly as the
+//! interpreter reports them. Builtins whose work is a few loads and stores (null_value, copy)
+//! are inlined.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::OnceLock;
+
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{
+    AbiParam, Block, BlockArg, InstBuilder, MemFlagsData, Signature, StackSlotData, StackSlotKind, Type, Value, types,
+};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_module::{FuncId, Linkage, Module};
+use cranelift_object::ObjectModule;
+
+use super::TablesError;
+use crate::vm::{Arg, Constant, Executable, FuncKind, Instr, VM_REG, VOID_REG};
+
+const SHIM_CALLS: &str = include_str!("../../runtime-shim/include/rvm_calls.def");
+
+/// One call from generated code into the shim, parsed from `rvm_calls.def`.
+#[derive(Debug, Clone)]
+pub struct ShimCall {
+    pub name: String,
+    pub params: Vec<Type>,
+    pub ret: Option<Type>,
+}
+
+fn c_type(t: &str) -> Option<Type> {
+    let t = t.trim();
+    if t.ends_with('*') {
+        return Some(types::I64);
+    }
+    match t.split_whitespace().last().unwrap_or("") {
+        "int" | "int32_t" => Some(types::I32),
+        "int64_t" => Some(types::I64),
+        _ => None,
+    }
+}
+
+/// The shim calls, by name.
+pub fn shim_calls() -> &'static HashMap<String, ShimCall> {
+    static CALLS: OnceLock<HashMap<String, ShimCall>> = OnceLock::new();
+    CALLS.get_or_init(|| {
+        SHIM_CALLS
+            .lines()
+            .filter_map(|l| {
+                let body = l.trim().strip_prefix("RVM_CALL(")?;
+                let (ret, rest) = body.split_once(',')?;
+                let (name, rest) = rest.split_once(',')?;
+                let params = rest.trim().strip_prefix('(')?.split_once(')')?.0;
+                // Each parameter is "<type> <name>"; dropping the name leaves the type.
+                let params = params
+                    .split(',')
+                    .map(|p| {
+                        let ty = if p.contains('*') {
+                            "void *"
+                        } else {
+                            p.trim().rsplit_once(' ').map_or(p, |(t, _)| t)
+                        };
+                        c_type(ty).expect("rvm_calls.def: unknown parameter type")
+                    })
+                    .collect();
+                let ret = if ret.trim() == "void" {
+                    None
+                } else {
+                    Some(c_type(ret).expect("rvm_calls.def: return type"))
+                };
+                Some((
+                    name.trim().to_string(),
+                    ShimCall {
+                        name: name.trim().to_string(),
+                        params,
+                        ret,
+                    },
+                ))
+            })
+            .collect()
+    })
+}
+
+/// Symbol of the native body of Relax function `name`.
+pub fn native_symbol(name: &str) -> String {
+    format!("__vmtir__{name}")
+}
+
+/// What compiled mode did with each function.
+#[derive(Debug, Default)]
+pub struct NativeResult {
+    /// Per function-table entry: the native body, for Relax functions that got one.
+    pub compiled: Vec<Option<FuncId>>,
+    /// Functions left as bytecode, with the reason.
+    pub notes: Vec<(String, String)>,
+}
+
+struct Shim {
+    invoke: FuncId,
+    fail: FuncId,
+    bad_cond: FuncId,
+    incref: FuncId,
+    decref: FuncId,
+}
+
+fn declare_shim(module: &mut ObjectModule) -> Result<Shim, TablesError> {
+    let calls = shim_calls();
+    let mut declare = |name: &str| -> Result<FuncId, TablesError> {
+        let c = calls
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} missing from rvm_calls.def"));
+        let mut sig = module.make_signature();
+        sig.params.extend(c.params.iter().map(|t| AbiParam::new(*t)));
+        sig.returns.extend(c.ret.map(AbiParam::new));
+        Ok(module.declare_function(&c.name, Linkage::Import, &sig)?)
+    };
+    Ok(Shim {
+        invoke: declare("rvm_invoke")?,
+        fail: declare("rvm_compiled_fail")?,
+        bad_cond: declare("rvm_compiled_bad_cond")?,
+        incref: declare("rvm_object_incref")?,
+        decref: declare("rvm_object_decref")?,
+    })
+}
+
+/// The TVM-FFI safe-call signature of kernels and builtins.
+pub fn packed_signature(module: &ObjectModule) -> Signature {
+    let mut sig = module.make_signature();
+    sig.params
+        .extend([types::I64, types::I64, types::I32, types::I64].map(AbiParam::new));
+    sig.returns.push(AbiParam::new(types::I32));
+    sig
+}
+
+fn compiled_signature(module: &ObjectModule) -> Signature {
+    let mut sig = module.make_signature();
+    sig.params.extend([types::I64; 5].map(AbiParam::new));
+    sig.returns.push(AbiParam::new(types::I32));
+    sig
+}
+
+/// Lowers every Relax function of `exec` except those in `keep_bytecode`.
+pub fn compile_functions(
+    module: &mut ObjectModule,
+    exec: &Executable,
+    symbols: &[Option<String>],
+    keep_bytecode: &HashSet<String>,
+) -> Result<NativeResult, TablesError> {
+    let shim = declare_shim(module)?;
+    let packed_sig = packed_signature(module);
+    let mut packed = Vec::with_capacity(exec.funcs.len());
+    for sym in symbols {
+        packed.push(match sym {
+            Some(s) => Some(module.declare_function(s, Linkage::Import, &packed_sig)?),
+            None => None,
+        });
+    }
+    let mut result = NativeResult {
+        compiled: vec![None; exec.funcs.len()],
+        notes: Vec::new(),
+    };
+    let sig = compiled_signature(module);
+    let mut ctx = module.make_context();
+    let mut fctx = FunctionBuilderContext::new();
+    for (index, f) in exec.funcs.iter().enumerate() {
+        if f.kind != FuncKind::Bytecode {
+            continue;
+        }
+        if keep_bytecode.contains(&f.name) {
+            result
+                .notes
+                .push((f.name.clone(), "kept as bytecode (--keep-bytecode)".to_string()));
+            continue;
+        }
+        let id = module.declare_function(&native_symbol(&f.name), Linkage::Local, &sig)?;
+        ctx.func.signature = sig.clone();
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let lowering = Lowering {
+            exec,
+            func: index,
+            symbols,
+            packed: &packed,
+            shim: &shim,
+            module,
+        };
+        lowering.lower(&mut b);
+        b.finalize(module.isa().frontend_config());
+        module.define_function(id, &mut ctx)?;
+        module.clear_context(&mut ctx);
+        result.compiled[index] = Some(id);
+    }
+    Ok(result)
+}
+
+struct Lowering<'a> {
+    exec: &'a Executable,
+    func: usize,
+    symbols: &'a [Option<String>],
+    packed: &'a [Option<FuncId>],
+    shim: &'a Shim,
+    module: &'a mut ObjectModule,
+}
+
+/// Values every block can use (defined in the entry block, which dominates all).
+struct Env {
+    vm: Value,
+    regs: Value,
+    result: Value,
+    consts: Value,
+    funcs: Value,
+    argv: Value,
+    ret: Value,
+    error: Block,
+}
+
+const ANY: i32 = 16;
+
+fn flags() -> MemFlagsData {
+    MemFlagsData::trusted()
+}
+
+impl Lowering<'_> {
+    fn builtin(&self, callee: i64) -> Option<&str> {
+        let f = &self.exec.funcs[callee as usize];
+        (f.kind == FuncKind::Packed).then_some(f.name.as_str())
+    }
+
+    fn lower(mut self, b: &mut FunctionBuilder) {
+        let f = &self.exec.funcs[self.func];
+        let instrs: Vec<Instr> = (f.start_instr..f.end_instr)
+            .map(|k| self.exec.instr(k as usize).expect("verified executable"))
+            .collect();
+        let n = instrs.len();
+        let mut leader = vec![false; n];
+        leader[0] = true;
+        let mut max_args = 1;
+        for (i, ins) in instrs.iter().enumerate() {
+            let mut mark = |t: i64| leader[(i as i64 + t) as usize] = true;
+            match ins {
+                Instr::Goto { offset } => {
+                    mark(*offset);
+                    if i + 1 < n {
+                        mark(1);
+                    }
+                }
+                Instr::If { false_offset, .. } => {
+                    mark(1);
+                    mark(*false_offset);
+                }
+                Instr::Ret { .. } if i + 1 < n => mark(1),
+                Instr::Call { args, .. } => max_args = max_args.max(args.len()),
+                _ => {}
+            }
+        }
+
+        let entry = b.create_block();
+        b.append_block_params_for_function_params(entry);
+        b.switch_to_block(entry);
+        let p = b.block_params(entry).to_vec();
+        let argv_slot = b.create_sized_stack_slot(StackSlotData::new(
+            StackSlotKind::ExplicitSlot,
+            (ANY as u32) * max_args as u32,
+            4,
+        ));
+        let ret_slot = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, ANY as u32, 4));
+        let argv = b.ins().stack_addr(types::I64, argv_slot, 0);
+        let ret = b.ins().stack_addr(types::I64, ret_slot, 0);
+        let error = b.create_block();
+        let env = Env {
+            vm: p[0],
+            regs: p[1],
+            result: p[2],
+            consts: p[3],
+            funcs: p[4],
+            argv,
+            ret,
+            error,
+        };
+
+        let blocks: Vec<Option<Block>> = leader.iter().map(|&l| l.then(|| b.create_block())).collect();
+        b.ins().jump(blocks[0].expect("first block"), &[]);
+        let mut open = false;
+        for (i, ins) in instrs.iter().enumerate() {
+            if let Some(block) = blocks[i] {
+                if open {
+                    b.ins().jump(block, &[]);
+                }
+                b.switch_to_block(block);
+                open = true;
+            }
+            if !open {
+                continue; // unreachable: nothing jumps here
+            }
+            let pc = i as i64;
+            let target = |off: i64| blocks[(pc + off) as usize].expect("jump targets are leaders");
+            match ins {
+                Instr::Call { dst, func, args } => self.call(b, &env, pc, *dst, *func, args),
+                Instr::Ret { result } => {
+                    if *result < VOID_REG {
+                        self.copy_any(b, env.regs, reg_offset(*result), env.result, 0);
+                        self.zero_any(b, env.regs, reg_offset(*result));
+                    } else {
+                        self.zero_any(b, env.result, 0);
+                    }
+                    let zero = b.ins().iconst(types::I32, 0);
+                    b.ins().return_(&[zero]);
+                    open = false;
+                }
+                Instr::Goto { offset } => {
+                    b.ins().jump(target(*offset), &[]);
+                    open = false;
+                }
+                Instr::If { cond, false_offset } => {
+                    let off = reg_offset(*cond);
+                    let t = b.ins().load(types::I32, flags(), env.regs, off);
+                    let is_int = b.ins().icmp_imm_s(IntCC::Equal, t, 1);
+                    let is_bool = b.ins().icmp_imm_s(IntCC::Equal, t, 2);
+                    let ok = b.ins().bor(is_int, is_bool);
+                    let (good, bad) = (b.create_block(), b.create_block());
+                    b.ins().brif(ok, good, &[], bad, &[]);
+                    b.switch_to_block(bad);
+                    let bad_cond = self.module.declare_func_in_func(self.shim.bad_cond, b.func);
+                    let (fidx, pcv) = (
+                        b.ins().iconst(types::I64, self.func as i64),
+                        b.ins().iconst(types::I64, pc),
+                    );
+                    let addr = b.ins().iadd_imm_s(env.regs, off as i64);
+                    let call = b.ins().call(bad_cond, &[env.vm, fidx, pcv, addr]);
+                    let rc = b.inst_results(call)[0];
+                    b.ins().return_(&[rc]);
+                    b.switch_to_block(good);
+                    let v = b.ins().load(types::I64, flags(), env.regs, off + 8);
+                    b.ins().brif(v, target(1), &[], target(*false_offset), &[]);
+                    open = false;
+                }
+            }
+        }
+
+        // The one error path: record where, then return the failure.
+        b.append_block_param(env.error, types::I64);
+        b.append_block_param(env.error, types::I64);
+        b.switch_to_block(env.error);
+        let ep = b.block_params(env.error).to_vec();
+        let fail = self.module.declare_func_in_func(self.shim.fail, b.func);
+        let fidx = b.ins().iconst(types::I64, self.func as i64);
+        let call = b.ins().call(fail, &[env.vm, fidx, ep[0], ep[1]]);
+        let rc = b.inst_results(call)[0];
+        b.ins().return_(&[rc]);
+        b.seal_all_blocks();
+        let _ = (env.consts, env.funcs);
+    }
+
+    fn call(&mut self, b: &mut FunctionBuilder, env: &Env, pc: i64, dst: i64, callee: i64, args: &[Arg]) {
+        match (self.builtin(callee), args) {
+            // Inlined: drop what dst holds.
+            (Some("vm.builtin.null_value"), []) => {
+                if dst < VOID_REG {
+                    self.release(b, env.regs, reg_offset(dst));
+                    self.zero_any(b, env.regs, reg_offset(dst));
+                }
+                return;
+            }
+            // Inlined: dst = a new reference to src.
+            (Some("vm.builtin.copy"), [Arg::Reg(src)]) if *src < VOID_REG => {
+                if dst < VOID_REG {
+                    let t = b.ins().load(types::I64, flags(), env.regs, reg_offset(*src));
+                    let v = b.ins().load(types::I64, flags(), env.regs, reg_offset(*src) + 8);
+                    self.retain(b, t, v);
+                    self.release(b, env.regs, reg_offset(dst));
+                    b.ins().store(flags(), t, env.regs, reg_offset(dst));
+                    b.ins().store(flags(), v, env.regs, reg_offset(dst) + 8);
+                }
+                return;
+            }
+            _ => {}
+        }
+        for (i, a) in args.iter().enumerate() {
+            self.stage_arg(b, env, i as i32 * ANY, *a);
+        }
+        let zero = b.ins().iconst(types::I64, 0);
+        b.ins().store(flags(), zero, env.ret, 0);
+        let nargs = b.ins().iconst(types::I32, args.len() as i64);
+        let call = match &self.packed[callee as usize] {
+            Some(id) if self.symbols[callee as usize].is_some() => {
+                let fref = self.module.declare_func_in_func(*id, b.func);
+                let null = b.ins().iconst(types::I64, 0);
+                b.ins().call(fref, &[null, env.argv, nargs, env.ret])
+            }
+            _ => {
+                let fref = self.module.declare_func_in_func(self.shim.invoke, b.func);
+                let index = b.ins().iconst(types::I64, callee);
+                b.ins().call(fref, &[env.vm, index, env.argv, nargs, env.ret])
+            }
+        };
+        let rc = b.inst_results(call)[0];
+        let cont = b.create_block();
+        let (pcv, cv) = (b.ins().iconst(types::I64, pc), b.ins().iconst(types::I64, callee));
+        b.ins()
+            .brif(rc, env.error, &[BlockArg::Value(pcv), BlockArg::Value(cv)], cont, &[]);
+        b.switch_to_block(cont);
+        if dst < VOID_REG {
+            self.release(b, env.regs, reg_offset(dst));
+            self.copy_any(b, env.ret, 0, env.regs, reg_offset(dst));
+        } else {
+            self.release(b, env.ret, 0);
+        }
+    }
+
+    /// Writes argument `a` as a borrowed view at argv + at.
+    fn stage_arg(&mut self, b: &mut FunctionBuilder, env: &Env, at: i32, a: Arg) {
+        let pod = |b: &mut FunctionBuilder, type_index: i64, payload: Value| {
+            let t = b.ins().iconst(types::I64, type_index);
+            b.ins().store(flags(), t, env.argv, at);
+            b.ins().store(flags(), payload, env.argv, at + 8);
+        };
+        match a {
+            Arg::Reg(VOID_REG) => {
+                let z = b.ins().iconst(types::I64, 0);
+                pod(b, 0, z);
+            }
+            Arg::Reg(VM_REG) => pod(b, 4, env.vm),
+            Arg::Reg(r) => self.copy_any(b, env.regs, reg_offset(r), env.argv, at),
+            Arg::Imm(v) => {
+                let v = b.ins().iconst(types::I64, v);
+                pod(b, 1, v);
+            }
+            Arg::Const(c) => match &self.exec.constants[c as usize] {
+                // Values known at compile time are written as immediates.
+                Constant::Int(v) => {
+                    let v = b.ins().iconst(types::I64, *v);
+                    pod(b, 1, v);
+                }
+                Constant::Float(v) => {
+                    let v = b.ins().iconst(types::I64, v.to_bits() as i64);
+                    pod(b, 3, v);
+                }
+                Constant::DataType(d) => {
+                    let bits = d.code as i64 | (d.bits as i64) << 8 | (d.lanes as i64) << 16;
+                    let v = b.ins().iconst(types::I64, bits);
+                    pod(b, 5, v);
+                }
+                _ => self.copy_any(b, env.consts, c as i32 * ANY, env.argv, at),
+            },
+            Arg::Func(g) => self.copy_any(b, env.funcs, g as i32 * ANY, env.argv, at),
+        }
+    }
+
+    fn copy_any(&self, b: &mut FunctionBuilder, from: Value, from_off: i32, to: Value, to_off: i32) {
+        let t = b.ins().load(types::I64, flags(), from, from_off);
+        let v = b.ins().load(types::I64, flags(), from, from_off + 8);
+        b.ins().store(flags(), t, to, to_off);
+        b.ins().store(flags(), v, to, to_off + 8);
+    }
+
+    fn zero_any(&self, b: &mut FunctionBuilder, at: Value, off: i32) {
+        let z = b.ins().iconst(types::I64, 0);
+        b.ins().store(flags(), z, at, off);
+        b.ins().store(flags(), z, at, off + 8);
+    }
+
+    /// Drops the reference held by the Any at `at + off`, if it holds an object.
+    fn release(&mut self, b: &mut FunctionBuilder, at: Value, off: i32) {
+        let t = b.ins().load(types::I32, flags(), at, off);
+        let is_obj = b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, t, 64);
+        let (drop_block, after) = (b.create_block(), b.create_block());
+        b.ins().brif(is_obj, drop_block, &[], after, &[]);
+        b.switch_to_block(drop_block);
+        let obj = b.ins().load(types::I64, flags(), at, off + 8);
+        let decref = self.module.declare_func_in_func(self.shim.decref, b.func);
+        b.ins().call(decref, &[obj]);
+        b.ins().jump(after, &[]);
+        b.switch_to_block(after);
+    }
+
+    /// Adds a reference if (type word, payload) is an object.
+    fn retain(&mut self, b: &mut FunctionBuilder, type_word: Value, payload: Value) {
+        let t = b.ins().ireduce(types::I32, type_word);
+        let is_obj = b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, t, 64);
+        let (inc_block, after) = (b.create_block(), b.create_block());
+        b.ins().brif(is_obj, inc_block, &[], after, &[]);
+        b.switch_to_block(inc_block);
+        let incref = self.module.declare_func_in_func(self.shim.incref, b.func);
+        b.ins().call(incref, &[payload]);
+        b.ins().jump(after, &[]);
+        b.switch_to_block(after);
+    }
+}
+
+fn reg_offset(r: i64) -> i32 {
+    (r * ANY as i64) as i32
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn shim_call_table_parses() {
+        let calls = super::shim_calls();
+        let invoke = &calls["rvm_invoke"];
+        assert_eq!(invoke.params.len(), 5);
+        assert_eq!(invoke.params[3], cranelift_codegen::ir::types::I32);
+        assert!(calls["rvm_object_decref"].ret.is_none());
+    }
+}
