@@ -6,7 +6,12 @@
  * Sizes up to 64 KiB are kept exactly (rounded to 64 bytes); larger ones in power-of-two
  * classes. Buffers may come back from any thread (a result released by the user), so the
  * lists are guarded by a spin lock, which costs one uncontended atomic exchange.
+ *
+ * Tensor objects (the views that alloc_tensor makes for every operator) are recycled too, without
+ * any lock: only the thread currently running a call on the VM takes objects from the cache or
+ * gives them back; a tensor released by any other thread, or outside a call, is simply freed.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,7 +34,40 @@ struct rvm_allocator {
   free_block *exact[RVM_EXACT_BUCKETS];
   free_block *classes[RVM_CLASS_BUCKETS];
   rvm_vm_stats stats;
+  _Atomic uintptr_t active_thread; /* pthread_self() of the thread inside a call, else 0 */
+  free_block *tensors;             /* cached tensor objects (RVM_CACHED_NDIM dims) */
 };
+
+static uintptr_t this_thread(void) { return (uintptr_t)pthread_self(); }
+
+uintptr_t rvm_allocator_enter(rvm_allocator *a) {
+  uintptr_t previous = atomic_load_explicit(&a->active_thread, memory_order_relaxed);
+  atomic_store_explicit(&a->active_thread, this_thread(), memory_order_relaxed);
+  return previous;
+}
+
+void rvm_allocator_leave(rvm_allocator *a, uintptr_t previous) {
+  atomic_store_explicit(&a->active_thread, previous, memory_order_relaxed);
+}
+
+static bool on_active_thread(rvm_allocator *a) {
+  return atomic_load_explicit(&a->active_thread, memory_order_relaxed) == this_thread();
+}
+
+rvm_tensor *rvm_allocator_take_tensor(rvm_allocator *a, int32_t ndim) {
+  if (ndim > RVM_CACHED_NDIM || !a->tensors || !on_active_thread(a)) return NULL;
+  free_block *b = a->tensors;
+  a->tensors = b->next;
+  return (rvm_tensor *)b;
+}
+
+bool rvm_allocator_give_tensor(rvm_allocator *a, rvm_tensor *t) {
+  if (t->dl.ndim > RVM_CACHED_NDIM || !on_active_thread(a)) return false;
+  free_block *b = (free_block *)t;
+  b->next = a->tensors;
+  a->tensors = b;
+  return true;
+}
 
 static void lock(rvm_allocator *a) {
   while (atomic_flag_test_and_set_explicit(&a->lock, memory_order_acquire)) {
@@ -76,6 +114,7 @@ void rvm_allocator_release(rvm_allocator *a) {
   if (atomic_fetch_sub_explicit(&a->refcount, 1, memory_order_acq_rel) != 1) return;
   for (int i = 0; i < RVM_EXACT_BUCKETS; i++) free_list(a->exact[i]);
   for (int i = 0; i < RVM_CLASS_BUCKETS; i++) free_list(a->classes[i]);
+  free_list(a->tensors);
   free(a);
 }
 

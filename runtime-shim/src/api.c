@@ -219,9 +219,11 @@ static int call_with(rvm_vm *vm, const TVMFFIAny *callee, int64_t func, const rv
     }
   }
   *result = rvm_none();
+  uintptr_t previous = rvm_allocator_enter(vm->allocator);
   if (rc == 0) rc = callee ? rvm_invoke_value(vm, callee, conv, num_args, result) : rvm_invoke(vm, func, conv, num_args, result);
   for (int32_t i = 0; i < wrapped; i++)
     if (args[i].type_index == kTVMFFIDLTensorPtr) rvm_any_release(&conv[i]);
+  rvm_allocator_leave(vm->allocator, previous);
   if (conv != inline_args) free(conv);
   return rc;
 }

@@ -452,7 +452,8 @@ int rvm_builtin_alloc_tensor(void *self, const TVMFFIAny *args, int32_t n, TVMFF
   if (offset < 0 || (uint64_t)offset > s->nbytes || (uint64_t)nbytes > s->nbytes - (uint64_t)offset)
     return rvm_raise("RuntimeError", "storage allocation failure, attempted to allocate %lld at offset %lld in region that is %llubytes",
                      (long long)nbytes, (long long)offset, (unsigned long long)s->nbytes);
-  rvm_tensor *t = rvm_tensor_new(s->data, s->device, (int32_t)shape->size, dt, shape->data, (uint64_t)offset, &s->header);
+  rvm_tensor *t = rvm_tensor_new_in(s->allocator, s->data, s->device, (int32_t)shape->size, dt, shape->data, (uint64_t)offset,
+                                    &s->header);
   if (!t) return -1;
   *result = rvm_obj_any(t);
   return 0;

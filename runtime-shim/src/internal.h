@@ -109,6 +109,10 @@ enum { RVM_ARG_REG = 0, RVM_ARG_IMM = 1, RVM_ARG_CONST = 2, RVM_ARG_FUNC = 3 };
 
 /* ---- Objects ------------------------------------------------------------------------------ */
 
+/* Tensor objects are allocated with room for at least this many dims, so that one cache of
+ * equal-sized objects serves every tensor of up to this rank. */
+enum { RVM_CACHED_NDIM = 4 };
+
 /* Type indices of relaxc's own object kinds (dynamic range; never seen by TVM). */
 enum { RVM_TYPE_CLOSURE = 128, RVM_TYPE_STORAGE = 129 };
 
@@ -123,12 +127,16 @@ typedef struct rvm_storage {
   rvm_allocator *allocator; /* retained; NULL when data is plain malloc memory */
 } rvm_storage;
 
+_Static_assert(offsetof(rvm_storage, data) == 24, "compiled code reads Storage.data at +24");
+_Static_assert(offsetof(rvm_storage, nbytes) == 32, "compiled code reads Storage.nbytes at +32");
+
 /* Tensor: header, the DLTensor at +24 (TVM-FFI layout), then what keeps the data alive, then the
  * shape and strides arrays inline. */
 typedef struct rvm_tensor {
   TVMFFIObject header;
   DLTensor dl;
   TVMFFIObject *owner; /* storage or tensor whose data this views; NULL for borrowed data */
+  rvm_allocator *home; /* the allocator whose object cache may take this object back, or NULL */
   int64_t dims[];      /* shape[ndim] then strides[ndim] */
 } rvm_tensor;
 _Static_assert(offsetof(rvm_tensor, dl) == 24, "DLTensor must follow the object header");
@@ -190,7 +198,10 @@ RVM_HIDDEN rvm_shape *rvm_shape_new(const int64_t *dims, int64_t n);
 RVM_HIDDEN rvm_string *rvm_string_new(const char *bytes, uint64_t size);
 RVM_HIDDEN rvm_array *rvm_array_new(int64_t n); /* elements start as None */
 RVM_HIDDEN rvm_function *rvm_function_new(TVMFFISafeCallType fn);
-/* A tensor viewing `data` (not owned: `owner`, if any, is retained to keep it alive). */
+/* A tensor viewing `data` (not owned: `owner`, if any, is retained to keep it alive). With a
+ * `home` allocator the object comes from (and returns to) its cache when possible. */
+RVM_HIDDEN rvm_tensor *rvm_tensor_new_in(rvm_allocator *home, void *data, DLDevice dev, int32_t ndim, DLDataType dtype,
+                                         const int64_t *shape, uint64_t byte_offset, TVMFFIObject *owner);
 RVM_HIDDEN rvm_tensor *rvm_tensor_new(void *data, DLDevice dev, int32_t ndim, DLDataType dtype,
                                       const int64_t *shape, uint64_t byte_offset, TVMFFIObject *owner);
 RVM_HIDDEN rvm_closure *rvm_closure_new(const rvm_program *program, int64_t func_index,
@@ -228,6 +239,14 @@ RVM_HIDDEN void rvm_allocator_stats(const rvm_allocator *a, rvm_vm_stats *out);
 RVM_HIDDEN void rvm_allocator_reset_stats(rvm_allocator *a);
 /* A new Storage object of nbytes from the allocator (which it retains). */
 RVM_HIDDEN rvm_storage *rvm_storage_new(rvm_allocator *a, uint64_t nbytes);
+/* Marks the calling thread as the one running a call on the allocator's VM (returns the previous
+ * mark, for rvm_allocator_leave). Only that thread recycles tensor objects through the cache. */
+RVM_HIDDEN uintptr_t rvm_allocator_enter(rvm_allocator *a);
+RVM_HIDDEN void rvm_allocator_leave(rvm_allocator *a, uintptr_t previous);
+/* A tensor object with room for ndim dims from the allocator's cache, or NULL if it has none. */
+RVM_HIDDEN rvm_tensor *rvm_allocator_take_tensor(rvm_allocator *a, int32_t ndim);
+/* Gives a dead tensor object back to the cache; false if the caller must free it itself. */
+RVM_HIDDEN bool rvm_allocator_give_tensor(rvm_allocator *a, rvm_tensor *t);
 /* A Storage of plain 64-byte aligned memory, freed with the object (for copies outside a VM). */
 RVM_HIDDEN rvm_storage *rvm_storage_new_unpooled(uint64_t nbytes);
 /* A compact, zero-offset, 64-byte aligned copy of t's elements as a new Tensor. */

@@ -145,13 +145,25 @@ rvm_function *rvm_function_new(TVMFFISafeCallType fn) {
 
 static void tensor_deleter(void *self, int flags) {
   rvm_tensor *t = self;
-  if ((flags & 1) && t->owner) rvm_object_decref(t->owner);
+  TVMFFIObject *owner = t->owner;
+  /* Back to the cache first: the owner may hold the last reference to the cache's allocator. */
+  if (flags == 3 && t->home && rvm_allocator_give_tensor(t->home, t)) {
+    if (owner) rvm_object_decref(owner);
+    return;
+  }
+  if ((flags & 1) && owner) rvm_object_decref(owner);
   if (flags & 2) free(t);
 }
 
 rvm_tensor *rvm_tensor_new(void *data, DLDevice dev, int32_t ndim, DLDataType dtype,
                            const int64_t *shape, uint64_t byte_offset, TVMFFIObject *owner) {
-  rvm_tensor *t = object_alloc(sizeof(rvm_tensor) + 2 * sizeof(int64_t) * (size_t)ndim);
+  return rvm_tensor_new_in(NULL, data, dev, ndim, dtype, shape, byte_offset, owner);
+}
+
+rvm_tensor *rvm_tensor_new_in(rvm_allocator *home, void *data, DLDevice dev, int32_t ndim, DLDataType dtype,
+                              const int64_t *shape, uint64_t byte_offset, TVMFFIObject *owner) {
+  rvm_tensor *t = home ? rvm_allocator_take_tensor(home, ndim) : NULL;
+  if (!t) t = object_alloc(sizeof(rvm_tensor) + 2 * sizeof(int64_t) * (size_t)(ndim < RVM_CACHED_NDIM ? RVM_CACHED_NDIM : ndim));
   if (!t) return NULL;
   rvm_object_init(&t->header, kTVMFFITensor, tensor_deleter);
   int64_t *dims = t->dims, *strides = t->dims + ndim;
@@ -170,6 +182,7 @@ rvm_tensor *rvm_tensor_new(void *data, DLDevice dev, int32_t ndim, DLDataType dt
   t->dl.strides = strides;
   t->dl.byte_offset = byte_offset;
   t->owner = owner;
+  t->home = home;
   if (owner) rvm_object_incref(owner);
   return t;
 }

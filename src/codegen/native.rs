@@ -5,6 +5,13 @@
 //! failing call branches to one error block that records the function and pc, exactly as the
 //! interpreter reports them. Builtins whose work is a few loads and stores (null_value, copy)
 //! are inlined.
+//!
+//! Stack tensors: an `alloc_tensor` whose result only feeds kernels and read-only checks and is
+//! killed in the same basic block, while the storage register it views stays untouched, needs no
+//! object at all: its DLTensor is built in the native frame and passed as a `DLTensor*`. That
+//! removes an allocation and three atomic reference-count updates per operator. Anything the
+//! fast path cannot prove at run time (a register not holding a Storage, a view that does not
+//! fit) falls back to the builtin, which also reports the error exactly as bytecode does.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
@@ -216,6 +223,7 @@ struct Env {
 }
 
 const ANY: i32 = 16;
+const DLTENSOR_SIZE: u32 = 48;
 
 fn flags() -> MemFlagsData {
     MemFlagsData::trusted()
@@ -255,6 +263,8 @@ impl Lowering<'_> {
             }
         }
 
+        let sites = stack_tensor_sites(self.exec, self.symbols, &instrs, &leader);
+
         let entry = b.create_block();
         b.append_block_params_for_function_params(entry);
         b.switch_to_block(entry);
@@ -278,6 +288,11 @@ impl Lowering<'_> {
             ret,
             error,
         };
+        let mut tensor_slots = HashMap::new();
+        for &site in &sites {
+            let slot = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, DLTENSOR_SIZE, 4));
+            tensor_slots.insert(site, slot);
+        }
 
         let blocks: Vec<Option<Block>> = leader.iter().map(|&l| l.then(|| b.create_block())).collect();
         b.ins().jump(blocks[0].expect("first block"), &[]);
@@ -296,7 +311,10 @@ impl Lowering<'_> {
             let pc = i as i64;
             let target = |off: i64| blocks[(pc + off) as usize].expect("jump targets are leaders");
             match ins {
-                Instr::Call { dst, func, args } => self.call(b, &env, pc, *dst, *func, args),
+                Instr::Call { dst, func, args } => match tensor_slots.get(&i) {
+                    Some(slot) => self.stack_tensor(b, &env, pc, *dst, *func, args, *slot),
+                    None => self.call(b, &env, pc, *dst, *func, args),
+                },
                 Instr::Ret { result } => {
                     if *result < VOID_REG {
                         self.copy_any(b, env.regs, reg_offset(*result), env.result, 0);
@@ -350,6 +368,83 @@ impl Lowering<'_> {
         b.ins().return_(&[rc]);
         b.seal_all_blocks();
         let _ = (env.consts, env.funcs);
+    }
+
+    /// alloc_tensor(storage, offset, shape, dtype) as a DLTensor in the native frame; the builtin
+    /// runs instead when the storage register does not hold a Storage the view fits in.
+    #[allow(clippy::too_many_arguments)]
+    fn stack_tensor(
+        &mut self,
+        b: &mut FunctionBuilder,
+        env: &Env,
+        pc: i64,
+        dst: i64,
+        callee: i64,
+        args: &[Arg],
+        slot: cranelift_codegen::ir::StackSlot,
+    ) {
+        let [Arg::Reg(s), Arg::Imm(offset), Arg::Const(shape_c), Arg::Const(dtype_c)] = *args else {
+            unreachable!("checked by stack_tensor_sites")
+        };
+        let (Constant::Shape(dims), Constant::DataType(dtype)) = (
+            &self.exec.constants[shape_c as usize],
+            &self.exec.constants[dtype_c as usize],
+        ) else {
+            unreachable!("checked by stack_tensor_sites")
+        };
+        let elems = dims
+            .iter()
+            .try_fold(1i64, |a, &d| if d < 0 { None } else { a.checked_mul(d) });
+        let nbytes = elems
+            .and_then(|e| e.checked_mul(dtype.bits as i64 * dtype.lanes as i64))
+            .map(|b| (b + 7) / 8);
+        let Some(end) = nbytes.and_then(|n| n.checked_add(offset)) else {
+            return self.call(b, env, pc, dst, callee, args); // the builtin reports the bad size
+        };
+        let (fast, slow, join) = (b.create_block(), b.create_block(), b.create_block());
+        let t = b.ins().load(types::I32, flags(), env.regs, reg_offset(s));
+        let is_storage = b.ins().icmp_imm_s(IntCC::Equal, t, layout::STORAGE_TYPE_INDEX);
+        let check = b.create_block();
+        b.ins().brif(is_storage, check, &[], slow, &[]);
+        b.switch_to_block(check);
+        let storage = b.ins().load(types::I64, flags(), env.regs, reg_offset(s) + 8);
+        let size = b.ins().load(types::I64, flags(), storage, layout::STORAGE_NBYTES);
+        let fits = b.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, size, end);
+        b.ins().brif(fits, fast, &[], slow, &[]);
+
+        b.switch_to_block(fast);
+        let data = b.ins().load(types::I64, flags(), storage, layout::STORAGE_DATA);
+        let shape_obj = b.ins().load(types::I64, flags(), env.consts, shape_c as i32 * ANY + 8);
+        let shape_ptr = b.ins().load(types::I64, flags(), shape_obj, layout::SHAPE_DATA);
+        let t_addr = b.ins().stack_addr(types::I64, slot, 0);
+        let word = |b: &mut FunctionBuilder, v: i64| b.ins().iconst(types::I64, v);
+        let device = word(b, 1); // {kDLCPU, 0}
+        let ndim_dtype = word(
+            b,
+            dims.len() as i64 | (dtype.code as i64) << 32 | (dtype.bits as i64) << 40 | (dtype.lanes as i64) << 48,
+        );
+        let zero = word(b, 0);
+        let off = word(b, offset);
+        for (at, v) in [
+            (0, data),
+            (8, device),
+            (16, ndim_dtype),
+            (24, shape_ptr),
+            (32, zero),
+            (40, off),
+        ] {
+            b.ins().store(flags(), v, t_addr, at);
+        }
+        self.release(b, env.regs, reg_offset(dst));
+        let dltensor_ptr = word(b, 7);
+        b.ins().store(flags(), dltensor_ptr, env.regs, reg_offset(dst));
+        b.ins().store(flags(), t_addr, env.regs, reg_offset(dst) + 8);
+        b.ins().jump(join, &[]);
+
+        b.switch_to_block(slow);
+        self.call(b, env, pc, dst, callee, args);
+        b.ins().jump(join, &[]);
+        b.switch_to_block(join);
     }
 
     fn call(&mut self, b: &mut FunctionBuilder, env: &Env, pc: i64, dst: i64, callee: i64, args: &[Arg]) {
@@ -486,6 +581,79 @@ impl Lowering<'_> {
         b.ins().jump(after, &[]);
         b.switch_to_block(after);
     }
+}
+
+/// Offsets compiled code reads inside shim objects; checked against the C layouts by
+/// tests/artifact.rs.
+pub mod layout {
+    pub const STORAGE_TYPE_INDEX: i64 = 129;
+    pub const STORAGE_DATA: i32 = 24;
+    pub const STORAGE_NBYTES: i32 = 32;
+    /// Shape object: the pointer to its dims.
+    pub const SHAPE_DATA: i32 = 24;
+}
+
+/// Builtins that only read their tensor arguments and never keep them.
+const READ_ONLY_BUILTINS: &[&str] = &["vm.builtin.check_tensor_info", "vm.builtin.match_shape"];
+
+/// The alloc_tensor instructions (by function-relative pc) whose tensors can live on the stack.
+fn stack_tensor_sites(
+    exec: &Executable,
+    symbols: &[Option<String>],
+    instrs: &[Instr],
+    leader: &[bool],
+) -> HashSet<usize> {
+    let name = |f: i64| exec.funcs[f as usize].name.as_str();
+    let is_kernel = |f: i64| {
+        let info = &exec.funcs[f as usize];
+        info.kind == FuncKind::Packed && symbols[f as usize].is_some() && super::builtins::find(&info.name).is_none()
+    };
+    let mut sites = HashSet::new();
+    for (i, ins) in instrs.iter().enumerate() {
+        let Instr::Call { dst: t, func, args } = ins else {
+            continue;
+        };
+        let (t, s) = match args.as_slice() {
+            [Arg::Reg(s), Arg::Imm(off), Arg::Const(shape), Arg::Const(dtype)]
+                if name(*func) == "vm.builtin.alloc_tensor"
+                    && *off >= 0
+                    && *s < VOID_REG
+                    && *t < VOID_REG
+                    && t != s
+                    && matches!(exec.constants[*shape as usize], Constant::Shape(_))
+                    && matches!(exec.constants[*dtype as usize], Constant::DataType(_)) =>
+            {
+                (*t, *s)
+            }
+            _ => continue,
+        };
+        let mut eligible = false;
+        for (j, next) in instrs.iter().enumerate().skip(i + 1) {
+            if leader[j] {
+                break; // the tensor must die in its own block
+            }
+            match next {
+                Instr::Call { dst, func, args } => {
+                    let uses_t = args.contains(&Arg::Reg(t));
+                    if uses_t && !(is_kernel(*func) || READ_ONLY_BUILTINS.contains(&name(*func))) {
+                        break;
+                    }
+                    if *dst == s {
+                        break; // the storage could be released while the tensor lives
+                    }
+                    if *dst == t {
+                        eligible = !uses_t && args.is_empty() && name(*func) == "vm.builtin.null_value";
+                        break;
+                    }
+                }
+                _ => break, // Ret, Goto and If end the block
+            }
+        }
+        if eligible {
+            sites.insert(i);
+        }
+    }
+    sites
 }
 
 fn reg_offset(r: i64) -> i32 {

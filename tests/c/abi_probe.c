@@ -29,6 +29,10 @@ int main(void) {
   P("program.instr_offset", offsetof(rvm_program, instr_offset));
   P("program.instr_data", offsetof(rvm_program, instr_data));
   P("program.magic_value_low32", RVM_PROGRAM_MAGIC & 0xffffffffu);
+  P("storage.data", offsetof(rvm_storage, data));
+  P("storage.nbytes", offsetof(rvm_storage, nbytes));
+  P("storage.type_index", RVM_TYPE_STORAGE);
+  P("shape.data", sizeof(TVMFFIObject) + offsetof(TVMFFIShapeCell, data));
   P("api.size", sizeof(rvm_api));
   P("api.vm_call", offsetof(rvm_api, vm_call));
   P("api.tensor_export", offsetof(rvm_api, tensor_export));
