@@ -8,6 +8,7 @@ pub mod codegen;
 pub mod compile;
 pub mod host;
 pub mod inspect;
+pub mod kernels;
 pub mod link;
 pub mod tvm;
 pub mod vm;

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use relaxc::codegen::ExecMode;
@@ -14,18 +14,22 @@ fn fixture_tar(name: &str) -> PathBuf {
 }
 
 fn build_host() -> PathBuf {
-    let exe = common::scratch_dir().join(format!("api_test.{}", std::process::id()));
+    build_c("api_test")
+}
+
+fn build_c(name: &str) -> PathBuf {
+    let exe = common::scratch_dir().join(format!("{name}.{}", std::process::id()));
     let status = Command::new(relaxc::link::linker())
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
         .arg("-I")
         .arg(common::root().join("runtime-shim/include"))
-        .arg(common::root().join("tests/c/api_test.c"))
+        .arg(common::root().join(format!("tests/c/{name}.c")))
         .arg("-o")
         .arg(&exe)
         .arg("-ldl")
         .status()
         .expect("run the C compiler");
-    assert!(status.success(), "api_test.c does not build");
+    assert!(status.success(), "{name}.c does not build");
     exe
 }
 
@@ -43,15 +47,17 @@ fn check_api(mode: ExecMode) {
     assert!(out.status.success(), "api_test failed:\n{text}");
     assert!(text.contains(", 0 failed"), "{text}");
 
+    valgrind(&exe, &[&a, &b], &format!("api_test ({})", common::mode_name(mode)));
+}
+
+/// Runs exe under valgrind: no invalid access, no definite or indirect leak.
+fn valgrind(exe: &Path, args: &[&Path], what: &str) {
     if Command::new("valgrind").arg("--version").output().is_err() {
         assert!(
             std::env::var_os("CI").is_none(),
             "valgrind is required in CI (.ci/run installs it)"
         );
-        eprintln!(
-            "SKIPPED: valgrind run of api_test ({}): valgrind is not installed",
-            common::mode_name(mode)
-        );
+        eprintln!("SKIPPED: valgrind run of {what}: valgrind is not installed");
         return;
     }
     let out = Command::new("valgrind")
@@ -59,16 +65,46 @@ fn check_api(mode: ExecMode) {
             "--error-exitcode=99",
             "--leak-check=full",
             "--errors-for-leak-kinds=definite,indirect",
-            "--show-leak-kinds=definite,indirect",
         ])
-        .arg(&exe)
-        .arg(&a)
-        .arg(&b)
+        .arg("--show-leak-kinds=definite,indirect")
+        .arg(exe)
+        .args(args)
         .output()
         .expect("run valgrind");
-    let text = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "valgrind found errors or leaks:\n{text}");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "valgrind found errors or leaks in {what}:\n{text}"
+    );
     assert!(text.contains("ERROR SUMMARY: 0 errors"), "{text}");
+    eprintln!("{what}: valgrind clean");
+}
+
+/// A batch of random programs (with the deliberate failures), run under valgrind in both modes.
+#[test]
+fn random_programs_under_valgrind() {
+    let batch = common::random::generate(7, 300);
+    relaxc::vm::verify(&batch.exec).expect("valid programs");
+    let kernels = relaxc::kernels::compile_c(&common::root().join("tests/kernels/random_kernels.c")).expect("kernels");
+    let program = relaxc::compile::Program {
+        exec: batch.exec,
+        kernels: vec![kernels],
+    };
+    let exe = build_c("run_programs");
+    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+        let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(mode)).expect("emit");
+        let name = format!("random_vg.{}.{}.so", common::mode_name(mode), std::process::id());
+        let so = common::scratch_dir().join(name);
+        relaxc::link::link_shared(&object.bytes, &program.kernels, &so).expect("link");
+        let out = Command::new(&exe).arg(&so).output().expect("run_programs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success() && text.contains("600 calls"), "{text}");
+        valgrind(
+            &exe,
+            &[&so],
+            &format!("300 random programs ({})", common::mode_name(mode)),
+        );
+    }
 }
 
 #[test]

@@ -4,9 +4,12 @@
 
 mod common;
 
+use std::sync::OnceLock;
+
 use libtest_mimic::{Arguments, Failed, Trial};
 use relaxc::codegen::ExecMode;
-use relaxc::host::{Model, npz};
+use relaxc::host::ffi::DLDataType;
+use relaxc::host::{HostTensor, Input, Model, Output, npz};
 
 fn run_case(fixture: &common::Fixture, case: &str, ok: bool, mode: ExecMode) -> Result<(), Failed> {
     let so = common::build(&fixture.name, &fixture.tar(), mode)?;
@@ -86,9 +89,108 @@ fn inspect_matches_tvm(fixture: &common::Fixture) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The random programs, built once per mode into one model each.
+struct RandomModels {
+    mains: Vec<String>,
+    models: Vec<(ExecMode, Model)>,
+}
+
+fn random_models(seed: u64, count: usize) -> Result<&'static RandomModels, String> {
+    static MODELS: OnceLock<Result<RandomModels, String>> = OnceLock::new();
+    MODELS
+        .get_or_init(|| {
+            let batch = common::random::generate(seed, count);
+            relaxc::vm::verify(&batch.exec).map_err(|e| format!("the generator made an invalid program: {e}"))?;
+            let kernels = relaxc::kernels::compile_c(&common::root().join("tests/kernels/random_kernels.c"))
+                .map_err(|e| e.to_string())?;
+            let program = relaxc::compile::Program {
+                exec: batch.exec,
+                kernels: vec![kernels],
+            };
+            let mut models = Vec::new();
+            for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+                let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(mode))
+                    .map_err(|e| e.to_string())?;
+                let so = common::scratch_dir().join(format!(
+                    "random.{seed}.{}.{}.so",
+                    common::mode_name(mode),
+                    std::process::id()
+                ));
+                relaxc::link::link_shared(&object.bytes, &program.kernels, &so).map_err(|e| e.to_string())?;
+                models.push((mode, Model::load(&so).map_err(|e| e.to_string())?));
+            }
+            Ok(RandomModels {
+                mains: batch.mains,
+                models,
+            })
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// One random program: identical results (or identical errors) in every mode, and every byte of
+/// storage back in the pool once the result is released.
+fn random_trial(seed: u64, count: usize, index: usize) -> Result<(), Failed> {
+    let models = random_models(seed, count)?;
+    let name = &models.mains[index];
+    let x: Vec<u8> = [0.5f32, -1.25, 2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let inputs = [
+        Input::Tensor(HostTensor::new(
+            DLDataType {
+                code: 2,
+                bits: 32,
+                lanes: 1,
+            },
+            vec![4],
+            &x,
+        )),
+        Input::Int(2),
+    ];
+    let mut seen: Vec<(ExecMode, Result<Vec<Output>, String>)> = Vec::new();
+    for (mode, model) in &models.models {
+        let mut vm = model.vm()?;
+        let outcome = vm
+            .call(model.find(name)?, &inputs)
+            .map(|v| v.to_output().flatten())
+            .map_err(|e| e.to_string());
+        let live = vm.stats().live_storage_bytes;
+        if live != 0 {
+            return Err(format!(
+                "{name} ({}): {live} bytes of storage still held after the result was released",
+                common::mode_name(*mode)
+            )
+            .into());
+        }
+        seen.push((*mode, outcome));
+    }
+    let (first_mode, first) = &seen[0];
+    for (mode, other) in &seen[1..] {
+        if other != first {
+            return Err(format!(
+                "{name}: {} and {} disagree:\n  {first:?}\n  {other:?}",
+                common::mode_name(*first_mode),
+                common::mode_name(*mode)
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
+fn env_number(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
 fn main() {
     let args = Arguments::from_args();
     let mut trials = Vec::new();
+    let seed = env_number("RELAXC_DIFF_SEED", 20261121);
+    let count = env_number("RELAXC_DIFF_COUNT", 2000) as usize;
+    for index in 0..count {
+        trials.push(Trial::test(format!("random::seed{seed}::p{index}"), move || {
+            random_trial(seed, count, index)
+        }));
+    }
     for fixture in common::fixtures() {
         let fixture = std::sync::Arc::new(fixture);
         for mode in [ExecMode::Bytecode, ExecMode::Compiled] {

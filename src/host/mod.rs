@@ -125,6 +125,12 @@ fn cstr(p: *const std::ffi::c_char) -> String {
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
+// SAFETY: rvm.h makes a module shareable across threads: it is immutable after module_open and
+// its objects are reference counted atomically. VMs (not Send) are what must stay on one thread.
+unsafe impl Send for Model {}
+// SAFETY: as above.
+unsafe impl Sync for Model {}
+
 impl Model {
     pub fn load(path: &Path) -> Result<Model, HostError> {
         let shown = path.display().to_string();

@@ -55,7 +55,7 @@ pub fn link_shared(model_object: &[u8], kernels: &[KernelObject], out: &Path) ->
     let script = write("exports.map", VERSION_SCRIPT.as_bytes())?;
     let mut kernel_paths = Vec::new();
     for (i, k) in kernels.iter().enumerate() {
-        kernel_paths.push(write(&format!("kernels{i}_{}", sanitize(&k.name)), &k.bytes)?);
+        kernel_paths.push(write(&format!("kernels{i}.o"), &k.bytes)?);
     }
     let linker = linker();
     let mut cmd = Command::new(&linker);
@@ -81,10 +81,4 @@ pub fn link_shared(model_object: &[u8], kernels: &[KernelObject], out: &Path) ->
         });
     }
     Ok(())
-}
-
-fn sanitize(name: &str) -> String {
-    name.chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '_' })
-        .collect()
 }

@@ -2,6 +2,8 @@
 //! binary, and comparing results with TVM's recorded outputs and errors.
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod random;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
