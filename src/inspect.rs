@@ -5,7 +5,7 @@ use std::path::Path;
 
 use object::{Object, ObjectSection};
 
-use crate::codegen::tables::layout::EXEC_SECTION;
+use crate::codegen::tables::layout::{EXEC_SECTION, MODES_SECTION};
 use crate::tvm::{self, ImportError, executable};
 use crate::vm::Executable;
 
@@ -22,6 +22,36 @@ pub enum InspectError {
         path: String,
         source: executable::FormatError,
     },
+}
+
+/// How each Relax function of a built model runs: (name, compiled natively?).
+pub fn function_modes(path: &Path) -> Result<Option<Vec<(String, bool)>>, InspectError> {
+    let shown = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| InspectError::Read {
+        path: shown.clone(),
+        message: e.to_string(),
+    })?;
+    if !bytes.starts_with(b"\x7fELF") {
+        return Ok(None);
+    }
+    let file = object::File::parse(&*bytes).map_err(|e| InspectError::Read {
+        path: shown.clone(),
+        message: e.to_string(),
+    })?;
+    let Some(section) = file.section_by_name(MODES_SECTION) else {
+        return Ok(None);
+    };
+    let data = section.data().map_err(|e| InspectError::Read {
+        path: shown,
+        message: e.to_string(),
+    })?;
+    Ok(Some(
+        String::from_utf8_lossy(data)
+            .lines()
+            .filter_map(|l| l.split_once('\t'))
+            .map(|(name, mode)| (name.to_string(), mode == "compiled"))
+            .collect(),
+    ))
 }
 
 pub fn load_executable(path: &Path) -> Result<Executable, InspectError> {

@@ -139,6 +139,17 @@ fn run(cli: Cli) -> Result<()> {
                 print!("{}", exec.as_text());
                 print!("{}", exec.stats());
             }
+            if let Some(modes) = relaxc::inspect::function_modes(&input)? {
+                println!("Execution:");
+                for (name, compiled) in modes {
+                    let how = if compiled {
+                        format!("compiled (__vmtir__{name})")
+                    } else {
+                        "bytecode".to_string()
+                    };
+                    println!("  {name}: {how}");
+                }
+            }
             Ok(())
         }
     }

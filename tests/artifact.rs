@@ -155,3 +155,20 @@ fn shared_layouts_agree_between_c_and_rust() {
     }
     assert_eq!(c.len(), rust.len(), "the probe and the test list different fields");
 }
+
+#[test]
+fn every_function_of_every_fixture_compiles_natively() {
+    for f in common::fixtures() {
+        let so = common::build(&f.name, &f.tar(), ExecMode::Compiled).expect("build");
+        let symbols = tool("nm", &[], &so);
+        let modes = relaxc::inspect::function_modes(&so)
+            .expect("read")
+            .expect("modes section");
+        assert!(!modes.is_empty(), "{}: no Relax functions listed", f.name);
+        for (name, compiled) in modes {
+            assert!(compiled, "{}: {name} fell back to bytecode", f.name);
+            let symbol = format!(" __vmtir__{name}\n");
+            assert!(symbols.contains(&symbol), "{}: nm shows no __vmtir__{name}", f.name);
+        }
+    }
+}

@@ -177,6 +177,36 @@ fn random_trial(seed: u64, count: usize, index: usize) -> Result<(), Failed> {
     Ok(())
 }
 
+fn relax_function_names(fixture: &common::Fixture) -> Vec<String> {
+    let exec = relaxc::inspect::load_executable(&fixture.tar()).expect("fixture imports");
+    exec.funcs
+        .iter()
+        .filter(|f| f.kind != relaxc::vm::FuncKind::Packed)
+        .map(|f| f.name.clone())
+        .collect()
+}
+
+/// A mixed-mode build gives the same bytes as TVM, and the functions run as asked.
+fn mixed_case(fixture: &common::Fixture, case: &str, tag: &str, keep: Vec<String>) -> Result<(), Failed> {
+    let options = relaxc::compile::Options {
+        mode: ExecMode::Compiled,
+        keep_bytecode: keep.iter().cloned().collect(),
+    };
+    let so = common::build_with(&fixture.name, &fixture.tar(), &options, tag)?;
+    let modes = relaxc::inspect::function_modes(&so)?.ok_or("no modes section")?;
+    for (name, compiled) in &modes {
+        if *compiled == keep.contains(name) {
+            return Err(format!("{name} runs {}", if *compiled { "compiled" } else { "as bytecode" }).into());
+        }
+    }
+    let model = Model::load(&so)?;
+    let inputs = npz::read_inputs(&fixture.dir.join(format!("ok_{case}.in.npz")))?;
+    let mut vm = model.vm()?;
+    let outputs = vm.call(model.find("main")?, &inputs)?.to_output().flatten();
+    common::compare_outputs(&outputs, &fixture.dir.join(format!("ok_{case}.out.npz")))?;
+    Ok(())
+}
+
 fn env_number(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -212,6 +242,23 @@ fn main() {
         trials.push(Trial::test(format!("{}::inspect", fixture.name), move || {
             inspect_matches_tvm(&f)
         }));
+        // Mixed mode, both ways: main native calling bytecode functions, and the reverse.
+        let relax_functions = relax_function_names(&fixture);
+        if relax_functions.len() > 1 {
+            for (tag, keep) in [
+                ("mixed-main-bytecode", vec!["main".to_string()]),
+                (
+                    "mixed-main-native",
+                    relax_functions.iter().filter(|n| *n != "main").cloned().collect(),
+                ),
+            ] {
+                for case in fixture.ok_cases.clone() {
+                    let (f, keep) = (fixture.clone(), keep.clone());
+                    let name = format!("{}::{case}::{tag}", fixture.name);
+                    trials.push(Trial::test(name, move || mixed_case(&f, &case, tag, keep)));
+                }
+            }
+        }
     }
     libtest_mimic::run(&args, trials).exit();
 }

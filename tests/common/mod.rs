@@ -86,14 +86,19 @@ type BuildCell = Arc<OnceLock<Result<PathBuf, String>>>;
 
 /// Builds `tar` in `mode` once per test binary; concurrent callers wait for the same build.
 pub fn build(name: &str, tar: &Path, mode: ExecMode) -> Result<PathBuf, String> {
-    static CACHE: OnceLock<Mutex<HashMap<(String, &'static str), BuildCell>>> = OnceLock::new();
+    build_with(name, tar, &relaxc::compile::Options::mode(mode), mode_name(mode))
+}
+
+/// Builds `tar` with `options` once per (name, tag) per test binary.
+pub fn build_with(name: &str, tar: &Path, options: &relaxc::compile::Options, tag: &str) -> Result<PathBuf, String> {
+    static CACHE: OnceLock<Mutex<HashMap<(String, String), BuildCell>>> = OnceLock::new();
     let cell = {
         let mut map = CACHE.get_or_init(Default::default).lock().expect("build cache");
-        map.entry((name.to_string(), mode_name(mode))).or_default().clone()
+        map.entry((name.to_string(), tag.to_string())).or_default().clone()
     };
     cell.get_or_init(|| {
-        let out = scratch_dir().join(format!("{name}.{}.{}.so", mode_name(mode), std::process::id()));
-        relaxc::compile::compile_file(tar, mode, &out).map_err(|e| format!("{e}"))?;
+        let out = scratch_dir().join(format!("{name}.{tag}.{}.so", std::process::id()));
+        relaxc::compile::compile_file_with(tar, options, &out).map_err(|e| format!("{e}"))?;
         Ok(out)
     })
     .clone()
