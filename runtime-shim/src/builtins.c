@@ -459,6 +459,15 @@ int rvm_builtin_alloc_tensor(void *self, const TVMFFIAny *args, int32_t n, TVMFF
   return 0;
 }
 
+int rvm_alloc_tensor_into(TVMFFIAny *dst, const TVMFFIAny *storage, int64_t offset, const TVMFFIAny *shape,
+                          const TVMFFIAny *dtype) {
+  TVMFFIAny args[4] = {*storage, rvm_int(offset), *shape, *dtype}, ret = {0};
+  if (rvm_builtin_alloc_tensor(NULL, args, 4, &ret) != 0) return -1;
+  rvm_any_release(dst);
+  *dst = ret;
+  return 0;
+}
+
 int rvm_builtin_null_value(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
   (void)self, (void)args, (void)n;
   *result = rvm_none();

@@ -105,6 +105,7 @@ pub struct NativeResult {
 }
 
 struct Shim {
+    alloc_tensor_into: FuncId,
     invoke: FuncId,
     fail: FuncId,
     bad_cond: FuncId,
@@ -124,6 +125,7 @@ fn declare_shim(module: &mut ObjectModule) -> Result<Shim, TablesError> {
         Ok(module.declare_function(&c.name, Linkage::Import, &sig)?)
     };
     Ok(Shim {
+        alloc_tensor_into: declare("rvm_alloc_tensor_into")?,
         invoke: declare("rvm_invoke")?,
         fail: declare("rvm_compiled_fail")?,
         bad_cond: declare("rvm_compiled_bad_cond")?,
@@ -181,21 +183,46 @@ pub fn compile_functions(
                 .push((f.name.clone(), "kept as bytecode (--keep-bytecode)".to_string()));
             continue;
         }
-        let id = module.declare_function(&native_symbol(&f.name), Linkage::Local, &sig)?;
-        ctx.func.signature = sig.clone();
-        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-        let lowering = Lowering {
-            exec,
-            func: index,
-            symbols,
-            packed: &packed,
-            shim: &shim,
-            module,
+        let instrs: Vec<Instr> = (f.start_instr..f.end_instr)
+            .map(|k| exec.instr(k as usize).expect("verified executable"))
+            .collect();
+        let chunks = chunk_bounds(&instrs);
+        let mut parts = Vec::new();
+        for (k, &(lo, hi)) in chunks.iter().enumerate() {
+            let symbol = if chunks.len() == 1 {
+                native_symbol(&f.name)
+            } else {
+                format!("{}.part{k}", native_symbol(&f.name))
+            };
+            let id = module.declare_function(&symbol, Linkage::Local, &sig)?;
+            ctx.func.signature = sig.clone();
+            let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+            let lowering = Lowering {
+                exec,
+                func: index,
+                symbols,
+                packed: &packed,
+                shim: &shim,
+                module,
+            };
+            lowering.lower(&mut b, &instrs, lo, hi);
+            b.finalize(module.isa().frontend_config());
+            module.define_function(id, &mut ctx)?;
+            module.clear_context(&mut ctx);
+            parts.push(id);
+        }
+        let id = if parts.len() == 1 {
+            parts[0]
+        } else {
+            let id = module.declare_function(&native_symbol(&f.name), Linkage::Local, &sig)?;
+            ctx.func.signature = sig.clone();
+            let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+            chunk_driver(module, &mut b, &parts);
+            b.finalize(module.isa().frontend_config());
+            module.define_function(id, &mut ctx)?;
+            module.clear_context(&mut ctx);
+            id
         };
-        lowering.lower(&mut b);
-        b.finalize(module.isa().frontend_config());
-        module.define_function(id, &mut ctx)?;
-        module.clear_context(&mut ctx);
         result.compiled[index] = Some(id);
     }
     Ok(result)
@@ -230,40 +257,48 @@ fn flags() -> MemFlagsData {
 }
 
 impl Lowering<'_> {
+    /// A reference to a function linked into the same shared object (kernels, builtins, the
+    /// shim), so the call is a direct PC-relative one rather than through a loaded address.
+    fn callee(&mut self, id: FuncId, b: &mut FunctionBuilder) -> cranelift_codegen::ir::FuncRef {
+        let fref = self.module.declare_func_in_func(id, b.func);
+        b.func.dfg.ext_funcs[fref].colocated = true;
+        fref
+    }
+
     fn builtin(&self, callee: i64) -> Option<&str> {
         let f = &self.exec.funcs[callee as usize];
         (f.kind == FuncKind::Packed).then_some(f.name.as_str())
     }
 
-    fn lower(mut self, b: &mut FunctionBuilder) {
-        let f = &self.exec.funcs[self.func];
-        let instrs: Vec<Instr> = (f.start_instr..f.end_instr)
-            .map(|k| self.exec.instr(k as usize).expect("verified executable"))
-            .collect();
+    /// Lowers instructions [lo, hi) of the function. Returns 0 after Ret, -1 on error, and 1 when
+    /// execution runs past `hi` into the next chunk.
+    fn lower(mut self, b: &mut FunctionBuilder, all: &[Instr], lo: usize, hi: usize) {
+        let instrs = &all[lo..hi];
         let n = instrs.len();
         let mut leader = vec![false; n];
         leader[0] = true;
         let mut max_args = 1;
         for (i, ins) in instrs.iter().enumerate() {
-            let mut mark = |t: i64| leader[(i as i64 + t) as usize] = true;
+            let mut mark = |t: i64| {
+                if let Some(l) = leader.get_mut((i as i64 + t) as usize) {
+                    *l = true;
+                }
+            };
             match ins {
                 Instr::Goto { offset } => {
                     mark(*offset);
-                    if i + 1 < n {
-                        mark(1);
-                    }
+                    mark(1);
                 }
                 Instr::If { false_offset, .. } => {
                     mark(1);
                     mark(*false_offset);
                 }
-                Instr::Ret { .. } if i + 1 < n => mark(1),
+                Instr::Ret { .. } => mark(1),
                 Instr::Call { args, .. } => max_args = max_args.max(args.len()),
-                _ => {}
             }
         }
 
-        let sites = stack_tensor_sites(self.exec, self.symbols, &instrs, &leader);
+        let sites = stack_tensor_sites(self.exec, self.symbols, instrs, &leader);
 
         let entry = b.create_block();
         b.append_block_params_for_function_params(entry);
@@ -288,10 +323,14 @@ impl Lowering<'_> {
             ret,
             error,
         };
+        let mut slots = Vec::new();
         let mut tensor_slots = HashMap::new();
-        for &site in &sites {
-            let slot = b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, DLTENSOR_SIZE, 4));
-            tensor_slots.insert(site, slot);
+        for (site, slot) in assign_slots(&sites) {
+            while slots.len() <= slot {
+                let data = StackSlotData::new(StackSlotKind::ExplicitSlot, DLTENSOR_SIZE, 4);
+                slots.push(b.create_sized_stack_slot(data));
+            }
+            tensor_slots.insert(site, slots[slot]);
         }
 
         let blocks: Vec<Option<Block>> = leader.iter().map(|&l| l.then(|| b.create_block())).collect();
@@ -308,8 +347,8 @@ impl Lowering<'_> {
             if !open {
                 continue; // unreachable: nothing jumps here
             }
-            let pc = i as i64;
-            let target = |off: i64| blocks[(pc + off) as usize].expect("jump targets are leaders");
+            let pc = (lo + i) as i64;
+            let target = |off: i64| blocks[(i as i64 + off) as usize].expect("jump targets are leaders");
             match ins {
                 Instr::Call { dst, func, args } => match tensor_slots.get(&i) {
                     Some(slot) => self.stack_tensor(b, &env, pc, *dst, *func, args, *slot),
@@ -338,8 +377,9 @@ impl Lowering<'_> {
                     let ok = b.ins().bor(is_int, is_bool);
                     let (good, bad) = (b.create_block(), b.create_block());
                     b.ins().brif(ok, good, &[], bad, &[]);
+                    b.set_cold_block(bad);
                     b.switch_to_block(bad);
-                    let bad_cond = self.module.declare_func_in_func(self.shim.bad_cond, b.func);
+                    let bad_cond = self.callee(self.shim.bad_cond, b);
                     let (fidx, pcv) = (
                         b.ins().iconst(types::I64, self.func as i64),
                         b.ins().iconst(types::I64, pc),
@@ -356,12 +396,19 @@ impl Lowering<'_> {
             }
         }
 
+        if open {
+            // Execution continues in the next chunk.
+            let one = b.ins().iconst(types::I32, 1);
+            b.ins().return_(&[one]);
+        }
+
         // The one error path: record where, then return the failure.
         b.append_block_param(env.error, types::I64);
         b.append_block_param(env.error, types::I64);
+        b.set_cold_block(env.error);
         b.switch_to_block(env.error);
         let ep = b.block_params(env.error).to_vec();
-        let fail = self.module.declare_func_in_func(self.shim.fail, b.func);
+        let fail = self.callee(self.shim.fail, b);
         let fidx = b.ins().iconst(types::I64, self.func as i64);
         let call = b.ins().call(fail, &[env.vm, fidx, ep[0], ep[1]]);
         let rc = b.inst_results(call)[0];
@@ -441,9 +488,21 @@ impl Lowering<'_> {
         b.ins().store(flags(), t_addr, env.regs, reg_offset(dst) + 8);
         b.ins().jump(join, &[]);
 
+        b.set_cold_block(slow);
         b.switch_to_block(slow);
-        self.call(b, env, pc, dst, callee, args);
-        b.ins().jump(join, &[]);
+        let into = self.callee(self.shim.alloc_tensor_into, b);
+        let dst_addr = b.ins().iadd_imm_s(env.regs, reg_offset(dst) as i64);
+        let storage_addr = b.ins().iadd_imm_s(env.regs, reg_offset(s) as i64);
+        let shape_addr = b.ins().iadd_imm_s(env.consts, (shape_c as i32 * ANY) as i64);
+        let dtype_addr = b.ins().iadd_imm_s(env.consts, (dtype_c as i32 * ANY) as i64);
+        let off = b.ins().iconst(types::I64, offset);
+        let call = b
+            .ins()
+            .call(into, &[dst_addr, storage_addr, off, shape_addr, dtype_addr]);
+        let rc = b.inst_results(call)[0];
+        let (pcv, cv) = (b.ins().iconst(types::I64, pc), b.ins().iconst(types::I64, callee));
+        b.ins()
+            .brif(rc, env.error, &[BlockArg::Value(pcv), BlockArg::Value(cv)], join, &[]);
         b.switch_to_block(join);
     }
 
@@ -479,12 +538,12 @@ impl Lowering<'_> {
         let nargs = b.ins().iconst(types::I32, args.len() as i64);
         let call = match &self.packed[callee as usize] {
             Some(id) if self.symbols[callee as usize].is_some() => {
-                let fref = self.module.declare_func_in_func(*id, b.func);
+                let fref = self.callee(*id, b);
                 let null = b.ins().iconst(types::I64, 0);
                 b.ins().call(fref, &[null, env.argv, nargs, env.ret])
             }
             _ => {
-                let fref = self.module.declare_func_in_func(self.shim.invoke, b.func);
+                let fref = self.callee(self.shim.invoke, b);
                 let index = b.ins().iconst(types::I64, callee);
                 b.ins().call(fref, &[env.vm, index, env.argv, nargs, env.ret])
             }
@@ -563,7 +622,7 @@ impl Lowering<'_> {
         b.ins().brif(is_obj, drop_block, &[], after, &[]);
         b.switch_to_block(drop_block);
         let obj = b.ins().load(types::I64, flags(), at, off + 8);
-        let decref = self.module.declare_func_in_func(self.shim.decref, b.func);
+        let decref = self.callee(self.shim.decref, b);
         b.ins().call(decref, &[obj]);
         b.ins().jump(after, &[]);
         b.switch_to_block(after);
@@ -576,7 +635,7 @@ impl Lowering<'_> {
         let (inc_block, after) = (b.create_block(), b.create_block());
         b.ins().brif(is_obj, inc_block, &[], after, &[]);
         b.switch_to_block(inc_block);
-        let incref = self.module.declare_func_in_func(self.shim.incref, b.func);
+        let incref = self.callee(self.shim.incref, b);
         b.ins().call(incref, &[payload]);
         b.ins().jump(after, &[]);
         b.switch_to_block(after);
@@ -596,19 +655,115 @@ pub mod layout {
 /// Builtins that only read their tensor arguments and never keep them.
 const READ_ONLY_BUILTINS: &[&str] = &["vm.builtin.check_tensor_info", "vm.builtin.match_shape"];
 
-/// The alloc_tensor instructions (by function-relative pc) whose tensors can live on the stack.
+/// Gives each stack-tensor site a slot, reusing slots whose tensor is dead: the live ranges are
+/// [site, kill], so straight-line code needs only as many slots as tensors alive at once.
+fn assign_slots(sites: &HashMap<usize, usize>) -> Vec<(usize, usize)> {
+    let mut ranges: Vec<(usize, usize)> = sites.iter().map(|(&s, &k)| (s, k)).collect();
+    ranges.sort_unstable();
+    let mut busy: Vec<(usize, usize)> = Vec::new(); // (kill, slot)
+    let mut free: Vec<usize> = Vec::new();
+    let mut next = 0;
+    let mut out = Vec::with_capacity(ranges.len());
+    for (site, kill) in ranges {
+        busy.retain(|&(k, slot)| {
+            let live = k >= site;
+            if !live {
+                free.push(slot);
+            }
+            live
+        });
+        let slot = free.pop().unwrap_or_else(|| {
+            next += 1;
+            next - 1
+        });
+        busy.push((kill, slot));
+        out.push((site, slot));
+    }
+    out
+}
+
+/// Most instructions lowered into one native function. Cranelift's register allocator is
+/// superlinear in function size, so longer functions are cut where no jump crosses, into
+/// chunks called in turn by a small driver.
+const CHUNK_INSTRS: usize = 1500;
+
+fn chunk_bounds(instrs: &[Instr]) -> Vec<(usize, usize)> {
+    let n = instrs.len();
+    // crossed[p]: some jump spans the boundary between p-1 and p.
+    let mut delta = vec![0i64; n + 2];
+    for (i, ins) in instrs.iter().enumerate() {
+        let off = match ins {
+            Instr::Goto { offset } => *offset,
+            Instr::If { false_offset, .. } => *false_offset,
+            _ => continue,
+        };
+        let t = (i as i64 + off) as usize;
+        let (a, b) = (i.min(t), i.max(t));
+        delta[a + 1] += 1;
+        delta[b + 1] -= 1;
+    }
+    let mut crossed = vec![false; n + 1];
+    let mut depth = 0;
+    for (p, c) in crossed.iter_mut().enumerate() {
+        depth += delta[p];
+        *c = depth > 0;
+    }
+    let mut bounds = Vec::new();
+    let mut start = 0;
+    while n - start > CHUNK_INSTRS {
+        let cut = (start + 1..=start + CHUNK_INSTRS)
+            .rev()
+            .find(|&p| !crossed[p])
+            .or_else(|| (start + CHUNK_INSTRS + 1..n).find(|&p| !crossed[p]))
+            .unwrap_or(n);
+        bounds.push((start, cut));
+        start = cut;
+    }
+    if start < n {
+        bounds.push((start, n));
+    }
+    bounds
+}
+
+/// The native function of a chunked Relax function: runs the chunks until one returns or fails.
+fn chunk_driver(module: &mut ObjectModule, b: &mut FunctionBuilder, parts: &[FuncId]) {
+    let entry = b.create_block();
+    b.append_block_params_for_function_params(entry);
+    b.switch_to_block(entry);
+    let params = b.block_params(entry).to_vec();
+    for (k, part) in parts.iter().enumerate() {
+        let f = module.declare_func_in_func(*part, b.func);
+        b.func.dfg.ext_funcs[f].colocated = true;
+        let call = b.ins().call(f, &params);
+        let rc = b.inst_results(call)[0];
+        if k + 1 == parts.len() {
+            b.ins().return_(&[rc]);
+        } else {
+            let (next, done) = (b.create_block(), b.create_block());
+            let more = b.ins().icmp_imm_s(IntCC::Equal, rc, 1);
+            b.ins().brif(more, next, &[], done, &[]);
+            b.switch_to_block(done);
+            b.ins().return_(&[rc]);
+            b.switch_to_block(next);
+        }
+    }
+    b.seal_all_blocks();
+}
+
+/// The alloc_tensor instructions (by chunk-relative pc) whose tensors can live on the stack,
+/// with the pc of the null_value that kills each.
 fn stack_tensor_sites(
     exec: &Executable,
     symbols: &[Option<String>],
     instrs: &[Instr],
     leader: &[bool],
-) -> HashSet<usize> {
+) -> HashMap<usize, usize> {
     let name = |f: i64| exec.funcs[f as usize].name.as_str();
     let is_kernel = |f: i64| {
         let info = &exec.funcs[f as usize];
         info.kind == FuncKind::Packed && symbols[f as usize].is_some() && super::builtins::find(&info.name).is_none()
     };
-    let mut sites = HashSet::new();
+    let mut sites = HashMap::new();
     for (i, ins) in instrs.iter().enumerate() {
         let Instr::Call { dst: t, func, args } = ins else {
             continue;
@@ -627,7 +782,7 @@ fn stack_tensor_sites(
             }
             _ => continue,
         };
-        let mut eligible = false;
+        let mut kill = None;
         for (j, next) in instrs.iter().enumerate().skip(i + 1) {
             if leader[j] {
                 break; // the tensor must die in its own block
@@ -642,15 +797,16 @@ fn stack_tensor_sites(
                         break; // the storage could be released while the tensor lives
                     }
                     if *dst == t {
-                        eligible = !uses_t && args.is_empty() && name(*func) == "vm.builtin.null_value";
+                        let is_kill = !uses_t && args.is_empty() && name(*func) == "vm.builtin.null_value";
+                        kill = is_kill.then_some(j);
                         break;
                     }
                 }
                 _ => break, // Ret, Goto and If end the block
             }
         }
-        if eligible {
-            sites.insert(i);
+        if let Some(k) = kill {
+            sites.insert(i, k);
         }
     }
     sites

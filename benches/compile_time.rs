@@ -1,0 +1,159 @@
+//! Compile+link time of chain_N (N tiny adds) in both modes, and the per-call time of what was
+//! built. chain_100 and chain_1000 are TVM's exports; chain_10000 is the same program shape
+//! (TVM's planned storage alternating between two buffers, one shared kernel) built with
+//! relaxc's ExecBuilder and linked with chain_1000's lib0.o, since making it with TVM would take
+//! minutes of LLVM and megabytes of fixture. Run: `cargo bench --bench compile_time`.
+
+use std::path::Path;
+use std::time::Instant;
+
+use relaxc::codegen::ExecMode;
+use relaxc::compile::{Options, Program, emit, load_tvm_export};
+use relaxc::host::ffi::DLDataType;
+use relaxc::host::{HostTensor, Input, Model};
+use relaxc::vm::{Arg, Constant, DType, ExecBuilder, Instr, VM_REG, VOID_REG};
+
+fn chain(n: usize, kernels: Vec<relaxc::tvm::KernelObject>) -> Program {
+    let mut b = ExecBuilder::new();
+    let f32c = b.constant(Constant::DataType(DType::F32));
+    let ctx = b.constant(Constant::Str(
+        "ErrorContext(fn=main, loc=param[0], param=x, annotation=R.Tensor((1,), dtype=\"float32\")) ".into(),
+    ));
+    let bytes = b.constant(Constant::Shape(vec![4]));
+    let u8c = b.constant(Constant::DataType(DType::U8));
+    let global = b.constant(Constant::Str("global".into()));
+    let shape = b.constant(Constant::Shape(vec![1]));
+    b.begin_function("main", &["x"]);
+    let check = b.packed("vm.builtin.check_tensor_info");
+    let matchs = b.packed("vm.builtin.match_shape");
+    let storage = b.packed("vm.builtin.alloc_storage");
+    let tensor = b.packed("vm.builtin.alloc_tensor");
+    let add = b.packed("add1");
+    let null = b.packed("vm.builtin.null_value");
+    b.call(
+        VOID_REG,
+        check,
+        vec![Arg::Reg(0), Arg::Imm(1), Arg::Const(f32c), Arg::Const(ctx)],
+    );
+    b.call(
+        VOID_REG,
+        matchs,
+        vec![
+            Arg::Reg(0),
+            Arg::Reg(VOID_REG),
+            Arg::Imm(1),
+            Arg::Imm(0),
+            Arg::Imm(1),
+            Arg::Const(ctx),
+        ],
+    );
+    let stores = [1i64, 2];
+    for s in stores {
+        let args = vec![
+            Arg::Reg(VM_REG),
+            Arg::Const(bytes),
+            Arg::Imm(0),
+            Arg::Const(u8c),
+            Arg::Const(global),
+        ];
+        b.call(s, storage, args);
+    }
+    let mut prev = 0i64;
+    let mut next = 3i64;
+    for i in 0..n {
+        let t = next;
+        next += 1;
+        b.call(
+            t,
+            tensor,
+            vec![
+                Arg::Reg(stores[i % 2]),
+                Arg::Imm(0),
+                Arg::Const(shape),
+                Arg::Const(f32c),
+            ],
+        );
+        b.call(VOID_REG, add, vec![Arg::Reg(prev), Arg::Reg(0), Arg::Reg(t)]);
+        if prev != 0 {
+            b.call(prev, null, vec![]);
+        }
+        prev = t;
+    }
+    b.emit(Instr::Ret { result: prev });
+    b.end_function(next);
+    Program {
+        exec: b.build(),
+        kernels,
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let base = load_tvm_export(&root.join("fixtures/tvm/chain_1000/m.tar")).expect("chain_1000 fixture");
+    let dir = tempfile::tempdir().expect("temp dir");
+    println!("| model | mode | codegen (ms) | link (ms) | compile+link (ms) | per call (us) |");
+    println!("|---|---|---|---|---|---|");
+    for (label, program) in [
+        (
+            "chain_100 (TVM export)",
+            load_tvm_export(&root.join("fixtures/tvm/chain_100/m.tar")).expect("chain_100"),
+        ),
+        (
+            "chain_1000 (TVM export)",
+            load_tvm_export(&root.join("fixtures/tvm/chain_1000/m.tar")).expect("chain_1000"),
+        ),
+        ("chain_10000 (built)", chain(10000, base.kernels.clone())),
+    ] {
+        relaxc::vm::verify(&program.exec).expect("valid chain");
+        for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+            let so = dir.path().join("m.so");
+            let (mut codegen, mut link, mut total) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..5 {
+                let t0 = Instant::now();
+                let object = emit(&program, &Options::mode(mode)).expect("emit");
+                let t1 = Instant::now();
+                relaxc::link::link_shared(&object.bytes, &program.kernels, &so).expect("link");
+                let t2 = Instant::now();
+                codegen.push((t1 - t0).as_secs_f64() * 1e3);
+                link.push((t2 - t1).as_secs_f64() * 1e3);
+                total.push((t2 - t0).as_secs_f64() * 1e3);
+            }
+            let model = Model::load(&so).expect("load");
+            let mut vm = model.vm().expect("vm");
+            let f = model.find("main").expect("main");
+            let x = [Input::Tensor(HostTensor::new(
+                DLDataType {
+                    code: 2,
+                    bits: 32,
+                    lanes: 1,
+                },
+                vec![1],
+                &0.5f32.to_le_bytes(),
+            ))];
+            let args = vm.prepare(&x).expect("args");
+            let mut times = Vec::new();
+            for _ in 0..200 {
+                let t = Instant::now();
+                drop(vm.call_prepared(f, &args).expect("call"));
+                times.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            let mode_name = if mode == ExecMode::Bytecode {
+                "bytecode"
+            } else {
+                "compiled"
+            };
+            println!(
+                "| {label} | {mode_name} | {:.1} | {:.1} | {:.1} | {:.2} |",
+                median(codegen),
+                median(link),
+                median(total),
+                median(times)
+            );
+        }
+    }
+}
