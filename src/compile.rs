@@ -1,9 +1,10 @@
 //! The compile driver: input → verified executable → model object → linked `.so`.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::codegen::native::NativeOptions;
 use crate::codegen::{self, ExecMode, TablesError};
 use crate::link::{self, LinkError};
 use crate::tvm::{self, ImportError, KernelObject};
@@ -38,16 +39,13 @@ pub struct CompileReport {
 #[derive(Debug, Clone)]
 pub struct Options {
     pub mode: ExecMode,
-    /// Relax functions to leave as bytecode in compiled mode.
-    pub keep_bytecode: HashSet<String>,
+    /// Compiled mode's choices (functions kept as bytecode, specializations).
+    pub native: NativeOptions,
 }
 
 impl Options {
     pub fn mode(mode: ExecMode) -> Options {
-        Options {
-            mode,
-            keep_bytecode: HashSet::new(),
-        }
+        Options { mode, native: NativeOptions::default() }
     }
 }
 
@@ -61,10 +59,7 @@ pub struct Program {
 pub fn load_tvm_export(input: &Path) -> Result<Program, CompileError> {
     let export = tvm::import_tar(input)?;
     verify(&export.exec)?;
-    Ok(Program {
-        exec: export.exec,
-        kernels: export.kernels,
-    })
+    Ok(Program { exec: export.exec, kernels: export.kernels })
 }
 
 /// Emits the model object for a program.
@@ -73,30 +68,15 @@ pub fn emit(program: &Program, options: &Options) -> Result<codegen::tables::Emi
     let objects = if program.kernels.is_empty() {
         "the kernel objects (there are none)".to_string()
     } else {
-        program
-            .kernels
-            .iter()
-            .map(|k| k.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
+        program.kernels.iter().map(|k| k.name.as_str()).collect::<Vec<_>>().join(", ")
     };
     let symbols = codegen::tables::bind_packed_functions(&program.exec, &available, &objects)?;
-    for name in &options.keep_bytecode {
-        if !program
-            .exec
-            .funcs
-            .iter()
-            .any(|f| &f.name == name && f.kind != crate::vm::FuncKind::Packed)
-        {
+    for name in &options.native.keep_bytecode {
+        if !program.exec.funcs.iter().any(|f| &f.name == name && f.kind != crate::vm::FuncKind::Packed) {
             return Err(CompileError::NoSuchFunction(name.clone()));
         }
     }
-    Ok(codegen::emit_object(
-        &program.exec,
-        &symbols,
-        options.mode,
-        &options.keep_bytecode,
-    )?)
+    Ok(codegen::emit_object(&program.exec, &symbols, options.mode, &options.native)?)
 }
 
 /// Compiles `input` into the shared object `out`.

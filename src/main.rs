@@ -41,6 +41,10 @@ enum Command {
         /// In compiled mode, leave this Relax function as bytecode (repeatable).
         #[arg(long, value_name = "FUNCTION")]
         keep_bytecode: Vec<String>,
+        /// In compiled mode, call every builtin instead of inlining the simple ones and building
+        /// short-lived tensors on the stack (to measure what that is worth).
+        #[arg(long)]
+        no_specialize: bool,
     },
     /// Run a function of a compiled model on inputs from an .npz file.
     Run {
@@ -84,17 +88,12 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Compile {
-            input,
-            exec_mode,
-            output,
-            verbose,
-            keep_bytecode,
-        } => {
-            let options = relaxc::compile::Options {
-                mode: exec_mode,
+        Command::Compile { input, exec_mode, output, verbose, keep_bytecode, no_specialize } => {
+            let native = relaxc::codegen::native::NativeOptions {
                 keep_bytecode: keep_bytecode.into_iter().collect(),
+                specialize: !no_specialize,
             };
+            let options = relaxc::compile::Options { mode: exec_mode, native };
             let report = relaxc::compile::compile_file_with(&input, &options, &output)
                 .with_context(|| format!("compiling {}", input.display()))?;
             for (function, reason) in &report.notes {
@@ -111,23 +110,8 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Run {
-            model,
-            func,
-            inputs,
-            outputs,
-            expect,
-            bench,
-            stats,
-        } => {
-            let opts = RunOptions {
-                func,
-                inputs,
-                outputs,
-                expect,
-                bench,
-                stats,
-            };
+        Command::Run { model, func, inputs, outputs, expect, bench, stats } => {
+            let opts = RunOptions { func, inputs, outputs, expect, bench, stats };
             run_model(&model, &opts)
         }
         Command::Inspect { input, python } => {
@@ -142,11 +126,7 @@ fn run(cli: Cli) -> Result<()> {
             if let Some(modes) = relaxc::inspect::function_modes(&input)? {
                 println!("Execution:");
                 for (name, compiled) in modes {
-                    let how = if compiled {
-                        format!("compiled (__vmtir__{name})")
-                    } else {
-                        "bytecode".to_string()
-                    };
+                    let how = if compiled { format!("compiled (__vmtir__{name})") } else { "bytecode".to_string() };
                     println!("  {name}: {how}");
                 }
             }
@@ -165,19 +145,10 @@ struct RunOptions {
 }
 
 fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
-    let RunOptions {
-        func,
-        inputs,
-        outputs,
-        expect,
-        bench,
-        stats,
-    } = opts;
+    let RunOptions { func, inputs, outputs, expect, bench, stats } = opts;
     let (func, bench, stats) = (func.as_str(), *bench, *stats);
     let model = Model::load(path)?;
-    let f = model
-        .find(func)
-        .with_context(|| format!("available functions: {}", model.functions().join(", ")))?;
+    let f = model.find(func).with_context(|| format!("available functions: {}", model.functions().join(", ")))?;
     let args = match inputs.as_deref() {
         Some(p) => npz::read_inputs(p)?,
         None => Vec::new(),
@@ -227,21 +198,12 @@ fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
 fn check_expected(results: &[relaxc::host::Output], path: &Path) -> Result<()> {
     let want = npz::read_arrays(path)?;
     if want.len() != results.len() {
-        bail!(
-            "{} results, but {} has {} arrays",
-            results.len(),
-            path.display(),
-            want.len()
-        );
+        bail!("{} results, but {} has {} arrays", results.len(), path.display(), want.len());
     }
     for (i, r) in results.iter().enumerate() {
         let key = format!("out{i}");
-        let got = npz::output_array(r)
-            .map_err(anyhow::Error::msg)
-            .with_context(|| key.clone())?;
-        let Some(w) = want.get(&key) else {
-            bail!("{} has no {key}", path.display())
-        };
+        let got = npz::output_array(r).map_err(anyhow::Error::msg).with_context(|| key.clone())?;
+        let Some(w) = want.get(&key) else { bail!("{} has no {key}", path.display()) };
         if (&got.0, &got.1) != (&w.0, &w.1) {
             bail!("{key}: got {} {:?}, expected {} {:?}", got.0, got.1, w.0, w.1);
         }

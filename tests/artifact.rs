@@ -12,20 +12,11 @@ use relaxc::codegen::tables::layout;
 use relaxc::host::ffi;
 
 fn model() -> std::path::PathBuf {
-    common::build(
-        "mlp_static",
-        &common::fixtures_dir().join("mlp_static/m.tar"),
-        ExecMode::Bytecode,
-    )
-    .expect("build")
+    common::build("mlp_static", &common::fixtures_dir().join("mlp_static/m.tar"), ExecMode::Bytecode).expect("build")
 }
 
 fn tool(cmd: &str, args: &[&str], so: &std::path::Path) -> String {
-    let out = Command::new(cmd)
-        .args(args)
-        .arg(so)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    let out = Command::new(cmd).args(args).arg(so).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
     assert!(out.status.success(), "{cmd} failed");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
@@ -71,10 +62,7 @@ fn runtime_shim_size() {
         }
     }
     eprintln!("runtime shim: {code} bytes of code, {data} bytes of data");
-    assert!(
-        code > 0 && code <= 64 * 1024,
-        "the shim's code ({code} bytes) is over the 64 KiB goal"
-    );
+    assert!(code > 0 && code <= 64 * 1024, "the shim's code ({code} bytes) is over the 64 KiB goal");
 }
 
 #[test]
@@ -95,10 +83,7 @@ fn shared_layouts_agree_between_c_and_rust() {
     let out = Command::new(&exe).output().expect("run probe");
     let c: HashMap<String, usize> = String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter_map(|l| {
-            l.split_once(' ')
-                .map(|(k, v)| (k.to_string(), v.parse().expect("number")))
-        })
+        .filter_map(|l| l.split_once(' ').map(|(k, v)| (k.to_string(), v.parse().expect("number"))))
         .collect();
     let rust: &[(&str, usize)] = &[
         ("func_info.size", layout::FUNC_INFO_SIZE),
@@ -121,19 +106,10 @@ fn shared_layouts_agree_between_c_and_rust() {
         ("program.consts", layout::PROG_CONSTS),
         ("program.instr_offset", layout::PROG_INSTR_OFFSET),
         ("program.instr_data", layout::PROG_INSTR_DATA),
-        (
-            "program.magic_value_low32",
-            (layout::PROGRAM_MAGIC & 0xffff_ffff) as usize,
-        ),
+        ("program.magic_value_low32", (layout::PROGRAM_MAGIC & 0xffff_ffff) as usize),
         ("storage.data", relaxc::codegen::native::layout::STORAGE_DATA as usize),
-        (
-            "storage.nbytes",
-            relaxc::codegen::native::layout::STORAGE_NBYTES as usize,
-        ),
-        (
-            "storage.type_index",
-            relaxc::codegen::native::layout::STORAGE_TYPE_INDEX as usize,
-        ),
+        ("storage.nbytes", relaxc::codegen::native::layout::STORAGE_NBYTES as usize),
+        ("storage.type_index", relaxc::codegen::native::layout::STORAGE_TYPE_INDEX as usize),
         ("shape.data", relaxc::codegen::native::layout::SHAPE_DATA as usize),
         ("api.size", std::mem::size_of::<ffi::Api>()),
         ("api.vm_call", offset_of!(ffi::Api, vm_call)),
@@ -146,12 +122,7 @@ fn shared_layouts_agree_between_c_and_rust() {
         ("vm_stats.size", std::mem::size_of::<ffi::VmStats>()),
     ];
     for (name, value) in rust {
-        assert_eq!(
-            c.get(*name),
-            Some(value),
-            "{name}: C says {:?}, Rust says {value}",
-            c.get(*name)
-        );
+        assert_eq!(c.get(*name), Some(value), "{name}: C says {:?}, Rust says {value}", c.get(*name));
     }
     assert_eq!(c.len(), rust.len(), "the probe and the test list different fields");
 }
@@ -161,9 +132,7 @@ fn every_function_of_every_fixture_compiles_natively() {
     for f in common::fixtures() {
         let so = common::build(&f.name, &f.tar(), ExecMode::Compiled).expect("build");
         let symbols = tool("nm", &[], &so);
-        let modes = relaxc::inspect::function_modes(&so)
-            .expect("read")
-            .expect("modes section");
+        let modes = relaxc::inspect::function_modes(&so).expect("read").expect("modes section");
         assert!(!modes.is_empty(), "{}: no Relax functions listed", f.name);
         for (name, compiled) in modes {
             assert!(compiled, "{}: {name} fell back to bytecode", f.name);

@@ -62,17 +62,10 @@ fn truncated_archives_are_rejected() {
         let path = common::scratch_dir().join(format!("truncated{cut}.{}.tar", std::process::id()));
         std::fs::write(&path, &raw[..cut]).expect("write");
         let e = compile_err(&path);
-        assert!(
-            e.contains("truncated.") || e.contains("tar") || e.contains("has no"),
-            "cut {cut}: {e}"
-        );
+        assert!(e.contains("truncated.") || e.contains("tar") || e.contains("has no"), "cut {cut}: {e}");
     }
     let path = common::scratch_dir().join(format!("garbage.{}.tar", std::process::id()));
-    std::fs::write(
-        &path,
-        b"this is not an archive at all, just some text that goes on for a while",
-    )
-    .expect("write");
+    std::fs::write(&path, b"this is not an archive at all, just some text that goes on for a while").expect("write");
     assert!(compile_err(&path).contains("is not a readable tar archive"));
 }
 
@@ -87,10 +80,7 @@ fn corrupted_devc_is_rejected_with_the_offset() {
     let mut ms = m.clone();
     ms.iter_mut().find(|(n, _)| n == "devc.o").expect("devc").1 = bad;
     let e = compile_err(&write_tar("badmagic", &ms));
-    assert!(
-        e.contains("relax.VMExecutable in devc.o") && e.contains("is not a Relax VM executable"),
-        "{e}"
-    );
+    assert!(e.contains("relax.VMExecutable in devc.o") && e.contains("is not a Relax VM executable"), "{e}");
 
     // A length field claiming more bytes than there are.
     let mut bad = devc.clone();
@@ -98,10 +88,7 @@ fn corrupted_devc_is_rejected_with_the_offset() {
     bad[version_at + 7] = 0x7f;
     ms.iter_mut().find(|(n, _)| n == "devc.o").expect("devc").1 = bad;
     let e = compile_err(&write_tar("badlen", &ms));
-    assert!(
-        e.contains("header version at byte 8") && e.contains("does not fit"),
-        "{e}"
-    );
+    assert!(e.contains("header version at byte 8") && e.contains("does not fit"), "{e}");
 
     // Not an object file at all.
     ms.iter_mut().find(|(n, _)| n == "devc.o").expect("devc").1 = b"\x7fELF but not really".to_vec();
@@ -112,10 +99,7 @@ fn corrupted_devc_is_rejected_with_the_offset() {
 fn missing_kernel_is_named_at_compile_time() {
     // mlp_static's executable with chain_1's kernels: matmul is nowhere.
     let mut ms = members(&fixture("mlp_static"));
-    let lib0 = members(&fixture("chain_1"))
-        .into_iter()
-        .find(|(n, _)| n == "lib0.o")
-        .expect("lib0.o");
+    let lib0 = members(&fixture("chain_1")).into_iter().find(|(n, _)| n == "lib0.o").expect("lib0.o");
     ms.retain(|(n, _)| n != "lib0.o");
     ms.push(lib0);
     let e = compile_err(&write_tar("nokernel", &ms));
@@ -129,18 +113,8 @@ fn missing_kernel_is_named_at_compile_time() {
 fn export_without_kernels(name: &str, exec: &relaxc::vm::Executable) -> PathBuf {
     let blob = tvm::write_library_blob(&executable::write_executable(exec));
     let bytes: Vec<String> = blob.iter().map(|b| format!("0x{b:02x}")).collect();
-    let devc = format!(
-        "const unsigned char __tvm_ffi__library_bin[{}] = {{{}}};\n",
-        blob.len(),
-        bytes.join(",")
-    );
-    write_tar(
-        name,
-        &[
-            ("devc.c".to_string(), devc.into_bytes()),
-            ("lib0.c".to_string(), b";".to_vec()),
-        ],
-    )
+    let devc = format!("const unsigned char __tvm_ffi__library_bin[{}] = {{{}}};\n", blob.len(), bytes.join(","));
+    write_tar(name, &[("devc.c".to_string(), devc.into_bytes()), ("lib0.c".to_string(), b";".to_vec())])
 }
 
 #[test]
@@ -152,10 +126,7 @@ fn unknown_builtin_is_named_at_compile_time() {
     b.emit(Instr::Ret { result: 1 });
     b.end_function(2);
     let e = compile_err(&export_without_kernels("bogus", &b.build()));
-    assert!(
-        e.contains("unknown builtin vm.builtin.bogus (pc 0 of main calls it)"),
-        "{e}"
-    );
+    assert!(e.contains("unknown builtin vm.builtin.bogus (pc 0 of main calls it)"), "{e}");
 }
 
 #[test]
@@ -173,9 +144,7 @@ fn executable_without_kernels_compiles_and_runs() {
     compile_file(&tar, ExecMode::Bytecode, &so).expect("compiles");
     let model = relaxc::host::Model::load(&so).expect("loads");
     let mut vm = model.vm().expect("vm");
-    let out = vm
-        .call(model.find("main").expect("main"), &[relaxc::host::Input::Int(7)])
-        .expect("runs");
+    let out = vm.call(model.find("main").expect("main"), &[relaxc::host::Input::Int(7)]).expect("runs");
     assert_eq!(
         out.to_output(),
         relaxc::host::Output::Tuple(vec![relaxc::host::Output::Int(7), relaxc::host::Output::Int(7)])
@@ -189,10 +158,7 @@ fn tvm_compiled_mode_export_is_refused() {
         Ok(_) => panic!("accepted a compiled-mode export"),
         Err(e) => e.to_string(),
     };
-    assert!(
-        e.contains("exec_mode=\"compiled\"") && e.contains("exec_mode=\"bytecode\""),
-        "{e}"
-    );
+    assert!(e.contains("exec_mode=\"compiled\"") && e.contains("exec_mode=\"bytecode\""), "{e}");
 }
 
 /// xorshift64*: a fixed, dependency-free stream of test mutations.
@@ -211,14 +177,9 @@ impl Rng {
 
 #[test]
 fn mutated_executables_never_panic() {
-    let seeds: Vec<Vec<u8>> = common::fixtures()
-        .iter()
-        .map(|f| tvm::import_tar(&f.tar()).expect("import").exec_bytes)
-        .collect();
-    let count: usize = std::env::var("RELAXC_FUZZ_COUNT")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(4000);
+    let seeds: Vec<Vec<u8>> =
+        common::fixtures().iter().map(|f| tvm::import_tar(&f.tar()).expect("import").exec_bytes).collect();
+    let count: usize = std::env::var("RELAXC_FUZZ_COUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(4000);
     let mut rng = Rng(0x5eed_1234_abcd_0001);
     let (mut parsed, mut verified) = (0, 0);
     for _ in 0..count {
@@ -254,8 +215,5 @@ fn mutated_executables_never_panic() {
         }
     }
     eprintln!("mutated {count} executables: {parsed} still parsed, {verified} still verified; none panicked");
-    assert!(
-        parsed > 0 && verified > 0,
-        "the mutations never reached the verifier; the test is too blunt"
-    );
+    assert!(parsed > 0 && verified > 0, "the mutations never reached the verifier; the test is too blunt");
 }

@@ -53,29 +53,19 @@ fn check_api(mode: ExecMode) {
 /// Runs exe under valgrind: no invalid access, no definite or indirect leak.
 fn valgrind(exe: &Path, args: &[&Path], what: &str) {
     if Command::new("valgrind").arg("--version").output().is_err() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "valgrind is required in CI (.ci/run installs it)"
-        );
+        assert!(std::env::var_os("CI").is_none(), "valgrind is required in CI (.ci/run installs it)");
         eprintln!("SKIPPED: valgrind run of {what}: valgrind is not installed");
         return;
     }
     let out = Command::new("valgrind")
-        .args([
-            "--error-exitcode=99",
-            "--leak-check=full",
-            "--errors-for-leak-kinds=definite,indirect",
-        ])
+        .args(["--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite,indirect"])
         .arg("--show-leak-kinds=definite,indirect")
         .arg(exe)
         .args(args)
         .output()
         .expect("run valgrind");
     let text = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "valgrind found errors or leaks in {what}:\n{text}"
-    );
+    assert!(out.status.success(), "valgrind found errors or leaks in {what}:\n{text}");
     assert!(text.contains("ERROR SUMMARY: 0 errors"), "{text}");
     eprintln!("{what}: valgrind clean");
 }
@@ -86,10 +76,7 @@ fn random_programs_under_valgrind() {
     let batch = common::random::generate(7, 300);
     relaxc::vm::verify(&batch.exec).expect("valid programs");
     let kernels = relaxc::kernels::compile_c(&common::root().join("tests/kernels/random_kernels.c")).expect("kernels");
-    let program = relaxc::compile::Program {
-        exec: batch.exec,
-        kernels: vec![kernels],
-    };
+    let program = relaxc::compile::Program { exec: batch.exec, kernels: vec![kernels] };
     let exe = build_c("run_programs");
     for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
         let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(mode)).expect("emit");
@@ -99,11 +86,7 @@ fn random_programs_under_valgrind() {
         let out = Command::new(&exe).arg(&so).output().expect("run_programs");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success() && text.contains("600 calls"), "{text}");
-        valgrind(
-            &exe,
-            &[&so],
-            &format!("300 random programs ({})", common::mode_name(mode)),
-        );
+        valgrind(&exe, &[&so], &format!("300 random programs ({})", common::mode_name(mode)));
     }
 }
 

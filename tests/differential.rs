@@ -76,7 +76,7 @@ fn inspect_matches_tvm(fixture: &common::Fixture) -> Result<(), Failed> {
     let got = exec.as_text() + &exec.stats();
     if got != expected {
         return Err(
-            format!("listing differs from TVM's as_text()/stats():\n--- TVM\n{expected}\n--- relaxc\n{got}").into(),
+            format!("listing differs from TVM's as_text()/stats():\n--- TVM\n{expected}\n--- relaxc\n{got}").into()
         );
     }
     for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
@@ -103,10 +103,7 @@ fn random_models(seed: u64, count: usize) -> Result<&'static RandomModels, Strin
             relaxc::vm::verify(&batch.exec).map_err(|e| format!("the generator made an invalid program: {e}"))?;
             let kernels = relaxc::kernels::compile_c(&common::root().join("tests/kernels/random_kernels.c"))
                 .map_err(|e| e.to_string())?;
-            let program = relaxc::compile::Program {
-                exec: batch.exec,
-                kernels: vec![kernels],
-            };
+            let program = relaxc::compile::Program { exec: batch.exec, kernels: vec![kernels] };
             let mut models = Vec::new();
             for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
                 let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(mode))
@@ -119,10 +116,7 @@ fn random_models(seed: u64, count: usize) -> Result<&'static RandomModels, Strin
                 relaxc::link::link_shared(&object.bytes, &program.kernels, &so).map_err(|e| e.to_string())?;
                 models.push((mode, Model::load(&so).map_err(|e| e.to_string())?));
             }
-            Ok(RandomModels {
-                mains: batch.mains,
-                models,
-            })
+            Ok(RandomModels { mains: batch.mains, models })
         })
         .as_ref()
         .map_err(Clone::clone)
@@ -134,25 +128,12 @@ fn random_trial(seed: u64, count: usize, index: usize) -> Result<(), Failed> {
     let models = random_models(seed, count)?;
     let name = &models.mains[index];
     let x: Vec<u8> = [0.5f32, -1.25, 2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-    let inputs = [
-        Input::Tensor(HostTensor::new(
-            DLDataType {
-                code: 2,
-                bits: 32,
-                lanes: 1,
-            },
-            vec![4],
-            &x,
-        )),
-        Input::Int(2),
-    ];
+    let inputs =
+        [Input::Tensor(HostTensor::new(DLDataType { code: 2, bits: 32, lanes: 1 }, vec![4], &x)), Input::Int(2)];
     let mut seen: Vec<(ExecMode, Result<Vec<Output>, String>)> = Vec::new();
     for (mode, model) in &models.models {
         let mut vm = model.vm()?;
-        let outcome = vm
-            .call(model.find(name)?, &inputs)
-            .map(|v| v.to_output().flatten())
-            .map_err(|e| e.to_string());
+        let outcome = vm.call(model.find(name)?, &inputs).map(|v| v.to_output().flatten()).map_err(|e| e.to_string());
         let live = vm.stats().live_storage_bytes;
         if live != 0 {
             return Err(format!(
@@ -179,19 +160,14 @@ fn random_trial(seed: u64, count: usize, index: usize) -> Result<(), Failed> {
 
 fn relax_function_names(fixture: &common::Fixture) -> Vec<String> {
     let exec = relaxc::inspect::load_executable(&fixture.tar()).expect("fixture imports");
-    exec.funcs
-        .iter()
-        .filter(|f| f.kind != relaxc::vm::FuncKind::Packed)
-        .map(|f| f.name.clone())
-        .collect()
+    exec.funcs.iter().filter(|f| f.kind != relaxc::vm::FuncKind::Packed).map(|f| f.name.clone()).collect()
 }
 
 /// A mixed-mode build gives the same bytes as TVM, and the functions run as asked.
 fn mixed_case(fixture: &common::Fixture, case: &str, tag: &str, keep: Vec<String>) -> Result<(), Failed> {
-    let options = relaxc::compile::Options {
-        mode: ExecMode::Compiled,
-        keep_bytecode: keep.iter().cloned().collect(),
-    };
+    let native =
+        relaxc::codegen::native::NativeOptions { keep_bytecode: keep.iter().cloned().collect(), specialize: true };
+    let options = relaxc::compile::Options { mode: ExecMode::Compiled, native };
     let so = common::build_with(&fixture.name, &fixture.tar(), &options, tag)?;
     let modes = relaxc::inspect::function_modes(&so)?.ok_or("no modes section")?;
     for (name, compiled) in &modes {
@@ -217,9 +193,7 @@ fn main() {
     let seed = env_number("RELAXC_DIFF_SEED", 20261121);
     let count = env_number("RELAXC_DIFF_COUNT", 2000) as usize;
     for index in 0..count {
-        trials.push(Trial::test(format!("random::seed{seed}::p{index}"), move || {
-            random_trial(seed, count, index)
-        }));
+        trials.push(Trial::test(format!("random::seed{seed}::p{index}"), move || random_trial(seed, count, index)));
     }
     for fixture in common::fixtures() {
         let fixture = std::sync::Arc::new(fixture);
@@ -232,25 +206,20 @@ fn main() {
             for (label, ok) in cases {
                 let f = fixture.clone();
                 let case = label.trim_start_matches("fail_").to_string();
-                trials.push(Trial::test(
-                    format!("{}::{label}::{}", fixture.name, common::mode_name(mode)),
-                    move || run_case(&f, &case, ok, mode),
-                ));
+                trials
+                    .push(Trial::test(format!("{}::{label}::{}", fixture.name, common::mode_name(mode)), move || {
+                        run_case(&f, &case, ok, mode)
+                    }));
             }
         }
         let f = fixture.clone();
-        trials.push(Trial::test(format!("{}::inspect", fixture.name), move || {
-            inspect_matches_tvm(&f)
-        }));
+        trials.push(Trial::test(format!("{}::inspect", fixture.name), move || inspect_matches_tvm(&f)));
         // Mixed mode, both ways: main native calling bytecode functions, and the reverse.
         let relax_functions = relax_function_names(&fixture);
         if relax_functions.len() > 1 {
             for (tag, keep) in [
                 ("mixed-main-bytecode", vec!["main".to_string()]),
-                (
-                    "mixed-main-native",
-                    relax_functions.iter().filter(|n| *n != "main").cloned().collect(),
-                ),
+                ("mixed-main-native", relax_functions.iter().filter(|n| *n != "main").cloned().collect()),
             ] {
                 for case in fixture.ok_cases.clone() {
                     let (f, keep) = (fixture.clone(), keep.clone());

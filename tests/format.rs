@@ -14,11 +14,7 @@ fn writer_reproduces_tvm_bytes_for_every_fixture() {
     for f in fixtures {
         let export = tvm::import_tar(&f.tar()).unwrap_or_else(|e| panic!("{}: {e}", f.name));
         let written = executable::write_executable(&export.exec);
-        assert!(
-            written == export.exec_bytes,
-            "{}: written executable differs from TVM's bytes",
-            f.name
-        );
+        assert!(written == export.exec_bytes, "{}: written executable differs from TVM's bytes", f.name);
     }
 }
 
@@ -49,17 +45,10 @@ fn instructions_round_trip() {
             func: 2,
             args: vec![Arg::Reg(0), Arg::Imm(-1), Arg::Const(4), Arg::Func(1), Arg::Reg(VM_REG)],
         },
-        Instr::Call {
-            dst: VOID_REG,
-            func: 0,
-            args: vec![],
-        },
+        Instr::Call { dst: VOID_REG, func: 0, args: vec![] },
         Instr::Ret { result: 5 },
         Instr::Goto { offset: -3 },
-        Instr::If {
-            cond: 2,
-            false_offset: 7,
-        },
+        Instr::If { cond: 2, false_offset: 7 },
     ];
     let mut words = Vec::new();
     for i in &instrs {
@@ -90,11 +79,7 @@ fn float_and_every_constant_kind_round_trip() {
             shape: vec![2, 2],
             data: vec![1, 0, 2, 0, 3, 0, 4, 0],
         }),
-        Constant::Tensor(TensorConst {
-            dtype: DType::F32,
-            shape: vec![],
-            data: 1.5f32.to_le_bytes().to_vec(),
-        }),
+        Constant::Tensor(TensorConst { dtype: DType::F32, shape: vec![], data: 1.5f32.to_le_bytes().to_vec() }),
     ];
     for c in &consts {
         b.constant(c.clone());

@@ -32,11 +32,7 @@ fn parse_line(line: &'static str) -> Option<Builtin> {
     let mut quoted = rest.split('"').skip(1).step_by(2);
     let name = quoted.next()?;
     let doc = quoted.next().unwrap_or("");
-    Some(Builtin {
-        name,
-        symbol: format!("rvm_builtin_{}", suffix.trim()),
-        doc,
-    })
+    Some(Builtin { name, symbol: format!("rvm_builtin_{}", suffix.trim()), doc })
 }
 
 #[cfg(test)]

@@ -64,27 +64,14 @@ pub fn shim_calls() -> &'static HashMap<String, ShimCall> {
                 let params = params
                     .split(',')
                     .map(|p| {
-                        let ty = if p.contains('*') {
-                            "void *"
-                        } else {
-                            p.trim().rsplit_once(' ').map_or(p, |(t, _)| t)
-                        };
+                        let ty =
+                            if p.contains('*') { "void *" } else { p.trim().rsplit_once(' ').map_or(p, |(t, _)| t) };
                         c_type(ty).expect("rvm_calls.def: unknown parameter type")
                     })
                     .collect();
-                let ret = if ret.trim() == "void" {
-                    None
-                } else {
-                    Some(c_type(ret).expect("rvm_calls.def: return type"))
-                };
-                Some((
-                    name.trim().to_string(),
-                    ShimCall {
-                        name: name.trim().to_string(),
-                        params,
-                        ret,
-                    },
-                ))
+                let ret =
+                    if ret.trim() == "void" { None } else { Some(c_type(ret).expect("rvm_calls.def: return type")) };
+                Some((name.trim().to_string(), ShimCall { name: name.trim().to_string(), params, ret }))
             })
             .collect()
     })
@@ -116,9 +103,7 @@ struct Shim {
 fn declare_shim(module: &mut ObjectModule) -> Result<Shim, TablesError> {
     let calls = shim_calls();
     let mut declare = |name: &str| -> Result<FuncId, TablesError> {
-        let c = calls
-            .get(name)
-            .unwrap_or_else(|| panic!("{name} missing from rvm_calls.def"));
+        let c = calls.get(name).unwrap_or_else(|| panic!("{name} missing from rvm_calls.def"));
         let mut sig = module.make_signature();
         sig.params.extend(c.params.iter().map(|t| AbiParam::new(*t)));
         sig.returns.extend(c.ret.map(AbiParam::new));
@@ -137,8 +122,7 @@ fn declare_shim(module: &mut ObjectModule) -> Result<Shim, TablesError> {
 /// The TVM-FFI safe-call signature of kernels and builtins.
 pub fn packed_signature(module: &ObjectModule) -> Signature {
     let mut sig = module.make_signature();
-    sig.params
-        .extend([types::I64, types::I64, types::I32, types::I64].map(AbiParam::new));
+    sig.params.extend([types::I64, types::I64, types::I32, types::I64].map(AbiParam::new));
     sig.returns.push(AbiParam::new(types::I32));
     sig
 }
@@ -150,13 +134,30 @@ fn compiled_signature(module: &ObjectModule) -> Signature {
     sig
 }
 
-/// Lowers every Relax function of `exec` except those in `keep_bytecode`.
+/// Choices of compiled mode.
+#[derive(Debug, Clone)]
+pub struct NativeOptions {
+    /// Relax functions to leave as bytecode.
+    pub keep_bytecode: HashSet<String>,
+    /// Inline null_value/copy and build non-escaping tensors on the stack. Off only to measure
+    /// what these specializations are worth.
+    pub specialize: bool,
+}
+
+impl Default for NativeOptions {
+    fn default() -> NativeOptions {
+        NativeOptions { keep_bytecode: HashSet::new(), specialize: true }
+    }
+}
+
+/// Lowers every Relax function of `exec` except those kept as bytecode.
 pub fn compile_functions(
     module: &mut ObjectModule,
     exec: &Executable,
     symbols: &[Option<String>],
-    keep_bytecode: &HashSet<String>,
+    options: &NativeOptions,
 ) -> Result<NativeResult, TablesError> {
+    let keep_bytecode = &options.keep_bytecode;
     let shim = declare_shim(module)?;
     let packed_sig = packed_signature(module);
     let mut packed = Vec::with_capacity(exec.funcs.len());
@@ -166,10 +167,7 @@ pub fn compile_functions(
             None => None,
         });
     }
-    let mut result = NativeResult {
-        compiled: vec![None; exec.funcs.len()],
-        notes: Vec::new(),
-    };
+    let mut result = NativeResult { compiled: vec![None; exec.funcs.len()], notes: Vec::new() };
     let sig = compiled_signature(module);
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
@@ -178,33 +176,21 @@ pub fn compile_functions(
             continue;
         }
         if keep_bytecode.contains(&f.name) {
-            result
-                .notes
-                .push((f.name.clone(), "kept as bytecode (--keep-bytecode)".to_string()));
+            result.notes.push((f.name.clone(), "kept as bytecode (--keep-bytecode)".to_string()));
             continue;
         }
-        let instrs: Vec<Instr> = (f.start_instr..f.end_instr)
-            .map(|k| exec.instr(k as usize).expect("verified executable"))
-            .collect();
+        let instrs: Vec<Instr> =
+            (f.start_instr..f.end_instr).map(|k| exec.instr(k as usize).expect("verified executable")).collect();
         let chunks = chunk_bounds(&instrs);
         let mut parts = Vec::new();
         for (k, &(lo, hi)) in chunks.iter().enumerate() {
-            let symbol = if chunks.len() == 1 {
-                native_symbol(&f.name)
-            } else {
-                format!("{}.part{k}", native_symbol(&f.name))
-            };
+            let symbol =
+                if chunks.len() == 1 { native_symbol(&f.name) } else { format!("{}.part{k}", native_symbol(&f.name)) };
             let id = module.declare_function(&symbol, Linkage::Local, &sig)?;
             ctx.func.signature = sig.clone();
             let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-            let lowering = Lowering {
-                exec,
-                func: index,
-                symbols,
-                packed: &packed,
-                shim: &shim,
-                module,
-            };
+            let specialize = options.specialize;
+            let lowering = Lowering { exec, func: index, symbols, packed: &packed, shim: &shim, module, specialize };
             lowering.lower(&mut b, &instrs, lo, hi);
             b.finalize(module.isa().frontend_config());
             module.define_function(id, &mut ctx)?;
@@ -235,6 +221,7 @@ struct Lowering<'a> {
     packed: &'a [Option<FuncId>],
     shim: &'a Shim,
     module: &'a mut ObjectModule,
+    specialize: bool,
 }
 
 /// Values every block can use (defined in the entry block, which dominates all).
@@ -298,7 +285,8 @@ impl Lowering<'_> {
             }
         }
 
-        let sites = stack_tensor_sites(self.exec, self.symbols, instrs, &leader);
+        let sites =
+            if self.specialize { stack_tensor_sites(self.exec, self.symbols, instrs, &leader) } else { HashMap::new() };
 
         let entry = b.create_block();
         b.append_block_params_for_function_params(entry);
@@ -313,16 +301,7 @@ impl Lowering<'_> {
         let argv = b.ins().stack_addr(types::I64, argv_slot, 0);
         let ret = b.ins().stack_addr(types::I64, ret_slot, 0);
         let error = b.create_block();
-        let env = Env {
-            vm: p[0],
-            regs: p[1],
-            result: p[2],
-            consts: p[3],
-            funcs: p[4],
-            argv,
-            ret,
-            error,
-        };
+        let env = Env { vm: p[0], regs: p[1], result: p[2], consts: p[3], funcs: p[4], argv, ret, error };
         let mut slots = Vec::new();
         let mut tensor_slots = HashMap::new();
         for (site, slot) in assign_slots(&sites) {
@@ -380,10 +359,7 @@ impl Lowering<'_> {
                     b.set_cold_block(bad);
                     b.switch_to_block(bad);
                     let bad_cond = self.callee(self.shim.bad_cond, b);
-                    let (fidx, pcv) = (
-                        b.ins().iconst(types::I64, self.func as i64),
-                        b.ins().iconst(types::I64, pc),
-                    );
+                    let (fidx, pcv) = (b.ins().iconst(types::I64, self.func as i64), b.ins().iconst(types::I64, pc));
                     let addr = b.ins().iadd_imm_s(env.regs, off as i64);
                     let call = b.ins().call(bad_cond, &[env.vm, fidx, pcv, addr]);
                     let rc = b.inst_results(call)[0];
@@ -433,18 +409,13 @@ impl Lowering<'_> {
         let [Arg::Reg(s), Arg::Imm(offset), Arg::Const(shape_c), Arg::Const(dtype_c)] = *args else {
             unreachable!("checked by stack_tensor_sites")
         };
-        let (Constant::Shape(dims), Constant::DataType(dtype)) = (
-            &self.exec.constants[shape_c as usize],
-            &self.exec.constants[dtype_c as usize],
-        ) else {
+        let (Constant::Shape(dims), Constant::DataType(dtype)) =
+            (&self.exec.constants[shape_c as usize], &self.exec.constants[dtype_c as usize])
+        else {
             unreachable!("checked by stack_tensor_sites")
         };
-        let elems = dims
-            .iter()
-            .try_fold(1i64, |a, &d| if d < 0 { None } else { a.checked_mul(d) });
-        let nbytes = elems
-            .and_then(|e| e.checked_mul(dtype.bits as i64 * dtype.lanes as i64))
-            .map(|b| (b + 7) / 8);
+        let elems = dims.iter().try_fold(1i64, |a, &d| if d < 0 { None } else { a.checked_mul(d) });
+        let nbytes = elems.and_then(|e| e.checked_mul(dtype.bits as i64 * dtype.lanes as i64)).map(|b| (b + 7) / 8);
         let Some(end) = nbytes.and_then(|n| n.checked_add(offset)) else {
             return self.call(b, env, pc, dst, callee, args); // the builtin reports the bad size
         };
@@ -472,14 +443,7 @@ impl Lowering<'_> {
         );
         let zero = word(b, 0);
         let off = word(b, offset);
-        for (at, v) in [
-            (0, data),
-            (8, device),
-            (16, ndim_dtype),
-            (24, shape_ptr),
-            (32, zero),
-            (40, off),
-        ] {
+        for (at, v) in [(0, data), (8, device), (16, ndim_dtype), (24, shape_ptr), (32, zero), (40, off)] {
             b.ins().store(flags(), v, t_addr, at);
         }
         self.release(b, env.regs, reg_offset(dst));
@@ -496,18 +460,15 @@ impl Lowering<'_> {
         let shape_addr = b.ins().iadd_imm_s(env.consts, (shape_c as i32 * ANY) as i64);
         let dtype_addr = b.ins().iadd_imm_s(env.consts, (dtype_c as i32 * ANY) as i64);
         let off = b.ins().iconst(types::I64, offset);
-        let call = b
-            .ins()
-            .call(into, &[dst_addr, storage_addr, off, shape_addr, dtype_addr]);
+        let call = b.ins().call(into, &[dst_addr, storage_addr, off, shape_addr, dtype_addr]);
         let rc = b.inst_results(call)[0];
         let (pcv, cv) = (b.ins().iconst(types::I64, pc), b.ins().iconst(types::I64, callee));
-        b.ins()
-            .brif(rc, env.error, &[BlockArg::Value(pcv), BlockArg::Value(cv)], join, &[]);
+        b.ins().brif(rc, env.error, &[BlockArg::Value(pcv), BlockArg::Value(cv)], join, &[]);
         b.switch_to_block(join);
     }
 
     fn call(&mut self, b: &mut FunctionBuilder, env: &Env, pc: i64, dst: i64, callee: i64, args: &[Arg]) {
-        match (self.builtin(callee), args) {
+        match (self.builtin(callee).filter(|_| self.specialize), args) {
             // Inlined: drop what dst holds.
             (Some("vm.builtin.null_value"), []) => {
                 if dst < VOID_REG {
@@ -551,8 +512,7 @@ impl Lowering<'_> {
         let rc = b.inst_results(call)[0];
         let cont = b.create_block();
         let (pcv, cv) = (b.ins().iconst(types::I64, pc), b.ins().iconst(types::I64, callee));
-        b.ins()
-            .brif(rc, env.error, &[BlockArg::Value(pcv), BlockArg::Value(cv)], cont, &[]);
+        b.ins().brif(rc, env.error, &[BlockArg::Value(pcv), BlockArg::Value(cv)], cont, &[]);
         b.switch_to_block(cont);
         if dst < VOID_REG {
             self.release(b, env.regs, reg_offset(dst));

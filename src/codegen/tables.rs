@@ -73,12 +73,7 @@ pub enum TablesError {
         "kernel {name} is not defined: no symbol {prefix}{name} in {objects} (called from {function} at pc {pc})",
         prefix = crate::tvm::KERNEL_PREFIX
     )]
-    MissingKernel {
-        name: String,
-        objects: String,
-        function: String,
-        pc: i64,
-    },
+    MissingKernel { name: String, objects: String, function: String, pc: i64 },
     #[error(
         "{name} is a Python-registered TVM function, which relaxc does not provide yet (called from {function} at pc {pc})"
     )]
@@ -100,12 +95,8 @@ impl From<ModuleError> for TablesError {
 /// Makes the Cranelift object module for the host.
 pub fn object_module(name: &str) -> Result<ObjectModule, TablesError> {
     let mut flags = settings::builder();
-    flags
-        .set("is_pic", "true")
-        .map_err(|e| TablesError::Isa(e.to_string()))?;
-    flags
-        .set("opt_level", "speed")
-        .map_err(|e| TablesError::Isa(e.to_string()))?;
+    flags.set("is_pic", "true").map_err(|e| TablesError::Isa(e.to_string()))?;
+    flags.set("opt_level", "speed").map_err(|e| TablesError::Isa(e.to_string()))?;
     let isa = isa::lookup(target_lexicon::Triple::host())
         .map_err(|e| TablesError::Isa(e.to_string()))?
         .finish(settings::Flags::new(flags))
@@ -154,12 +145,7 @@ pub fn bind_packed_functions(
             } else if name.starts_with("relax.run.") {
                 TablesError::PythonFunction { name, function, pc }
             } else {
-                TablesError::MissingKernel {
-                    name,
-                    function,
-                    pc,
-                    objects: objects.to_string(),
-                }
+                TablesError::MissingKernel { name, function, pc, objects: objects.to_string() }
             })
         })
         .collect()
@@ -175,12 +161,7 @@ struct Blob {
 
 impl Blob {
     fn new() -> Blob {
-        Blob {
-            bytes: Vec::new(),
-            self_relocs: Vec::new(),
-            func_relocs: Vec::new(),
-            data_relocs: Vec::new(),
-        }
+        Blob { bytes: Vec::new(), self_relocs: Vec::new(), func_relocs: Vec::new(), data_relocs: Vec::new() }
     }
     fn align(&mut self, a: usize) -> usize {
         while !self.bytes.len().is_multiple_of(a) {
@@ -209,9 +190,7 @@ impl Blob {
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x100000001b3)
-    })
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
 }
 
 /// Adds the program tables for `exec` to `module`. `symbols[i]` is the symbol bound to packed
@@ -233,13 +212,7 @@ pub fn define_tables(
     let version = rodata.cstr(env!("CARGO_PKG_VERSION"));
     let triple = rodata.cstr(&target_lexicon::Triple::host().to_string());
     rodata.align(8);
-    let instr_offset = rodata.put(
-        &exec
-            .instr_offset
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .collect::<Vec<_>>(),
-    );
+    let instr_offset = rodata.put(&exec.instr_offset.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>());
     let instr_data = rodata.put(&exec.instr_data.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>());
     let mut const_parts = Vec::new(); // (data offset, shape offset) into rodata
     for c in &exec.constants {
@@ -332,9 +305,7 @@ pub fn define_tables(
     tables.put_at(prog + PROG_ABI, &ABI_VERSION.to_le_bytes());
     let mode_word: u32 = if mode == ExecMode::Compiled { 1 } else { 0 };
     tables.put_at(prog + PROG_EXEC_MODE, &mode_word.to_le_bytes());
-    tables
-        .data_relocs
-        .push((prog + PROG_COMPILER_VERSION, rodata_id, version));
+    tables.data_relocs.push((prog + PROG_COMPILER_VERSION, rodata_id, version));
     tables.data_relocs.push((prog + PROG_TRIPLE, rodata_id, triple));
     tables.put_at(prog + PROG_HASH, &fnv1a(&exec_bytes).to_le_bytes());
     tables.put_at(prog + PROG_NUM_FUNCS, &(exec.funcs.len() as i64).to_le_bytes());
@@ -342,9 +313,7 @@ pub fn define_tables(
     tables.put_at(prog + PROG_NUM_CONSTS, &(exec.constants.len() as i64).to_le_bytes());
     tables.self_relocs.push((prog + PROG_CONSTS, consts_at));
     tables.put_at(prog + PROG_NUM_INSTRS, &(exec.instr_offset.len() as i64).to_le_bytes());
-    tables
-        .data_relocs
-        .push((prog + PROG_INSTR_OFFSET, rodata_id, instr_offset));
+    tables.data_relocs.push((prog + PROG_INSTR_OFFSET, rodata_id, instr_offset));
     tables.data_relocs.push((prog + PROG_INSTR_DATA, rodata_id, instr_data));
 
     // The tables live in one object whose program header is the exported (hidden) symbol: put
@@ -408,11 +377,11 @@ pub fn emit_object(
     exec: &Executable,
     symbols: &[Option<String>],
     mode: ExecMode,
-    keep_bytecode: &std::collections::HashSet<String>,
+    native_options: &super::native::NativeOptions,
 ) -> Result<EmittedObject, TablesError> {
     let mut module = object_module("model")?;
     let native = match mode {
-        ExecMode::Compiled => super::native::compile_functions(&mut module, exec, symbols, keep_bytecode)?,
+        ExecMode::Compiled => super::native::compile_functions(&mut module, exec, symbols, native_options)?,
         ExecMode::Bytecode => Default::default(),
     };
     define_tables(&mut module, exec, symbols, &native.compiled, mode)?;
@@ -424,18 +393,10 @@ pub fn emit_object(
         .map(|(f, c)| format!("{}\t{}\n", f.name, if c.is_some() { "compiled" } else { "bytecode" }))
         .collect();
     let mut product = module.finish();
-    for (name, data) in [
-        (layout::EXEC_SECTION, write_executable(exec)),
-        (layout::MODES_SECTION, modes.into_bytes()),
-    ] {
-        let section = product
-            .object
-            .add_section(Vec::new(), name.as_bytes().to_vec(), object::SectionKind::Metadata);
+    for (name, data) in [(layout::EXEC_SECTION, write_executable(exec)), (layout::MODES_SECTION, modes.into_bytes())] {
+        let section = product.object.add_section(Vec::new(), name.as_bytes().to_vec(), object::SectionKind::Metadata);
         product.object.append_section_data(section, &data, 8);
     }
     let bytes = product.emit().map_err(|e| TablesError::Object(e.to_string()))?;
-    Ok(EmittedObject {
-        bytes,
-        notes: native.notes,
-    })
+    Ok(EmittedObject { bytes, notes: native.notes })
 }

@@ -26,25 +26,13 @@ pub struct Any {
 
 impl Any {
     pub fn int(v: i64) -> Any {
-        Any {
-            type_index: TYPE_INT,
-            zero_padding: 0,
-            payload: v as u64,
-        }
+        Any { type_index: TYPE_INT, zero_padding: 0, payload: v as u64 }
     }
     pub fn float(v: f64) -> Any {
-        Any {
-            type_index: TYPE_FLOAT,
-            zero_padding: 0,
-            payload: v.to_bits(),
-        }
+        Any { type_index: TYPE_FLOAT, zero_padding: 0, payload: v.to_bits() }
     }
     pub fn dltensor(t: *const DLTensor) -> Any {
-        Any {
-            type_index: TYPE_DLTENSOR_PTR,
-            zero_padding: 0,
-            payload: t as u64,
-        }
+        Any { type_index: TYPE_DLTENSOR_PTR, zero_padding: 0, payload: t as u64 }
     }
     pub fn is_object(&self) -> bool {
         self.type_index >= TYPE_STATIC_OBJECT_BEGIN

@@ -59,12 +59,7 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         // SAFETY: allocated in `zeroed` with this layout.
-        unsafe {
-            dealloc(
-                self.ptr,
-                Layout::from_size_align(self.len.max(1), 64).expect("buffer layout"),
-            )
-        }
+        unsafe { dealloc(self.ptr, Layout::from_size_align(self.len.max(1), 64).expect("buffer layout")) }
     }
 }
 
@@ -77,11 +72,7 @@ pub struct HostTensor {
 
 impl HostTensor {
     pub fn new(dtype: DLDataType, shape: Vec<i64>, bytes: &[u8]) -> HostTensor {
-        HostTensor {
-            dtype,
-            shape,
-            data: AlignedBuf::from_bytes(bytes),
-        }
+        HostTensor { dtype, shape, data: AlignedBuf::from_bytes(bytes) }
     }
 }
 
@@ -135,16 +126,11 @@ impl Model {
     pub fn load(path: &Path) -> Result<Model, HostError> {
         let shown = path.display().to_string();
         // SAFETY: loading a library runs its initialisers; relaxc models have none beyond libc's.
-        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| HostError::Load {
-            path: shown.clone(),
-            message: e.to_string(),
-        })?;
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| HostError::Load { path: shown.clone(), message: e.to_string() })?;
         // SAFETY: the symbol's type is fixed by rvm.h.
-        let get: libloading::Symbol<ffi::GetApi> =
-            unsafe { lib.get(b"rvm_get_api\0") }.map_err(|e| HostError::NotAModel {
-                path: shown.clone(),
-                message: e.to_string(),
-            })?;
+        let get: libloading::Symbol<ffi::GetApi> = unsafe { lib.get(b"rvm_get_api\0") }
+            .map_err(|e| HostError::NotAModel { path: shown.clone(), message: e.to_string() })?;
         // SAFETY: calling the documented entry point.
         let api = unsafe { get(ffi::ABI_VERSION) };
         if api.is_null() {
@@ -159,10 +145,7 @@ impl Model {
         let model = Model { api, module, _lib: lib };
         if rc != 0 {
             let e = model.error();
-            return Err(HostError::NotAModel {
-                path: shown,
-                message: e.to_string(),
-            });
+            return Err(HostError::NotAModel { path: shown, message: e.to_string() });
         }
         Ok(model)
     }
@@ -189,12 +172,7 @@ impl Model {
         };
         // SAFETY: module is open; info is a valid out-pointer.
         unsafe { (self.api().module_info)(self.module, &mut info) };
-        (
-            info.exec_mode,
-            cstr(info.compiler_version),
-            cstr(info.target_triple),
-            info.executable_hash,
-        )
+        (info.exec_mode, cstr(info.compiler_version), cstr(info.target_triple), info.executable_hash)
     }
 
     /// Names of the Relax functions, in API index order.
@@ -265,21 +243,13 @@ impl<'m> Vm<'m> {
     {
         let model: &'m Model = self.model;
         let api = model.api();
-        let mut args = PreparedArgs {
-            api,
-            anys: Vec::new(),
-            _tensors: Vec::new(),
-            owned: Vec::new(),
-        };
+        let mut args = PreparedArgs { api, anys: Vec::new(), _tensors: Vec::new(), owned: Vec::new() };
         for input in inputs {
             let any = match input {
                 Input::Tensor(t) => {
                     args._tensors.push(DLTensor {
                         data: t.data.as_ptr() as *mut c_void,
-                        device: DLDevice {
-                            device_type: 1,
-                            device_id: 0,
-                        },
+                        device: DLDevice { device_type: 1, device_id: 0 },
                         ndim: t.shape.len() as i32,
                         dtype: t.dtype,
                         shape: t.shape.as_ptr() as *mut i64,
@@ -302,11 +272,7 @@ impl<'m> Vm<'m> {
             };
             args.anys.push(any);
         }
-        let slots = inputs
-            .iter()
-            .enumerate()
-            .filter(|(_, i)| matches!(i, Input::Tensor(_)))
-            .map(|(k, _)| k);
+        let slots = inputs.iter().enumerate().filter(|(_, i)| matches!(i, Input::Tensor(_))).map(|(k, _)| k);
         for (slot, dl) in slots.zip(&args._tensors) {
             args.anys[slot] = Any::dltensor(dl);
         }
@@ -397,11 +363,7 @@ fn to_output(api: &Api, any: &Any) -> Output {
                 unsafe { std::slice::from_raw_parts((t.data as *const u8).add(t.byte_offset as usize), nbytes) }
                     .to_vec()
             };
-            Output::Tensor {
-                dtype: t.dtype,
-                shape,
-                data,
-            }
+            Output::Tensor { dtype: t.dtype, shape, data }
         }
         ffi::TYPE_SHAPE => {
             let (mut dims, mut n) = (std::ptr::null(), 0i64);

@@ -44,11 +44,7 @@ fn dl_dtype(t: &npyz::TypeStr) -> Result<DLDataType, String> {
     let bytes = t.size_field() as u8;
     let code = match t.type_char() {
         TypeChar::Bool => {
-            return Ok(DLDataType {
-                code: 6,
-                bits: 8,
-                lanes: 1,
-            });
+            return Ok(DLDataType { code: 6, bits: 8, lanes: 1 });
         }
         TypeChar::Int => 0,
         TypeChar::Uint => 1,
@@ -58,35 +54,20 @@ fn dl_dtype(t: &npyz::TypeStr) -> Result<DLDataType, String> {
     if bytes > 1 && t.endianness() == npyz::Endianness::Big {
         return Err(format!("big-endian dtype {t} is not supported"));
     }
-    Ok(DLDataType {
-        code,
-        bits: bytes * 8,
-        lanes: 1,
-    })
+    Ok(DLDataType { code, bits: bytes * 8, lanes: 1 })
 }
 
 /// Reads the arguments of a call from an `.npz` file.
 pub fn read_inputs(path: &Path) -> Result<Vec<Input>, NpzError> {
     let shown = path.display().to_string();
-    let io = |message: String| NpzError::Io {
-        path: shown.clone(),
-        message,
-    };
+    let io = |message: String| NpzError::Io { path: shown.clone(), message };
     let file = std::fs::File::open(path).map_err(|e| io(e.to_string()))?;
     let mut zip = zip::ZipArchive::new(file).map_err(|e| io(format!("not an .npz (zip) file: {e}")))?;
     let mut found: BTreeMap<usize, (String, Input)> = BTreeMap::new();
     for i in 0..zip.len() {
         let mut entry = zip.by_index(i).map_err(|e| io(e.to_string()))?;
-        let key = entry
-            .name()
-            .map_err(|e| io(e.to_string()))?
-            .trim_end_matches(".npy")
-            .to_string();
-        let bad = |message: String| NpzError::Array {
-            path: shown.clone(),
-            key: key.clone(),
-            message,
-        };
+        let key = entry.name().map_err(|e| io(e.to_string()))?.trim_end_matches(".npy").to_string();
+        let bad = |message: String| NpzError::Array { path: shown.clone(), key: key.clone(), message };
         let Some((index, kind)) = parse_key(&key) else {
             return Err(bad("unexpected name (use argN, argN.shape or argN.prim)".into()));
         };
@@ -104,34 +85,18 @@ pub fn read_inputs(path: &Path) -> Result<Vec<Input>, NpzError> {
         let elems: i64 = shape.iter().product();
         let nbytes = elems as usize * (dtype.bits as usize / 8);
         let mut data = Vec::with_capacity(nbytes);
-        npy.into_inner()
-            .read_to_end(&mut data)
-            .map_err(|e| bad(e.to_string()))?;
+        npy.into_inner().read_to_end(&mut data).map_err(|e| bad(e.to_string()))?;
         if data.len() < nbytes {
-            return Err(bad(format!(
-                "holds {} data bytes, its shape needs {nbytes}",
-                data.len()
-            )));
+            return Err(bad(format!("holds {} data bytes, its shape needs {nbytes}", data.len())));
         }
         data.truncate(nbytes);
         let input = match kind {
             Kind::Tensor => Input::Tensor(HostTensor::new(dtype, shape, &data)),
             Kind::Shape => {
-                if dtype
-                    != (DLDataType {
-                        code: 0,
-                        bits: 64,
-                        lanes: 1,
-                    })
-                    || shape.len() != 1
-                {
+                if dtype != (DLDataType { code: 0, bits: 64, lanes: 1 }) || shape.len() != 1 {
                     return Err(bad("a shape must be a 1-D int64 array".into()));
                 }
-                Input::Shape(
-                    data.chunks_exact(8)
-                        .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-                        .collect(),
-                )
+                Input::Shape(data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
             }
             Kind::Prim => {
                 if !shape.is_empty() {
@@ -197,41 +162,13 @@ pub fn output_array(out: &Output) -> Result<(String, Vec<u64>, Vec<u8>), String>
     let (dtype, shape, data): (DLDataType, Vec<u64>, Vec<u8>) = match out {
         Output::Tensor { dtype, shape, data } => (*dtype, shape.iter().map(|&d| d as u64).collect(), data.clone()),
         Output::Shape(dims) => (
-            DLDataType {
-                code: 0,
-                bits: 64,
-                lanes: 1,
-            },
+            DLDataType { code: 0, bits: 64, lanes: 1 },
             vec![dims.len() as u64],
             dims.iter().flat_map(|d| d.to_le_bytes()).collect(),
         ),
-        Output::Int(v) => (
-            DLDataType {
-                code: 0,
-                bits: 64,
-                lanes: 1,
-            },
-            vec![],
-            v.to_le_bytes().to_vec(),
-        ),
-        Output::Bool(v) => (
-            DLDataType {
-                code: 6,
-                bits: 8,
-                lanes: 1,
-            },
-            vec![],
-            vec![*v as u8],
-        ),
-        Output::Float(v) => (
-            DLDataType {
-                code: 2,
-                bits: 64,
-                lanes: 1,
-            },
-            vec![],
-            v.to_le_bytes().to_vec(),
-        ),
+        Output::Int(v) => (DLDataType { code: 0, bits: 64, lanes: 1 }, vec![], v.to_le_bytes().to_vec()),
+        Output::Bool(v) => (DLDataType { code: 6, bits: 8, lanes: 1 }, vec![], vec![*v as u8]),
+        Output::Float(v) => (DLDataType { code: 2, bits: 64, lanes: 1 }, vec![], v.to_le_bytes().to_vec()),
         Output::Tuple(_) => return Err("nested tuple (flatten first)".into()),
         Output::Other(t) => return Err(format!("a value of type {t} cannot be stored in .npz")),
     };
@@ -241,10 +178,7 @@ pub fn output_array(out: &Output) -> Result<(String, Vec<u64>, Vec<u8>), String>
 /// Writes flattened results as `out0, out1, …` to an `.npz` file.
 pub fn write_outputs(path: &Path, outputs: &[Output]) -> Result<(), NpzError> {
     let shown = path.display().to_string();
-    let io = |message: String| NpzError::Io {
-        path: shown.clone(),
-        message,
-    };
+    let io = |message: String| NpzError::Io { path: shown.clone(), message };
     let mut arrays = Vec::new();
     for (index, out) in outputs.iter().enumerate() {
         let err = |message: String| NpzError::Output { index, message };
@@ -277,20 +211,13 @@ pub type NpyArray = (String, Vec<u64>, Vec<u8>);
 /// Reads every array of an `.npz` file by name (for comparing outputs).
 pub fn read_arrays(path: &Path) -> Result<BTreeMap<String, NpyArray>, NpzError> {
     let shown = path.display().to_string();
-    let io = |message: String| NpzError::Io {
-        path: shown.clone(),
-        message,
-    };
+    let io = |message: String| NpzError::Io { path: shown.clone(), message };
     let file = std::fs::File::open(path).map_err(|e| io(e.to_string()))?;
     let mut zip = zip::ZipArchive::new(file).map_err(|e| io(e.to_string()))?;
     let mut out = BTreeMap::new();
     for i in 0..zip.len() {
         let mut entry = zip.by_index(i).map_err(|e| io(e.to_string()))?;
-        let key = entry
-            .name()
-            .map_err(|e| io(e.to_string()))?
-            .trim_end_matches(".npy")
-            .to_string();
+        let key = entry.name().map_err(|e| io(e.to_string()))?.trim_end_matches(".npy").to_string();
         let mut bytes = Vec::new();
         entry.read_to_end(&mut bytes).map_err(|e| io(e.to_string()))?;
         let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| io(format!("{key}: {e}")))?;

@@ -27,25 +27,16 @@ pub fn c_compiler() -> String {
     if let Some(cc) = std::env::var("CC").ok().filter(|s| !s.trim().is_empty()) {
         return cc;
     }
-    let has_clang = Command::new("clang")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
+    let has_clang = Command::new("clang").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
     if has_clang { "clang".into() } else { "cc".into() }
 }
 
 /// Compiles one C kernel source into a relocatable object.
 pub fn compile_c(source: &Path) -> Result<KernelObject, KernelError> {
-    let dir = tempfile::tempdir().map_err(|source| KernelError::Io {
-        path: "temporary directory".into(),
-        source,
-    })?;
+    let dir = tempfile::tempdir().map_err(|source| KernelError::Io { path: "temporary directory".into(), source })?;
     let header = dir.path().join("rvm_kernel.h");
-    std::fs::write(&header, KERNEL_HEADER).map_err(|source| KernelError::Io {
-        path: header.display().to_string(),
-        source,
-    })?;
+    std::fs::write(&header, KERNEL_HEADER)
+        .map_err(|source| KernelError::Io { path: header.display().to_string(), source })?;
     let object: PathBuf = dir.path().join("kernel.o");
     let compiler = c_compiler();
     let out = Command::new(&compiler)
@@ -56,23 +47,15 @@ pub fn compile_c(source: &Path) -> Result<KernelObject, KernelError> {
         .arg("-o")
         .arg(&object)
         .output()
-        .map_err(|source| KernelError::Spawn {
-            compiler: compiler.clone(),
-            source,
-        })?;
+        .map_err(|source| KernelError::Spawn { compiler: compiler.clone(), source })?;
     if !out.status.success() {
         return Err(KernelError::Compile {
             source_file: source.display().to_string(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         });
     }
-    let bytes = std::fs::read(&object).map_err(|source| KernelError::Io {
-        path: object.display().to_string(),
-        source,
-    })?;
-    let name = source
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "kernel.c".into());
+    let bytes =
+        std::fs::read(&object).map_err(|source| KernelError::Io { path: object.display().to_string(), source })?;
+    let name = source.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "kernel.c".into());
     Ok(KernelObject::parse(&name, bytes)?)
 }

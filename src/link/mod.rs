@@ -21,33 +21,20 @@ pub enum LinkError {
     #[error("cannot run the linker {linker:?}: {source} (set CC to a C compiler driver)")]
     Spawn { linker: String, source: std::io::Error },
     #[error("the link failed ({linker} {status}):\n{stderr}")]
-    Failed {
-        linker: String,
-        status: String,
-        stderr: String,
-    },
+    Failed { linker: String, status: String, stderr: String },
 }
 
 /// The C compiler driver used to link: $CC, else `cc`.
 pub fn linker() -> String {
-    std::env::var("CC")
-        .ok()
-        .filter(|s| !s.trim().is_empty())
-        .unwrap_or_else(|| "cc".to_string())
+    std::env::var("CC").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "cc".to_string())
 }
 
 /// Links `model_object` with `kernels` and the shim into `out`.
 pub fn link_shared(model_object: &[u8], kernels: &[KernelObject], out: &Path) -> Result<(), LinkError> {
-    let dir = tempfile::tempdir().map_err(|source| LinkError::Io {
-        path: "temporary directory".into(),
-        source,
-    })?;
+    let dir = tempfile::tempdir().map_err(|source| LinkError::Io { path: "temporary directory".into(), source })?;
     let write = |name: &str, bytes: &[u8]| -> Result<PathBuf, LinkError> {
         let path = dir.path().join(name);
-        std::fs::write(&path, bytes).map_err(|source| LinkError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        std::fs::write(&path, bytes).map_err(|source| LinkError::Io { path: path.display().to_string(), source })?;
         Ok(path)
     };
     let model = write("model.o", model_object)?;
@@ -62,17 +49,8 @@ pub fn link_shared(model_object: &[u8], kernels: &[KernelObject], out: &Path) ->
     cmd.arg("-shared").arg("-o").arg(out).arg(&model).args(&kernel_paths);
     cmd.arg("-Wl,--whole-archive").arg(&shim).arg("-Wl,--no-whole-archive");
     cmd.arg(format!("-Wl,--version-script={}", script.display()));
-    cmd.args([
-        "-Wl,--no-undefined",
-        "-Wl,-z,noexecstack",
-        "-Wl,-z,relro",
-        "-Wl,-z,now",
-        "-lm",
-    ]);
-    let output = cmd.output().map_err(|source| LinkError::Spawn {
-        linker: linker.clone(),
-        source,
-    })?;
+    cmd.args(["-Wl,--no-undefined", "-Wl,-z,noexecstack", "-Wl,-z,relro", "-Wl,-z,now", "-lm"]);
+    let output = cmd.output().map_err(|source| LinkError::Spawn { linker: linker.clone(), source })?;
     if !output.status.success() {
         return Err(LinkError::Failed {
             linker,

@@ -38,19 +38,14 @@ impl<'a> Reader<'a> {
     }
 
     pub fn error(&self, what: &str, message: impl Into<String>) -> FormatError {
-        FormatError {
-            what: what.to_string(),
-            offset: self.pos,
-            message: message.into(),
-        }
+        FormatError { what: what.to_string(), offset: self.pos, message: message.into() }
     }
 
     pub fn bytes(&mut self, n: usize, what: &str) -> Result<&'a [u8], FormatError> {
         if n > self.remaining() {
-            return Err(self.error(
-                what,
-                format!("needs {n} bytes but only {} are left (truncated?)", self.remaining()),
-            ));
+            return Err(
+                self.error(what, format!("needs {n} bytes but only {} are left (truncated?)", self.remaining()))
+            );
         }
         let out = &self.data[self.pos..self.pos + n];
         self.pos += n;
@@ -87,9 +82,7 @@ impl<'a> Reader<'a> {
     pub fn count(&mut self, item_size: usize, what: &str) -> Result<usize, FormatError> {
         let at = self.pos;
         let n = self.u64(what)?;
-        let fits = usize::try_from(n)
-            .ok()
-            .filter(|n| n.saturating_mul(item_size.max(1)) <= self.remaining());
+        let fits = usize::try_from(n).ok().filter(|n| n.saturating_mul(item_size.max(1)) <= self.remaining());
         fits.ok_or_else(|| FormatError {
             what: what.to_string(),
             offset: at,
@@ -114,11 +107,7 @@ impl<'a> Reader<'a> {
     }
 
     pub fn dtype(&mut self, what: &str) -> Result<DType, FormatError> {
-        Ok(DType {
-            code: self.u8(what)?,
-            bits: self.u8(what)?,
-            lanes: self.u16(what)?,
-        })
+        Ok(DType { code: self.u8(what)?, bits: self.u8(what)?, lanes: self.u16(what)? })
     }
 }
 
@@ -130,10 +119,9 @@ pub fn read_tensor(r: &mut Reader, what: &str) -> Result<TensorConst, FormatErro
     r.u64(what)?; // reserved
     let (dev_type, dev_id) = (r.i32(what)?, r.i32(what)?);
     if (dev_type, dev_id) != (1, 0) {
-        return Err(r.error(
-            what,
-            format!("tensor saved for device ({dev_type}, {dev_id}); only CPU tensors can be loaded"),
-        ));
+        return Err(
+            r.error(what, format!("tensor saved for device ({dev_type}, {dev_id}); only CPU tensors can be loaded"))
+        );
     }
     let ndim = r.i32(what)?;
     if !(0..=64).contains(&ndim) {
@@ -150,21 +138,15 @@ pub fn read_tensor(r: &mut Reader, what: &str) -> Result<TensorConst, FormatErro
         if d < 0 {
             return Err(r.error(what, format!("negative tensor dimension {d}")));
         }
-        elems = elems
-            .checked_mul(d)
-            .ok_or_else(|| r.error(what, "tensor size overflows"))?;
+        elems = elems.checked_mul(d).ok_or_else(|| r.error(what, "tensor size overflows"))?;
         shape.push(d);
     }
     let size = r.i64(what)?;
     // TVM ignores lanes in this formula; so do we, to accept exactly what TVM writes.
-    let expect = elems
-        .checked_mul(dtype.bits.div_ceil(8) as i64)
-        .ok_or_else(|| r.error(what, "tensor size overflows"))?;
+    let expect =
+        elems.checked_mul(dtype.bits.div_ceil(8) as i64).ok_or_else(|| r.error(what, "tensor size overflows"))?;
     if size != expect {
-        return Err(r.error(
-            what,
-            format!("tensor data size {size} does not match shape and dtype ({expect} bytes)"),
-        ));
+        return Err(r.error(what, format!("tensor data size {size} does not match shape and dtype ({expect} bytes)")));
     }
     let data = r.bytes(size as usize, what)?.to_vec();
     Ok(TensorConst { dtype, shape, data })
@@ -217,15 +199,7 @@ pub fn read_executable(bytes: &[u8]) -> Result<Executable, FormatError> {
         let register_file_size = r.i64(&what)?;
         let nparams = r.count(8, &what)?;
         let param_names = (0..nparams).map(|_| r.string(&what)).collect::<Result<_, _>>()?;
-        exec.funcs.push(FuncInfo {
-            kind,
-            name,
-            start_instr,
-            end_instr,
-            num_args,
-            register_file_size,
-            param_names,
-        });
+        exec.funcs.push(FuncInfo { kind, name, start_instr, end_instr, num_args, register_file_size, param_names });
     }
     if magic == MAGIC_V2 {
         let n = r.count(16, "memory scopes")?;

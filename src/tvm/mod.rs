@@ -52,10 +52,7 @@ pub struct KernelObject {
 impl KernelObject {
     /// Reads an ELF relocatable and lists the `__tvm_ffi_<name>` entry points it defines.
     pub fn parse(name: &str, bytes: Vec<u8>) -> Result<KernelObject, ImportError> {
-        let err = |message: String| ImportError::Object {
-            member: name.to_string(),
-            message,
-        };
+        let err = |message: String| ImportError::Object { member: name.to_string(), message };
         let file = object::File::parse(&*bytes).map_err(|e| err(e.to_string()))?;
         if file.kind() != object::ObjectKind::Relocatable {
             return Err(err(format!("expected a relocatable object, found {:?}", file.kind())));
@@ -69,11 +66,7 @@ impl KernelObject {
                 kernels.insert(k.to_string());
             }
         }
-        Ok(KernelObject {
-            name: name.to_string(),
-            bytes,
-            kernels,
-        })
+        Ok(KernelObject { name: name.to_string(), bytes, kernels })
     }
 }
 
@@ -89,25 +82,17 @@ pub struct TvmExport {
 /// Imports `export_library("x.tar")` output.
 pub fn import_tar(path: &Path) -> Result<TvmExport, ImportError> {
     let shown = path.display().to_string();
-    let raw = std::fs::read(path).map_err(|source| ImportError::Io {
-        path: shown.clone(),
-        source,
-    })?;
-    let tar_err = |e: std::io::Error| ImportError::Tar {
-        path: shown.clone(),
-        message: e.to_string(),
-    };
+    let raw = std::fs::read(path).map_err(|source| ImportError::Io { path: shown.clone(), source })?;
+    let tar_err = |e: std::io::Error| ImportError::Tar { path: shown.clone(), message: e.to_string() };
     // TVM writes the archive gzip-compressed; plain tar is accepted too. The whole stream is
     // inflated first so that a damaged or truncated gzip (bad checksum) is an error.
     let inflated;
     let data: &[u8] = if raw.starts_with(&[0x1f, 0x8b]) {
         let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&raw[..])
-            .read_to_end(&mut out)
-            .map_err(|e| ImportError::Tar {
-                path: shown.clone(),
-                message: format!("gzip stream is damaged or truncated: {e}"),
-            })?;
+        flate2::read::GzDecoder::new(&raw[..]).read_to_end(&mut out).map_err(|e| ImportError::Tar {
+            path: shown.clone(),
+            message: format!("gzip stream is damaged or truncated: {e}"),
+        })?;
         inflated = out;
         &inflated
     } else {
@@ -117,12 +102,7 @@ pub fn import_tar(path: &Path) -> Result<TvmExport, ImportError> {
     let (mut devc_o, mut devc_c, mut lib0_o, mut lib0_c) = (None, None, None, None);
     for entry in archive.entries().map_err(tar_err)? {
         let mut entry = entry.map_err(tar_err)?;
-        let name = entry
-            .path()
-            .map_err(tar_err)?
-            .to_string_lossy()
-            .trim_start_matches("./")
-            .to_string();
+        let name = entry.path().map_err(tar_err)?.to_string_lossy().trim_start_matches("./").to_string();
         let slot = match name.as_str() {
             "devc.o" => &mut devc_o,
             "devc.c" => &mut devc_c,
@@ -138,10 +118,7 @@ pub fn import_tar(path: &Path) -> Result<TvmExport, ImportError> {
         (Some(o), _) => ("devc.o", library_blob_from_object(&o)?),
         (None, Some(c)) => ("devc.c", library_blob_from_c(&c)?),
         (None, None) => {
-            return Err(ImportError::MissingMember {
-                path: shown,
-                member: "devc.o".into(),
-            });
+            return Err(ImportError::MissingMember { path: shown, member: "devc.o".into() });
         }
     };
     let exec = executable_from_blob(member, &blob)?;
@@ -157,47 +134,25 @@ pub fn import_tar(path: &Path) -> Result<TvmExport, ImportError> {
             });
         }
     } else {
-        return Err(ImportError::MissingMember {
-            path: shown,
-            member: "lib0.o".into(),
-        });
+        return Err(ImportError::MissingMember { path: shown, member: "lib0.o".into() });
     }
-    let compiled: Vec<&str> = exec
-        .funcs
-        .iter()
-        .filter(|f| f.kind == FuncKind::Compiled)
-        .map(|f| f.name.as_str())
-        .collect();
-    let has_vmtir = kernels
-        .iter()
-        .any(|k| k.kernels.iter().any(|s| s.starts_with("__vmtir__")));
+    let compiled: Vec<&str> =
+        exec.funcs.iter().filter(|f| f.kind == FuncKind::Compiled).map(|f| f.name.as_str()).collect();
+    let has_vmtir = kernels.iter().any(|k| k.kernels.iter().any(|s| s.starts_with("__vmtir__")));
     if !compiled.is_empty() || has_vmtir {
-        let functions = if compiled.is_empty() {
-            "its functions".to_string()
-        } else {
-            compiled.join(", ")
-        };
+        let functions = if compiled.is_empty() { "its functions".to_string() } else { compiled.join(", ") };
         return Err(ImportError::CompiledModeExport { functions });
     }
-    Ok(TvmExport {
-        exec,
-        exec_bytes,
-        kernels,
-    })
+    Ok(TvmExport { exec, exec_bytes, kernels })
 }
 
 fn library_blob_from_object(bytes: &[u8]) -> Result<Vec<u8>, ImportError> {
-    let err = |message: String| ImportError::Object {
-        member: "devc.o".into(),
-        message,
-    };
+    let err = |message: String| ImportError::Object { member: "devc.o".into(), message };
     let file = object::File::parse(bytes).map_err(|e| err(e.to_string()))?;
     let sym = file
         .symbols()
         .find(|s| s.name() == Ok(LIBRARY_BIN))
-        .ok_or(ImportError::NoLibraryBlob {
-            member: "devc.o".into(),
-        })?;
+        .ok_or(ImportError::NoLibraryBlob { member: "devc.o".into() })?;
     let section = sym
         .section_index()
         .and_then(|i| file.section_by_index(i).ok())
@@ -213,19 +168,11 @@ fn library_blob_from_object(bytes: &[u8]) -> Result<Vec<u8>, ImportError> {
 
 /// `devc.c` as TVM writes it: `... __tvm_ffi__library_bin[N] = {0x.., 0x.., ...};`
 fn library_blob_from_c(bytes: &[u8]) -> Result<Vec<u8>, ImportError> {
-    let err = |message: &str| ImportError::Object {
-        member: "devc.c".into(),
-        message: message.to_string(),
-    };
+    let err = |message: &str| ImportError::Object { member: "devc.c".into(), message: message.to_string() };
     let text = String::from_utf8_lossy(bytes);
-    let at = text.find(LIBRARY_BIN).ok_or(ImportError::NoLibraryBlob {
-        member: "devc.c".into(),
-    })?;
+    let at = text.find(LIBRARY_BIN).ok_or(ImportError::NoLibraryBlob { member: "devc.c".into() })?;
     let open = text[at..].find('{').ok_or_else(|| err("no array initializer"))? + at;
-    let close = text[open..]
-        .find('}')
-        .ok_or_else(|| err("unterminated array initializer"))?
-        + open;
+    let close = text[open..].find('}').ok_or_else(|| err("unterminated array initializer"))? + open;
     text[open + 1..close]
         .split(',')
         .map(str::trim)
@@ -243,25 +190,17 @@ fn library_blob_from_c(bytes: &[u8]) -> Result<Vec<u8>, ImportError> {
 /// Parses the library blob and returns its `relax.VMExecutable`.
 pub fn executable_from_blob(member: &str, blob: &[u8]) -> Result<Executable, ImportError> {
     let payload = executable_payload(member, blob)?;
-    executable::read_executable(payload).map_err(|source| ImportError::Executable {
-        member: member.to_string(),
-        source,
-    })
+    executable::read_executable(payload)
+        .map_err(|source| ImportError::Executable { member: member.to_string(), source })
 }
 
 /// The raw `relax.VMExecutable` payload inside a library blob.
 pub fn executable_payload<'a>(member: &str, blob: &'a [u8]) -> Result<&'a [u8], ImportError> {
-    let blob_err = |source: FormatError| ImportError::Blob {
-        member: member.to_string(),
-        source,
-    };
+    let blob_err = |source: FormatError| ImportError::Blob { member: member.to_string(), source };
     let mut r = Reader::new(blob);
     let nbytes = r.u64("blob length").map_err(blob_err)?;
     if nbytes != r.remaining() as u64 {
-        return Err(blob_err(r.error(
-            "blob length",
-            format!("says {nbytes} bytes but {} follow", r.remaining()),
-        )));
+        return Err(blob_err(r.error("blob length", format!("says {nbytes} bytes but {} follow", r.remaining()))));
     }
     let indptr = r.vec_i64("import tree row pointers").map_err(blob_err)?;
     r.vec_i64("import tree children").map_err(blob_err)?;

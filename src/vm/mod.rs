@@ -84,12 +84,8 @@ impl Instr {
 
     /// Decodes the instruction starting at `words[0]`; `Err` says what is wrong with it.
     pub fn decode(words: &[i64]) -> Result<(Instr, usize), String> {
-        let get = |i: usize| {
-            words
-                .get(i)
-                .copied()
-                .ok_or_else(|| "instruction runs past the end of the code".to_string())
-        };
+        let get =
+            |i: usize| words.get(i).copied().ok_or_else(|| "instruction runs past the end of the code".to_string());
         match get(0)? {
             OP_CALL => {
                 let n = get(3)?;
@@ -103,24 +99,11 @@ impl Instr {
                         Arg::decode(w).ok_or_else(|| format!("argument {i} has unknown kind {}", (w as u64) >> 56))?,
                     );
                 }
-                Ok((
-                    Instr::Call {
-                        dst: get(1)?,
-                        func: get(2)?,
-                        args,
-                    },
-                    4 + n as usize,
-                ))
+                Ok((Instr::Call { dst: get(1)?, func: get(2)?, args }, 4 + n as usize))
             }
             OP_RET => Ok((Instr::Ret { result: get(1)? }, 2)),
             OP_GOTO => Ok((Instr::Goto { offset: get(1)? }, 2)),
-            OP_IF => Ok((
-                Instr::If {
-                    cond: get(1)?,
-                    false_offset: get(2)?,
-                },
-                3,
-            )),
+            OP_IF => Ok((Instr::If { cond: get(1)?, false_offset: get(2)? }, 3)),
             op => Err(format!("unknown opcode {op}")),
         }
     }
@@ -195,19 +178,11 @@ impl fmt::Display for DType {
             4 => "bfloat",
             5 => "complex",
             6 => {
-                return if self.lanes > 1 {
-                    write!(f, "boolx{}", self.lanes)
-                } else {
-                    write!(f, "bool")
-                };
+                return if self.lanes > 1 { write!(f, "boolx{}", self.lanes) } else { write!(f, "bool") };
             }
             _ => "custom",
         };
-        if self.lanes > 1 {
-            write!(f, "{base}{}x{}", self.bits, self.lanes)
-        } else {
-            write!(f, "{base}{}", self.bits)
-        }
+        if self.lanes > 1 { write!(f, "{base}{}x{}", self.bits, self.lanes) } else { write!(f, "{base}{}", self.bits) }
     }
 }
 
@@ -259,10 +234,7 @@ pub struct Executable {
 impl Executable {
     /// Decodes instruction `index` (an index into `instr_offset`).
     pub fn instr(&self, index: usize) -> Result<Instr, String> {
-        let start = *self
-            .instr_offset
-            .get(index)
-            .ok_or_else(|| format!("instruction {index} does not exist"))?;
+        let start = *self.instr_offset.get(index).ok_or_else(|| format!("instruction {index} does not exist"))?;
         if start < 0 || start as usize >= self.instr_data.len() {
             return Err(format!("instruction {index} starts at word {start}, outside the code"));
         }

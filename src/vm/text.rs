@@ -91,16 +91,8 @@ impl Executable {
                 let line = match self.instr(k as usize) {
                     Ok(Instr::Call { dst, func, args }) => {
                         let args: Vec<String> = args.iter().map(|a| self.arg_python(*a)).collect();
-                        let dst = if dst == VOID_REG {
-                            String::new()
-                        } else {
-                            format!(", dst=ib.r({dst})")
-                        };
-                        format!(
-                            "ib.emit_call(\"{}\", args=[{}]{dst})",
-                            self.func_name(func),
-                            args.join(", ")
-                        )
+                        let dst = if dst == VOID_REG { String::new() } else { format!(", dst=ib.r({dst})") };
+                        format!("ib.emit_call(\"{}\", args=[{}]{dst})", self.func_name(func), args.join(", "))
                     }
                     Ok(Instr::Ret { result }) => format!("ib.emit_ret(ib.r({result}))"),
                     Ok(Instr::Goto { offset }) => format!("ib.emit_goto({offset})"),

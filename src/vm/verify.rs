@@ -32,11 +32,7 @@ pub fn verify(exec: &Executable) -> Result<(), VerifyError> {
     let n_instr = exec.instr_offset.len() as i64;
     for (k, &off) in exec.instr_offset.iter().enumerate() {
         if off < 0 || off as usize >= exec.instr_data.len() {
-            return Err(fail(
-                None,
-                None,
-                format!("instruction {k} starts at word {off}, outside the code"),
-            ));
+            return Err(fail(None, None, format!("instruction {k} starts at word {off}, outside the code")));
         }
     }
     for f in &exec.funcs {
@@ -55,11 +51,7 @@ pub fn verify(exec: &Executable) -> Result<(), VerifyError> {
             ));
         }
         if f.register_file_size < f.num_args || f.register_file_size > MAX_REGISTERS {
-            return Err(fail(
-                name,
-                None,
-                format!("register file size {} is out of range", f.register_file_size),
-            ));
+            return Err(fail(name, None, format!("register file size {} is out of range", f.register_file_size)));
         }
         if f.kind == FuncKind::Compiled {
             continue;
@@ -136,11 +128,7 @@ pub fn verify(exec: &Executable) -> Result<(), VerifyError> {
                 }
                 Instr::Goto { offset } => {
                     if !jump_ok(*offset) {
-                        return Err(fail(
-                            name,
-                            pc,
-                            format!("goto {offset} leaves the function or loops on itself"),
-                        ));
+                        return Err(fail(name, pc, format!("goto {offset} leaves the function or loops on itself")));
                     }
                 }
                 Instr::If { cond, false_offset } => {

@@ -65,12 +65,7 @@ pub fn fixtures() -> Vec<Fixture> {
             }
         }
         let name = dir.file_name().expect("name").to_string_lossy().into_owned();
-        out.push(Fixture {
-            name,
-            dir,
-            ok_cases,
-            fail_cases,
-        });
+        out.push(Fixture { name, dir, ok_cases, fail_cases });
     }
     out
 }

@@ -89,16 +89,7 @@ pub fn generate(seed: u64, count: usize) -> Batch {
         invoke_closure: b.packed("vm.builtin.invoke_closure"),
         check_tensor_info: b.packed("vm.builtin.check_tensor_info"),
         match_shape: b.packed("vm.builtin.match_shape"),
-        rk: [
-            "rk_add",
-            "rk_mul",
-            "rk_scale",
-            "rk_fill",
-            "rk_positive",
-            "rk_dec",
-            "rk_gt0",
-        ]
-        .map(|k| b.packed(k)),
+        rk: ["rk_add", "rk_mul", "rk_scale", "rk_fill", "rk_positive", "rk_dec", "rk_gt0"].map(|k| b.packed(k)),
     };
     let mut rng = Rng::new(seed);
     let mut mains = Vec::new();
@@ -202,14 +193,7 @@ impl<'a> Gen<'a> {
             s.check_tensor_info,
             vec![Arg::Reg(param), Arg::Imm(1), Arg::Const(s.f32), Arg::Const(s.ctx)],
         );
-        let shape = vec![
-            Arg::Reg(param),
-            Arg::Reg(VOID_REG),
-            Arg::Imm(1),
-            Arg::Imm(0),
-            Arg::Imm(4),
-            Arg::Const(s.ctx),
-        ];
+        let shape = vec![Arg::Reg(param), Arg::Reg(VOID_REG), Arg::Imm(1), Arg::Imm(0), Arg::Imm(4), Arg::Const(s.ctx)];
         self.call(VOID_REG, s.match_shape, shape);
     }
 
@@ -229,22 +213,13 @@ impl<'a> Gen<'a> {
             self.rng.pick(&self.storages).expect("a storage")
         } else {
             let r = self.reg();
-            let args = vec![
-                Arg::Reg(VM_REG),
-                Arg::Const(s.bytes16),
-                Arg::Imm(0),
-                Arg::Const(s.u8),
-                Arg::Const(s.global),
-            ];
+            let args =
+                vec![Arg::Reg(VM_REG), Arg::Const(s.bytes16), Arg::Imm(0), Arg::Const(s.u8), Arg::Const(s.global)];
             self.call(r, s.alloc_storage, args);
             r
         };
         let t = self.reg();
-        self.call(
-            t,
-            s.alloc_tensor,
-            vec![Arg::Reg(storage), Arg::Imm(0), Arg::Const(s.shape4), Arg::Const(s.f32)],
-        );
+        self.call(t, s.alloc_tensor, vec![Arg::Reg(storage), Arg::Imm(0), Arg::Const(s.shape4), Arg::Const(s.f32)]);
         if !reuse {
             if local || self.rng.chance(60) {
                 self.call(storage, s.null_value, vec![]);
@@ -273,11 +248,7 @@ impl<'a> Gen<'a> {
     fn int_op(&mut self) {
         let s = self.s;
         let r = self.reg();
-        match (
-            self.rng.below(3),
-            self.rng.pick(&self.ints),
-            self.rng.pick(&self.tensors),
-        ) {
+        match (self.rng.below(3), self.rng.pick(&self.ints), self.rng.pick(&self.tensors)) {
             (0, Some(i), _) => self.call(r, s.rk[DEC], vec![Arg::Reg(i)]),
             (1, _, Some(t)) => self.call(r, s.rk[POSITIVE], vec![Arg::Reg(t)]),
             _ => {
@@ -289,13 +260,7 @@ impl<'a> Gen<'a> {
     }
 
     fn any_value(&mut self) -> Option<i64> {
-        let all: Vec<i64> = self
-            .tensors
-            .iter()
-            .chain(&self.ints)
-            .chain(&self.others)
-            .copied()
-            .collect();
+        let all: Vec<i64> = self.tensors.iter().chain(&self.ints).chain(&self.others).copied().collect();
         self.rng.pick(&all)
     }
 
@@ -373,11 +338,7 @@ impl<'a> Gen<'a> {
         let clo = self.reg();
         self.call(clo, s.make_closure, vec![Arg::Func(f), Arg::Reg(cap)]);
         let r = self.reg();
-        self.call(
-            r,
-            s.invoke_closure,
-            vec![Arg::Reg(VM_REG), Arg::Reg(clo), Arg::Reg(arg)],
-        );
+        self.call(r, s.invoke_closure, vec![Arg::Reg(VM_REG), Arg::Reg(clo), Arg::Reg(arg)]);
         self.tensors.push(r);
         if self.rng.chance(50) {
             self.call(clo, s.null_value, vec![]);
@@ -396,10 +357,7 @@ impl<'a> Gen<'a> {
         let (c, merge) = (self.reg(), self.reg());
         self.call(c, s.read_if_cond, vec![Arg::Reg(cond_src)]);
         let if_pc = self.b.next_pc();
-        self.b.emit(Instr::If {
-            cond: c,
-            false_offset: 0,
-        });
+        self.b.emit(Instr::If { cond: c, false_offset: 0 });
         let saved = (self.tensors.clone(), self.ints.clone());
         for _ in 0..1 + self.rng.below(2) {
             self.tensor_op(true);
@@ -438,10 +396,7 @@ impl<'a> Gen<'a> {
         self.call(u, s.null_value, vec![]);
         self.call(n, s.rk[DEC], vec![Arg::Reg(n)]);
         self.call(c, s.rk[GT0], vec![Arg::Reg(n)]);
-        self.b.emit(Instr::If {
-            cond: c,
-            false_offset: 2,
-        });
+        self.b.emit(Instr::If { cond: c, false_offset: 2 });
         let back = self.b.next_pc();
         self.b.emit(Instr::Goto { offset: top - back });
         (self.tensors, self.ints) = saved;
@@ -452,11 +407,7 @@ impl<'a> Gen<'a> {
     fn failure(&mut self) {
         let s = self.s;
         let r = self.reg();
-        match (
-            self.rng.below(3),
-            self.rng.pick(&self.ints),
-            self.rng.pick(&self.tensors),
-        ) {
+        match (self.rng.below(3), self.rng.pick(&self.ints), self.rng.pick(&self.tensors)) {
             (0, Some(i), Some(t)) => self.call(VOID_REG, s.rk[ADD], vec![Arg::Reg(i), Arg::Reg(t), Arg::Reg(t)]),
             (1, Some(i), _) => {
                 let args = vec![Arg::Reg(i), Arg::Imm(1), Arg::Const(s.f32), Arg::Const(s.ctx)];
