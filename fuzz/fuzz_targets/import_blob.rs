@@ -1,0 +1,20 @@
+//! Fuzzes everything relaxc reads from an untrusted TVM export: the library blob, the
+//! VMExecutable inside it, the verifier, and the text forms of whatever verifies.
+//! Run: `cargo +nightly fuzz run import_blob` (seed corpus: the fixtures' devc.o blobs).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    for exec in [relaxc::tvm::executable_from_blob("fuzz", data).ok(), relaxc::tvm::executable::read_executable(data).ok()]
+        .into_iter()
+        .flatten()
+    {
+        let _ = exec.as_text();
+        let _ = exec.stats();
+        if relaxc::vm::verify(&exec).is_ok() {
+            let _ = relaxc::codegen::tables::bind_packed_functions(&exec, &Default::default(), "fuzz");
+            let _ = exec.as_python();
+        }
+    }
+});
