@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::codegen::native::NativeOptions;
+use crate::codegen::shape_func::ShapeFunc;
 use crate::codegen::{self, ExecMode, TablesError};
 use crate::link::{self, LinkError};
 use crate::tvm::{self, ImportError, KernelObject};
@@ -22,6 +23,42 @@ pub enum CompileError {
     Link(#[from] LinkError),
     #[error("--keep-bytecode {0}: the program has no Relax function of that name")]
     NoSuchFunction(String),
+    /// An error in a script, rendered with its source line.
+    #[error("{0}")]
+    Script(String),
+    #[error(transparent)]
+    Kernel(#[from] crate::kernels::KernelError),
+    #[error("{path}: {message}")]
+    Params { path: String, message: String },
+    #[error("cannot read {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+}
+
+/// Inputs of a script compile besides the script itself.
+#[derive(Debug, Clone, Default)]
+pub struct ScriptInputs {
+    /// C kernel sources (`--kernels`).
+    pub kernels: Vec<std::path::PathBuf>,
+    /// Weights bound to tensor parameters by name (`--params`).
+    pub params: Option<std::path::PathBuf>,
+}
+
+/// Parses, converts and lowers a TVMScript program, and builds its kernels.
+pub fn load_script(path: &Path, inputs: &ScriptInputs) -> Result<Program, CompileError> {
+    let shown = path.display().to_string();
+    let src = std::fs::read_to_string(path).map_err(|source| CompileError::Read { path: shown.clone(), source })?;
+    let weights = match &inputs.params {
+        Some(p) => crate::weights::load_safetensors(p)
+            .map_err(|message| CompileError::Params { path: p.display().to_string(), message })?,
+        None => Default::default(),
+    };
+    let render = |e: crate::script::SyntaxError| CompileError::Script(e.render(&shown, &src));
+    let stmts = crate::script::parser::parse(&src).map_err(render)?;
+    let module = crate::script::convert::convert(&stmts, &weights).map_err(render)?;
+    let lowered = crate::lower::lower(&module).map_err(render)?;
+    verify(&lowered.exec)?;
+    let kernels = inputs.kernels.iter().map(|k| crate::kernels::compile_c(k)).collect::<Result<Vec<_>, _>>()?;
+    Ok(Program { exec: lowered.exec, kernels, shape_funcs: lowered.shape_funcs })
 }
 
 /// What a compile did, for `--verbose` and benchmarks.
@@ -41,30 +78,35 @@ pub struct Options {
     pub mode: ExecMode,
     /// Compiled mode's choices (functions kept as bytecode, specializations).
     pub native: NativeOptions,
+    /// Kernels and weights of a script.
+    pub script: ScriptInputs,
 }
 
 impl Options {
     pub fn mode(mode: ExecMode) -> Options {
-        Options { mode, native: NativeOptions::default() }
+        Options { mode, native: NativeOptions::default(), script: ScriptInputs::default() }
     }
 }
 
-/// A program ready for code generation: the executable and the kernel objects it needs.
+/// A program ready for code generation: the executable, the kernel objects it needs, and the
+/// shape functions relaxc generates for it.
 pub struct Program {
     pub exec: Executable,
     pub kernels: Vec<KernelObject>,
+    pub shape_funcs: Vec<ShapeFunc>,
 }
 
 /// Loads a TVM export (`.tar`) and verifies it.
 pub fn load_tvm_export(input: &Path) -> Result<Program, CompileError> {
     let export = tvm::import_tar(input)?;
     verify(&export.exec)?;
-    Ok(Program { exec: export.exec, kernels: export.kernels })
+    Ok(Program { exec: export.exec, kernels: export.kernels, shape_funcs: Vec::new() })
 }
 
 /// Emits the model object for a program.
 pub fn emit(program: &Program, options: &Options) -> Result<codegen::tables::EmittedObject, CompileError> {
-    let available: BTreeSet<String> = program.kernels.iter().flat_map(|k| k.kernels.iter().cloned()).collect();
+    let mut available: BTreeSet<String> = program.kernels.iter().flat_map(|k| k.kernels.iter().cloned()).collect();
+    available.extend(program.shape_funcs.iter().map(|f| f.name.clone()));
     let objects = if program.kernels.is_empty() {
         "the kernel objects (there are none)".to_string()
     } else {
@@ -76,7 +118,7 @@ pub fn emit(program: &Program, options: &Options) -> Result<codegen::tables::Emi
             return Err(CompileError::NoSuchFunction(name.clone()));
         }
     }
-    Ok(codegen::emit_object(&program.exec, &symbols, options.mode, &options.native)?)
+    Ok(codegen::emit_object(&program.exec, &symbols, options.mode, &options.native, &program.shape_funcs)?)
 }
 
 /// Compiles `input` into the shared object `out`.
@@ -88,7 +130,11 @@ pub fn compile_file(input: &Path, mode: ExecMode, out: &Path) -> Result<CompileR
 pub fn compile_file_with(input: &Path, options: &Options, out: &Path) -> Result<CompileReport, CompileError> {
     let mut report = CompileReport::default();
     let t = Instant::now();
-    let program = load_tvm_export(input)?;
+    let program = if input.extension().is_some_and(|e| e == "py") {
+        load_script(input, &options.script)?
+    } else {
+        load_tvm_export(input)?
+    };
     report.import = t.elapsed();
     let t = Instant::now();
     let object = emit(&program, options)?;

@@ -27,8 +27,15 @@ struct Cli {
 enum Command {
     /// Compile a model into a shared object.
     Compile {
-        /// A TVM export (.tar from export_library, built with exec_mode="bytecode").
+        /// A TVM export (.tar from export_library, built with exec_mode="bytecode"), or a
+        /// TVMScript program (.py: an @I.ir_module of @R.functions calling C kernels).
         input: PathBuf,
+        /// C kernel sources for a .py program (each exports __tvm_ffi_<name>; see rvm_kernel.h).
+        #[arg(long, num_args = 1.., value_name = "FILE.c")]
+        kernels: Vec<PathBuf>,
+        /// Weights for a .py program's tensor parameters, bound by parameter name.
+        #[arg(long, value_name = "FILE.safetensors")]
+        params: Option<PathBuf>,
         /// How Relax functions run: the shim's interpreter, or native code.
         #[arg(long, value_enum, default_value = "bytecode")]
         exec_mode: ExecMode,
@@ -88,12 +95,13 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Compile { input, exec_mode, output, verbose, keep_bytecode, no_specialize } => {
+        Command::Compile { input, kernels, params, exec_mode, output, verbose, keep_bytecode, no_specialize } => {
             let native = relaxc::codegen::native::NativeOptions {
                 keep_bytecode: keep_bytecode.into_iter().collect(),
                 specialize: !no_specialize,
             };
-            let options = relaxc::compile::Options { mode: exec_mode, native };
+            let script = relaxc::compile::ScriptInputs { kernels, params };
+            let options = relaxc::compile::Options { mode: exec_mode, native, script };
             let report = relaxc::compile::compile_file_with(&input, &options, &output)
                 .with_context(|| format!("compiling {}", input.display()))?;
             for (function, reason) in &report.notes {

@@ -468,6 +468,10 @@ int rvm_alloc_tensor_into(TVMFFIAny *dst, const TVMFFIAny *storage, int64_t offs
   return 0;
 }
 
+int rvm_shape_division_by_zero(int64_t slot) {
+  return rvm_raise("ValueError", "shape arithmetic divides by zero (computing shape heap slot %lld)", (long long)slot);
+}
+
 int rvm_builtin_null_value(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
   (void)self, (void)args, (void)n;
   *result = rvm_none();

@@ -3,6 +3,7 @@
 
 pub mod builtins;
 pub mod native;
+pub mod shape_func;
 pub mod tables;
 
 pub use tables::{ExecMode, TablesError, emit_object};

@@ -378,8 +378,10 @@ pub fn emit_object(
     symbols: &[Option<String>],
     mode: ExecMode,
     native_options: &super::native::NativeOptions,
+    shape_funcs: &[super::shape_func::ShapeFunc],
 ) -> Result<EmittedObject, TablesError> {
     let mut module = object_module("model")?;
+    super::shape_func::define(&mut module, shape_funcs)?;
     let native = match mode {
         ExecMode::Compiled => super::native::compile_functions(&mut module, exec, symbols, native_options)?,
         ExecMode::Bytecode => Default::default(),

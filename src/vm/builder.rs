@@ -23,6 +23,14 @@ impl ExecBuilder {
         (self.exec.funcs.len() - 1) as i64
     }
 
+    /// The function-table index of a declared Relax function, else of the packed function `name`.
+    pub fn packed_or_function(&mut self, name: &str) -> i64 {
+        match self.exec.func_index(name) {
+            Some(i) => i as i64,
+            None => self.packed(name),
+        }
+    }
+
     /// Declares (or re-declares) a Relax function so calls to it can be emitted before its body.
     pub fn declare_function(&mut self, name: &str, params: &[&str]) -> i64 {
         let info = FuncInfo {

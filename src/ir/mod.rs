@@ -1,0 +1,255 @@
+//! Relax IR as relaxc's front end builds it: functions of bindings in A-normal form (every
+//! operation's operands are atoms: variables or constants), struct info with symbolic shapes,
+//! and shape arithmetic. Lowering (`crate::lower`) turns it into VM bytecode.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use crate::script::Span;
+use crate::vm::{DType, TensorConst};
+
+/// Shape arithmetic over symbolic variables (int64).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PrimExpr {
+    Int(i64),
+    Var(String),
+    Bin(BinOp, Box<PrimExpr>, Box<PrimExpr>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BinOp {
+    Add,
+    Sub,
+    Mul,
+    FloorDiv,
+    FloorMod,
+}
+
+impl PrimExpr {
+    pub fn vars(&self, out: &mut BTreeSet<String>) {
+        match self {
+            PrimExpr::Int(_) => {}
+            PrimExpr::Var(v) => {
+                out.insert(v.clone());
+            }
+            PrimExpr::Bin(_, a, b) => {
+                a.vars(out);
+                b.vars(out);
+            }
+        }
+    }
+
+    /// The value with the given variables, if all are known and it is defined.
+    pub fn eval(&self, env: &dyn Fn(&str) -> Option<i64>) -> Option<i64> {
+        match self {
+            PrimExpr::Int(v) => Some(*v),
+            PrimExpr::Var(v) => env(v),
+            PrimExpr::Bin(op, a, b) => {
+                let (a, b) = (a.eval(env)?, b.eval(env)?);
+                match op {
+                    BinOp::Add => a.checked_add(b),
+                    BinOp::Sub => a.checked_sub(b),
+                    BinOp::Mul => a.checked_mul(b),
+                    BinOp::FloorDiv => {
+                        (b != 0).then(|| a.div_euclid(b) - if b < 0 && a.rem_euclid(b) != 0 { 1 } else { 0 })
+                    }
+                    BinOp::FloorMod => {
+                        (b != 0).then(|| a - b * (a.div_euclid(b) - if b < 0 && a.rem_euclid(b) != 0 { 1 } else { 0 }))
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn as_int(&self) -> Option<i64> {
+        self.eval(&|_| None)
+    }
+}
+
+impl fmt::Display for PrimExpr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PrimExpr::Int(v) => write!(f, "{v}"),
+            PrimExpr::Var(v) => write!(f, "{v}"),
+            PrimExpr::Bin(op, a, b) => {
+                let sym = match op {
+                    BinOp::Add => "+",
+                    BinOp::Sub => "-",
+                    BinOp::Mul => "*",
+                    BinOp::FloorDiv => "//",
+                    BinOp::FloorMod => "%",
+                };
+                let wrap = |e: &PrimExpr| match e {
+                    PrimExpr::Bin(..) => format!("({e})"),
+                    _ => e.to_string(),
+                };
+                write!(f, "{} {sym} {}", wrap(a), wrap(b))
+            }
+        }
+    }
+}
+
+/// What a value is known to be.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StructInfo {
+    /// `shape` None: unknown dims (`ndim` -1: unknown rank); `dtype` None: any.
+    Tensor {
+        shape: Option<Vec<PrimExpr>>,
+        ndim: i64,
+        dtype: Option<DType>,
+    },
+    Shape {
+        dims: Option<Vec<PrimExpr>>,
+        ndim: i64,
+    },
+    Prim(DType),
+    Tuple(Vec<StructInfo>),
+    Str,
+    Object,
+    Callable,
+}
+
+impl StructInfo {
+    pub fn tensor(shape: Vec<PrimExpr>, dtype: DType) -> StructInfo {
+        StructInfo::Tensor { ndim: shape.len() as i64, shape: Some(shape), dtype: Some(dtype) }
+    }
+
+    /// Symbolic variables the struct info mentions.
+    pub fn vars(&self, out: &mut BTreeSet<String>) {
+        match self {
+            StructInfo::Tensor { shape: Some(s), .. } | StructInfo::Shape { dims: Some(s), .. } => {
+                s.iter().for_each(|e| e.vars(out))
+            }
+            StructInfo::Tuple(items) => items.iter().for_each(|i| i.vars(out)),
+            _ => {}
+        }
+    }
+
+    /// TVM's annotation text, as it appears in ErrorContext strings.
+    pub fn annotation(&self) -> String {
+        let dims = |s: &[PrimExpr]| match s.len() {
+            1 => format!("({},)", s[0]),
+            _ => format!("({})", s.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ")),
+        };
+        match self {
+            StructInfo::Tensor { shape, ndim, dtype } => {
+                let dt = dtype.map(|d| format!("dtype=\"{d}\"")).unwrap_or_else(|| "dtype=\"\"".into());
+                match shape {
+                    Some(s) => format!("R.Tensor({}, {dt})", dims(s)),
+                    None => format!("R.Tensor(ndim={ndim}, {dt})"),
+                }
+            }
+            StructInfo::Shape { dims: Some(d), .. } => {
+                format!("R.Shape([{}])", d.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", "))
+            }
+            StructInfo::Shape { ndim, .. } => format!("R.Shape(ndim={ndim})"),
+            StructInfo::Prim(d) => format!("T.{d}"),
+            StructInfo::Tuple(items) => {
+                format!("R.Tuple({})", items.iter().map(|i| i.annotation()).collect::<Vec<_>>().join(", "))
+            }
+            StructInfo::Str => "R.Str".into(),
+            StructInfo::Object => "R.Object".into(),
+            StructInfo::Callable => "R.Callable".into(),
+        }
+    }
+}
+
+pub type VarId = usize;
+
+#[derive(Clone, Debug)]
+pub struct VarInfo {
+    pub name: String,
+    pub sinfo: StructInfo,
+    pub span: Span,
+}
+
+/// An operand.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Atom {
+    Var(VarId),
+    /// A tensor constant (index into `Module::constants`).
+    Const(usize),
+    /// A scalar PrimValue: an int literal or shape arithmetic over symbolic variables.
+    Prim(PrimExpr),
+    Float(f64),
+    Str(String),
+    Shape(Vec<PrimExpr>),
+    DataType(DType),
+    /// A module function used as a value.
+    Func(String),
+}
+
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// `R.call_dps_packed(name, args, out_ty)`: outputs allocated by the caller.
+    DpsPacked {
+        name: String,
+        args: Vec<Atom>,
+        outs: Vec<StructInfo>,
+    },
+    /// `R.call_packed` / `R.call_pure_packed`: the callee returns its result.
+    Packed {
+        name: String,
+        args: Vec<Atom>,
+    },
+    /// A call of a module function.
+    CallFunc {
+        name: String,
+        args: Vec<Atom>,
+    },
+    /// A call of a closure value.
+    CallClosure {
+        callee: Atom,
+        args: Vec<Atom>,
+    },
+    /// A lifted nested function with its captured variables.
+    MakeClosure {
+        func: String,
+        captures: Vec<VarId>,
+    },
+    Tuple(Vec<Atom>),
+    GetItem(Atom, usize),
+    /// `y = x`, `y = R.shape([...])`, `y = R.const(...)`: the atom itself.
+    Copy(Atom),
+    MatchCast(Atom, StructInfo),
+    If {
+        cond: Atom,
+        then: Block,
+        otherwise: Block,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct Block {
+    pub bindings: Vec<Binding>,
+    pub result: Atom,
+}
+
+#[derive(Clone, Debug)]
+pub struct Binding {
+    pub var: VarId,
+    pub op: Op,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub struct Function {
+    pub name: String,
+    pub params: Vec<VarId>,
+    pub ret: Option<StructInfo>,
+    pub body: Block,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Module {
+    pub functions: Vec<Function>,
+    pub vars: Vec<VarInfo>,
+    pub constants: Vec<TensorConst>,
+}
+
+impl Module {
+    pub fn function(&self, name: &str) -> Option<&Function> {
+        self.functions.iter().find(|f| f.name == name)
+    }
+}
