@@ -103,7 +103,8 @@ fn random_models(seed: u64, count: usize) -> Result<&'static RandomModels, Strin
             relaxc::vm::verify(&batch.exec).map_err(|e| format!("the generator made an invalid program: {e}"))?;
             let kernels = relaxc::kernels::compile_c(&common::root().join("tests/kernels/random_kernels.c"))
                 .map_err(|e| e.to_string())?;
-            let program = relaxc::compile::Program { exec: batch.exec, kernels: vec![kernels] };
+            let program =
+                relaxc::compile::Program { exec: batch.exec, kernels: vec![kernels], shape_funcs: Vec::new() };
             let mut models = Vec::new();
             for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
                 let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(mode))
@@ -167,7 +168,7 @@ fn relax_function_names(fixture: &common::Fixture) -> Vec<String> {
 fn mixed_case(fixture: &common::Fixture, case: &str, tag: &str, keep: Vec<String>) -> Result<(), Failed> {
     let native =
         relaxc::codegen::native::NativeOptions { keep_bytecode: keep.iter().cloned().collect(), specialize: true };
-    let options = relaxc::compile::Options { mode: ExecMode::Compiled, native };
+    let options = relaxc::compile::Options { mode: ExecMode::Compiled, native, script: Default::default() };
     let so = common::build_with(&fixture.name, &fixture.tar(), &options, tag)?;
     let modes = relaxc::inspect::function_modes(&so)?.ok_or("no modes section")?;
     for (name, compiled) in &modes {
