@@ -58,7 +58,50 @@ pub fn load_script(path: &Path, inputs: &ScriptInputs) -> Result<Program, Compil
     let lowered = crate::lower::lower(&module).map_err(render)?;
     verify(&lowered.exec)?;
     let kernels = inputs.kernels.iter().map(|k| crate::kernels::compile_c(k)).collect::<Result<Vec<_>, _>>()?;
+    let available: BTreeSet<String> = kernels.iter().flat_map(|k| k.kernels.iter().cloned()).collect();
+    check_kernels(&module, &available, &inputs.kernels).map_err(render)?;
     Ok(Program { exec: lowered.exec, kernels, shape_funcs: lowered.shape_funcs })
+}
+
+/// Every kernel a script calls must be defined by one of its kernel sources.
+fn check_kernels(
+    module: &crate::ir::Module,
+    available: &BTreeSet<String>,
+    sources: &[std::path::PathBuf],
+) -> Result<(), crate::script::SyntaxError> {
+    fn walk(
+        block: &crate::ir::Block,
+        f: &mut dyn FnMut(&str, crate::script::Span) -> Result<(), crate::script::SyntaxError>,
+    ) -> Result<(), crate::script::SyntaxError> {
+        for b in &block.bindings {
+            match &b.op {
+                crate::ir::Op::DpsPacked { name, .. } | crate::ir::Op::Packed { name, .. } => f(name, b.span)?,
+                crate::ir::Op::If { then, otherwise, .. } => {
+                    walk(then, f)?;
+                    walk(otherwise, f)?;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+    let given = if sources.is_empty() {
+        "no --kernels sources were given".to_string()
+    } else {
+        format!("not defined in {}", sources.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))
+    };
+    for func in &module.functions {
+        walk(&func.body, &mut |name, span| {
+            if available.contains(name) || crate::codegen::builtins::find(name).is_some() {
+                return Ok(());
+            }
+            Err(crate::script::SyntaxError::new(
+                span,
+                format!("kernel `{name}` is not provided: {}{name} is {given}", crate::tvm::KERNEL_PREFIX),
+            ))
+        })?;
+    }
+    Ok(())
 }
 
 /// What a compile did, for `--verbose` and benchmarks.

@@ -184,6 +184,41 @@ fn mixed_case(fixture: &common::Fixture, case: &str, tag: &str, keep: Vec<String
     Ok(())
 }
 
+/// A script fixture: relaxc compiles the .py itself, in `mode`, and must equal TVM's run of it.
+fn script_case(name: &str, case: &str, mode: ExecMode) -> Result<(), Failed> {
+    let dir = common::root().join("fixtures/script").join(name);
+    let weights = dir.join("w.safetensors");
+    let mut options = relaxc::compile::Options::mode(mode);
+    options.script.kernels = vec![common::root().join("fixtures/script/kernels.c")];
+    options.script.params = weights.exists().then_some(weights);
+    let so = common::build_with(&format!("script_{name}"), &dir.join("m.py"), &options, common::mode_name(mode))?;
+    let model = Model::load(&so)?;
+    let inputs = npz::read_inputs(&dir.join(format!("ok_{case}.in.npz")))?;
+    let mut vm = model.vm()?;
+    let outputs = vm.call(model.find("main")?, &inputs)?.to_output().flatten();
+    common::compare_outputs(&outputs, &dir.join(format!("ok_{case}.out.npz")))?;
+    Ok(())
+}
+
+fn script_fixtures() -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    let root = common::root().join("fixtures/script");
+    let mut dirs: Vec<_> =
+        std::fs::read_dir(&root).expect("fixtures/script").filter_map(|e| e.ok().map(|e| e.path())).collect();
+    dirs.sort();
+    for dir in dirs.into_iter().filter(|d| d.join("m.py").exists()) {
+        let mut cases: Vec<String> = std::fs::read_dir(&dir)
+            .expect("fixture")
+            .filter_map(|e| {
+                e.ok()?.file_name().to_str()?.strip_prefix("ok_")?.strip_suffix(".in.npz").map(String::from)
+            })
+            .collect();
+        cases.sort();
+        out.push((dir.file_name().expect("name").to_string_lossy().into_owned(), cases));
+    }
+    out
+}
+
 fn env_number(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -193,6 +228,15 @@ fn main() {
     let mut trials = Vec::new();
     let seed = env_number("RELAXC_DIFF_SEED", 20261121);
     let count = env_number("RELAXC_DIFF_COUNT", 2000) as usize;
+    for (name, cases) in script_fixtures() {
+        for case in cases {
+            for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+                let (n, c) = (name.clone(), case.clone());
+                let trial = format!("script::{name}::{case}::{}", common::mode_name(mode));
+                trials.push(Trial::test(trial, move || script_case(&n, &c, mode)));
+            }
+        }
+    }
     for index in 0..count {
         trials.push(Trial::test(format!("random::seed{seed}::p{index}"), move || random_trial(seed, count, index)));
     }

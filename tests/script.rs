@@ -1,0 +1,151 @@
+//! The stand-alone front end beyond the differential harness: storage planning, error messages
+//! (golden files; `RELAXC_BLESS=1` rewrites them), the older keyword spellings, and a bounded
+//! property test: mutated programs must get an error or compile, never a panic.
+
+mod common;
+
+use std::path::PathBuf;
+
+use relaxc::codegen::ExecMode;
+use relaxc::compile::{Options, ScriptInputs, load_script};
+
+fn kernels() -> ScriptInputs {
+    ScriptInputs { kernels: vec![common::root().join("fixtures/script/kernels.c")], params: None }
+}
+
+#[test]
+fn storage_planning_reuses_storage_across_a_chain() {
+    let dir = common::root().join("fixtures/script/chain");
+    let program = load_script(&dir.join("m.py"), &kernels()).expect("chain compiles");
+    let listing = program.exec.as_text();
+    let tensors = listing.matches("vm.builtin.alloc_tensor in:").count();
+    let storages = listing.matches("vm.builtin.alloc_storage in:").count();
+    assert_eq!(tensors, 20, "{listing}");
+    // Two storages serve the 19 temporaries; the returned tensor escapes and gets its own.
+    assert!(storages <= 3, "{storages} storages for {tensors} tensors:\n{listing}");
+    let mut options = Options::mode(ExecMode::Bytecode);
+    options.script = kernels();
+    let so = common::build_with("script_chain_stats", &dir.join("m.py"), &options, "bytecode").expect("build");
+    let model = relaxc::host::Model::load(&so).expect("load");
+    let inputs = relaxc::host::npz::read_inputs(&dir.join("ok_basic.in.npz")).expect("inputs");
+    let mut vm = model.vm().expect("vm");
+    drop(vm.call(model.find("main").expect("main"), &inputs).expect("call"));
+    let peak = vm.stats().peak_storage_bytes;
+    let all_temporaries = 20 * 64 * 4;
+    eprintln!("chain: peak storage {peak} bytes; all 20 temporaries: {all_temporaries} bytes");
+    assert!(peak < all_temporaries as u64 / 4, "peak {peak} is not far below {all_temporaries}");
+}
+
+fn error_files() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(common::root().join("fixtures/script-errors"))
+        .expect("fixtures/script-errors")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "py"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn errors_point_at_their_source_span() {
+    let bless = std::env::var_os("RELAXC_BLESS").is_some();
+    let files = error_files();
+    assert!(files.len() >= 8);
+    let mut failures = Vec::new();
+    for py in files {
+        let message = match load_script(&py, &kernels()) {
+            Ok(_) => panic!("{} compiled, but it is wrong on purpose", py.display()),
+            Err(e) => e.to_string().replace(&format!("{}/", common::root().display()), ""),
+        };
+        let golden = py.with_extension("err");
+        if bless {
+            std::fs::write(&golden, &message).expect("write golden");
+            continue;
+        }
+        let want = std::fs::read_to_string(&golden).unwrap_or_default();
+        if want != message {
+            failures.push(format!("--- {} expected:\n{want}\n--- got:\n{message}", golden.display()));
+        }
+    }
+    assert!(failures.is_empty(), "{}\n(rerun with RELAXC_BLESS=1 to accept)", failures.join("\n"));
+}
+
+#[test]
+fn older_keyword_spellings_mean_the_same() {
+    let new = std::fs::read_to_string(common::root().join("fixtures/script/packed/m.py")).expect("fixture");
+    let old = new.replace("out_ty=", "out_sinfo=").replace("ty_args=", "sinfo_args=");
+    assert_ne!(new, old);
+    let dir = tempfile::tempdir().expect("tmp");
+    let (a, b) = (dir.path().join("new.py"), dir.path().join("old.py"));
+    std::fs::write(&a, new).expect("write");
+    std::fs::write(&b, old).expect("write");
+    let (pa, pb) = (load_script(&a, &kernels()).expect("new"), load_script(&b, &kernels()).expect("old"));
+    assert_eq!(pa.exec, pb.exec);
+}
+
+/// xorshift64*, as in the random program generator.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545F4914F6CDD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+fn front_end(src: &str) -> Result<(), String> {
+    let stmts = relaxc::script::parser::parse(src).map_err(|e| e.message)?;
+    let module = relaxc::script::convert::convert(&stmts, &Default::default()).map_err(|e| e.message)?;
+    let lowered = relaxc::lower::lower(&module).map_err(|e| e.message)?;
+    // Whatever lowering accepts must be a valid executable: anything else is a lowering bug.
+    if let Err(e) = relaxc::vm::verify(&lowered.exec) {
+        panic!("lowering produced an invalid executable ({e}) from:\n{src}");
+    }
+    Ok(())
+}
+
+#[test]
+fn mutated_programs_never_panic() {
+    let sources: Vec<String> = std::fs::read_dir(common::root().join("fixtures/script"))
+        .expect("fixtures")
+        .filter_map(|e| e.ok().map(|e| e.path().join("m.py")))
+        .filter(|p: &PathBuf| p.exists())
+        .map(|p| std::fs::read_to_string(p).expect("read"))
+        .collect();
+    let snippets =
+        ["(", ")", ":", ",", "R.", "x", "\n", "    ", "\"n\"", "//", "[", "if c:\n", "@R.function\n", "0", "-"];
+    let count: usize = std::env::var("RELAXC_FUZZ_COUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(3000);
+    let mut rng = Rng(0x5c1e_7e57_0000_0001);
+    let (mut ok, mut rejected) = (0, 0);
+    for _ in 0..count {
+        let mut s: Vec<u8> = sources[rng.below(sources.len())].clone().into_bytes();
+        for _ in 0..1 + rng.below(3) {
+            let at = rng.below(s.len() + 1);
+            match rng.below(3) {
+                0 if at < s.len() => {
+                    s.remove(at);
+                }
+                1 => {
+                    let snip = snippets[rng.below(snippets.len())].as_bytes();
+                    s.splice(at..at, snip.iter().copied());
+                }
+                _ if at < s.len() => {
+                    let alphabet = b"()[]:,.=+-*/%\"' \nxR0";
+                    s[at] = alphabet[rng.below(alphabet.len())];
+                }
+                _ => {}
+            }
+        }
+        let src = String::from_utf8_lossy(&s);
+        match front_end(&src) {
+            Ok(()) => ok += 1,
+            Err(_) => rejected += 1,
+        }
+    }
+    eprintln!("{count} mutated programs: {ok} still compiled, {rejected} rejected with an error; none panicked");
+    assert!(rejected > 0 && ok > 0, "mutations too weak or too strong to exercise the front end");
+}
