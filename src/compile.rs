@@ -85,20 +85,19 @@ fn check_kernels(
         }
         Ok(())
     }
-    let given = if sources.is_empty() {
-        "no --kernels sources were given".to_string()
-    } else {
-        format!("not defined in {}", sources.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "))
-    };
+    let listed = sources.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
     for func in &module.functions {
         walk(&func.body, &mut |name, span| {
             if available.contains(name) || crate::codegen::builtins::find(name).is_some() {
                 return Ok(());
             }
-            Err(crate::script::SyntaxError::new(
-                span,
-                format!("kernel `{name}` is not provided: {}{name} is {given}", crate::tvm::KERNEL_PREFIX),
-            ))
+            let symbol = format!("{}{name}", crate::tvm::KERNEL_PREFIX);
+            let why = if sources.is_empty() {
+                format!("no --kernels source was given to define {symbol}")
+            } else {
+                format!("{symbol} is defined in none of: {listed}")
+            };
+            Err(crate::script::SyntaxError::new(span, format!("kernel `{name}` is not provided: {why}")))
         })?;
     }
     Ok(())
