@@ -5,10 +5,13 @@
 //! the same size whose lifetimes do not overlap), kills after last use, `if` as
 //! read_if_cond/If/Goto with a merge register, tuples, closures, and calls between functions.
 //!
-//! The passes live one per file: `shapes` (the heap and shape functions), `liveness` (last uses
-//! and which tensors may share storage), and this file's code generation, which applies them.
+//! The passes live one per file: `params` (parameter and match_cast checks), `shapes` (the heap
+//! and shape functions), `liveness` (last uses and which tensors may share storage), `alloc`
+//! (DPS allocation and storage planning), and this file's code generation, which applies them.
 
+mod alloc;
 mod liveness;
+mod params;
 mod shapes;
 
 use std::collections::{HashMap, HashSet};
@@ -177,124 +180,6 @@ impl<'a> FnGen<'a> {
         for e in exprs {
             self.heap.intern(&e);
         }
-    }
-
-    fn context(&self, loc: &str, sinfo: &StructInfo) -> String {
-        format!("ErrorContext(fn={}, {loc}, annotation={}) ", self.f.name, sinfo.annotation())
-    }
-
-    /// check_*_info for every parameter, then match_shape for each, then the shape function.
-    fn params(&mut self) -> Result<()> {
-        let mut pending = Vec::new();
-        for (i, p) in self.f.params.iter().enumerate() {
-            let info = &self.m.vars[*p];
-            let ctx = self.context(&format!("loc=param[{i}], param={}", info.name), &info.sinfo);
-            let fields = self.check_info(Arg::Reg(i as i64), &info.sinfo, &ctx);
-            pending.push((Arg::Reg(i as i64), info.sinfo.clone(), ctx, fields, info.span));
-        }
-        let mut compound = Vec::new();
-        for (value, sinfo, ctx, fields, span) in &pending {
-            match (sinfo, fields.is_empty()) {
-                (StructInfo::Tuple(items), false) => {
-                    for (r, s) in fields.iter().zip(items) {
-                        if self.match_dims(Arg::Reg(*r), s, ctx, false)? {
-                            compound.push((Arg::Reg(*r), s.clone(), ctx.clone(), *span));
-                        }
-                    }
-                }
-                _ => {
-                    if self.match_dims(*value, sinfo, ctx, false)? {
-                        compound.push((*value, sinfo.clone(), ctx.clone(), *span));
-                    }
-                }
-            }
-        }
-        self.run_shape_function();
-        for (value, sinfo, ctx, span) in compound {
-            if !dims_known(&self.heap, &sinfo) {
-                return err(span, "this annotation's shape arithmetic uses a symbolic variable no parameter binds");
-            }
-            self.match_dims(value, &sinfo, &ctx, true)?;
-        }
-        Ok(())
-    }
-
-    /// Emits the type/rank checks; returns the registers of tuple fields (checked too).
-    fn check_info(&mut self, value: Arg, sinfo: &StructInfo, ctx: &str) -> Vec<i64> {
-        let ctx_arg = self.c(Constant::Str(ctx.to_string()));
-        match sinfo {
-            StructInfo::Tensor { ndim, dtype, .. } => {
-                let f = self.builtin("check_tensor_info");
-                let dt = match dtype {
-                    Some(d) => self.c(dtype_const(*d)),
-                    None => Arg::Reg(VOID_REG),
-                };
-                self.call(VOID_REG, f, vec![value, Arg::Imm(*ndim), dt, ctx_arg]);
-            }
-            StructInfo::Shape { ndim, .. } => {
-                let f = self.builtin("check_shape_info");
-                self.call(VOID_REG, f, vec![value, Arg::Imm(*ndim), ctx_arg]);
-            }
-            StructInfo::Prim(d) => {
-                let f = self.builtin("check_prim_value_info");
-                let dt = self.c(dtype_const(*d));
-                self.call(VOID_REG, f, vec![value, dt, ctx_arg]);
-            }
-            StructInfo::Tuple(items) => {
-                let f = self.builtin("check_tuple_info");
-                self.call(VOID_REG, f, vec![value, Arg::Imm(items.len() as i64), ctx_arg]);
-                let get = self.builtin("tuple_getitem");
-                let mut regs = Vec::new();
-                for (k, item) in items.iter().enumerate() {
-                    let r = self.reg();
-                    self.call(r, get, vec![value, Arg::Imm(k as i64)]);
-                    self.check_info(Arg::Reg(r), item, ctx);
-                    regs.push(r);
-                }
-                return regs;
-            }
-            StructInfo::Callable => {
-                let f = self.builtin("check_func_info");
-                self.call(VOID_REG, f, vec![value, ctx_arg]);
-            }
-            StructInfo::Str => {
-                let f = self.builtin("check_string_info");
-                self.call(VOID_REG, f, vec![value, ctx_arg]);
-            }
-            StructInfo::Object => {}
-        }
-        Vec::new()
-    }
-
-    /// match_shape for a tensor's or shape's dims. First pass (`assert_compound` false): stores
-    /// new variables, asserts known ones, skips compound dims (returns true if there were some);
-    /// second pass: asserts the compound dims too.
-    fn match_dims(&mut self, value: Arg, sinfo: &StructInfo, ctx: &str, assert_compound: bool) -> Result<bool> {
-        let dims = match sinfo {
-            StructInfo::Tensor { shape: Some(d), .. } | StructInfo::Shape { dims: Some(d), .. } => d,
-            _ => return Ok(false),
-        };
-        let mut args = vec![value, self.heap_arg(), Arg::Imm(dims.len() as i64)];
-        let mut compound = false;
-        for d in dims {
-            let (code, v) = match d {
-                _ if d.as_int().is_some() => (0, d.as_int().unwrap_or(0)),
-                PrimExpr::Var(name) => {
-                    let slot = self.heap.slot(d) as i64;
-                    if self.heap.bound.insert(name.clone()) { (1, slot) } else { (3, slot) }
-                }
-                _ if assert_compound => (3, self.heap.slot(d) as i64),
-                _ => {
-                    compound = true;
-                    (2, 0)
-                }
-            };
-            args.extend([Arg::Imm(code), Arg::Imm(v)]);
-        }
-        args.push(self.c(Constant::Str(ctx.to_string())));
-        let f = self.builtin("match_shape");
-        self.call(VOID_REG, f, args);
-        Ok(compound)
     }
 
     fn run_shape_function(&mut self) {
@@ -558,68 +443,6 @@ impl<'a> FnGen<'a> {
             }
         }
         Ok(())
-    }
-
-    /// Storage and a tensor for one DPS output. With `plan`, a static-size output takes a free
-    /// storage of its size (or a new one kept for reuse); otherwise it gets its own.
-    fn alloc_tensor(&mut self, out: &StructInfo, plan: Option<VarId>, span: Span) -> Result<i64> {
-        let StructInfo::Tensor { shape: Some(dims), dtype: Some(dtype), .. } = out else {
-            return err(span, "outputs need a shape and a dtype");
-        };
-        let u8c = self.c(dtype_const(DType::U8));
-        let global = self.c(Constant::Str("global".into()));
-        let dt = self.c(dtype_const(*dtype));
-        let alloc_storage = self.builtin("alloc_storage");
-        let alloc_tensor = self.builtin("alloc_tensor");
-        let null = self.builtin("null_value");
-        let t = self.reg();
-        match dims.iter().map(|d| d.as_int()).collect::<Option<Vec<i64>>>() {
-            Some(static_dims) => {
-                if static_dims.iter().any(|d| *d < 0) {
-                    return err(span, "negative dimension in an output shape");
-                }
-                let nbytes = nbytes_expr(dims, *dtype).as_int().unwrap_or(0);
-                let shape = self.c(Constant::Shape(static_dims));
-                let size = self.c(Constant::Shape(vec![nbytes]));
-                match plan {
-                    Some(var) => {
-                        let token = match self.tokens.iter().position(|k| k.free && k.nbytes == nbytes) {
-                            Some(k) => k,
-                            None => {
-                                let s = self.reg();
-                                self.call(s, alloc_storage, vec![Arg::Reg(VM_REG), size, Arg::Imm(0), u8c, global]);
-                                self.tokens.push(Token { reg: s, nbytes, free: true });
-                                self.tokens.len() - 1
-                            }
-                        };
-                        self.tokens[token].free = false;
-                        self.tensor_token.insert(var, token);
-                        let s = self.tokens[token].reg;
-                        self.call(t, alloc_tensor, vec![Arg::Reg(s), Arg::Imm(0), shape, dt]);
-                    }
-                    None => {
-                        let s = self.reg();
-                        self.call(s, alloc_storage, vec![Arg::Reg(VM_REG), size, Arg::Imm(0), u8c, global]);
-                        self.call(t, alloc_tensor, vec![Arg::Reg(s), Arg::Imm(0), shape, dt]);
-                        self.call(s, null, vec![]);
-                    }
-                }
-            }
-            None => {
-                for d in dims.iter().filter(|d| d.as_int().is_none()) {
-                    self.ready_slot(d, span)?;
-                }
-                let (size, shape, s) = (self.reg(), self.reg(), self.reg());
-                self.make_shape(size, &[nbytes_expr(dims, *dtype)], span)?;
-                self.call(s, alloc_storage, vec![Arg::Reg(VM_REG), Arg::Reg(size), Arg::Imm(0), u8c, global]);
-                self.make_shape(shape, dims, span)?;
-                self.call(t, alloc_tensor, vec![Arg::Reg(s), Arg::Imm(0), Arg::Reg(shape), dt]);
-                for r in [s, size, shape] {
-                    self.call(r, null, vec![]);
-                }
-            }
-        }
-        Ok(t)
     }
 
     /// Checks the result against the return annotation's dims, then returns it.
