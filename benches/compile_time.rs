@@ -58,6 +58,20 @@ fn chain(n: usize, kernels: Vec<relaxc::tvm::KernelObject>) -> Program {
     Program { exec: b.build(), kernels, shape_funcs: Vec::new() }
 }
 
+/// Median microseconds per call over 200 calls.
+fn time_calls(model: &Model, x: &[Input]) -> f64 {
+    let mut vm = model.vm().expect("vm");
+    let f = model.find("main").expect("main");
+    let args = vm.prepare(x).expect("args");
+    let mut times = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        drop(vm.call_prepared(f, &args).expect("call"));
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    median(times)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -90,20 +104,12 @@ fn main() {
                 total.push((t2 - t0).as_secs_f64() * 1e3);
             }
             let model = Model::load(&so).expect("load");
-            let mut vm = model.vm().expect("vm");
-            let f = model.find("main").expect("main");
             let x = [Input::Tensor(HostTensor::new(
                 DLDataType { code: 2, bits: 32, lanes: 1 },
                 vec![1],
                 &0.5f32.to_le_bytes(),
             ))];
-            let args = vm.prepare(&x).expect("args");
-            let mut times = Vec::new();
-            for _ in 0..200 {
-                let t = Instant::now();
-                drop(vm.call_prepared(f, &args).expect("call"));
-                times.push(t.elapsed().as_secs_f64() * 1e6);
-            }
+            let per_call = time_calls(&model, &x);
             let mode_name = if mode == ExecMode::Bytecode { "bytecode" } else { "compiled" };
             if mode == ExecMode::Compiled && label.starts_with("chain_1000 ") {
                 // The same build without compiled mode's specializations, to show their worth.
@@ -113,22 +119,14 @@ fn main() {
                 let plain_so = dir.path().join("plain.so");
                 relaxc::link::link_shared(&object.bytes, &program.kernels, &plain_so).expect("link");
                 let plain_model = Model::load(&plain_so).expect("load");
-                let mut plain_vm = plain_model.vm().expect("vm");
-                let plain_args = plain_vm.prepare(&x).expect("args");
-                let mut plain_times = Vec::new();
-                for _ in 0..200 {
-                    let t = Instant::now();
-                    drop(plain_vm.call_prepared(f, &plain_args).expect("call"));
-                    plain_times.push(t.elapsed().as_secs_f64() * 1e6);
-                }
-                specialization = Some((median(plain_times), median(times.clone())));
+                specialization = Some((time_calls(&plain_model, &x), per_call));
             }
             println!(
                 "| {label} | {mode_name} | {:.1} | {:.1} | {:.1} | {:.2} |",
                 median(codegen),
                 median(link),
                 median(total),
-                median(times)
+                per_call
             );
         }
     }

@@ -5,6 +5,8 @@
 
 mod common;
 
+use common::random::Rng;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -161,26 +163,12 @@ fn tvm_compiled_mode_export_is_refused() {
     assert!(e.contains("exec_mode=\"compiled\"") && e.contains("exec_mode=\"bytecode\""), "{e}");
 }
 
-/// xorshift64*: a fixed, dependency-free stream of test mutations.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545F4914F6CDD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 #[test]
 fn mutated_executables_never_panic() {
     let seeds: Vec<Vec<u8>> =
         common::fixtures().iter().map(|f| tvm::import_tar(&f.tar()).expect("import").exec_bytes).collect();
     let count: usize = std::env::var("RELAXC_FUZZ_COUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(4000);
-    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let mut rng = Rng::new(0x5eed_1234_abcd_0001);
     let (mut parsed, mut verified) = (0, 0);
     for _ in 0..count {
         let mut bytes = seeds[rng.below(seeds.len())].clone();

@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::random::Rng;
+
 use std::path::PathBuf;
 
 use relaxc::codegen::ExecMode;
@@ -83,20 +85,6 @@ fn older_keyword_spellings_mean_the_same() {
     assert_eq!(pa.exec, pb.exec);
 }
 
-/// xorshift64*, as in the random program generator.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545F4914F6CDD1D)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 fn front_end(src: &str) -> Result<(), String> {
     let stmts = relaxc::script::parser::parse(src).map_err(|e| e.message)?;
     let module = relaxc::script::convert::convert(&stmts, &Default::default()).map_err(|e| e.message)?;
@@ -119,7 +107,7 @@ fn mutated_programs_never_panic() {
     let snippets =
         ["(", ")", ":", ",", "R.", "x", "\n", "    ", "\"n\"", "//", "[", "if c:\n", "@R.function\n", "0", "-"];
     let count: usize = std::env::var("RELAXC_FUZZ_COUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(3000);
-    let mut rng = Rng(0x5c1e_7e57_0000_0001);
+    let mut rng = Rng::new(0x5c1e_7e57_0000_0001);
     let (mut ok, mut rejected) = (0, 0);
     for _ in 0..count {
         let mut s: Vec<u8> = sources[rng.below(sources.len())].clone().into_bytes();

@@ -6,23 +6,29 @@ use std::collections::{HashMap, HashSet};
 
 use crate::ir::{Atom, Block, Op, VarId};
 
-fn atoms_of(op: &Op) -> Vec<&Atom> {
+/// The operands an operation names directly (for `if`, only its condition).
+pub(super) fn operands(op: &Op) -> Vec<&Atom> {
     match op {
         Op::DpsPacked { args, .. } | Op::Packed { args, .. } | Op::CallFunc { args, .. } | Op::Tuple(args) => {
             args.iter().collect()
         }
         Op::CallClosure { callee, args } => std::iter::once(callee).chain(args).collect(),
         Op::GetItem(a, _) | Op::Copy(a) | Op::MatchCast(a, _) => vec![a],
+        Op::If { cond, .. } => vec![cond],
         Op::MakeClosure { .. } => Vec::new(),
-        Op::If { cond, then, otherwise } => {
-            let mut v = vec![cond];
-            for b in [then, otherwise] {
-                v.extend(b.bindings.iter().flat_map(|x| atoms_of(&x.op)));
-                v.push(&b.result);
-            }
-            v
+    }
+}
+
+/// Every operand an operation reads, inside `if` branches too.
+fn atoms_of(op: &Op) -> Vec<&Atom> {
+    let mut v = operands(op);
+    if let Op::If { then, otherwise, .. } = op {
+        for b in [then, otherwise] {
+            v.extend(b.bindings.iter().flat_map(|x| atoms_of(&x.op)));
+            v.push(&b.result);
         }
     }
+    v
 }
 
 /// Variables an operation reads (closure captures included).

@@ -161,7 +161,7 @@ impl<'a> FnGen<'a> {
                     }
                     _ => {}
                 }
-                for a in atoms_in(&b.op) {
+                for a in liveness::operands(&b.op) {
                     match a {
                         Atom::Prim(p) => exprs.push(p.clone()),
                         Atom::Shape(d) => exprs.extend(d.iter().cloned()),
@@ -301,6 +301,20 @@ impl<'a> FnGen<'a> {
         }
     }
 
+    /// `var = src`: a new reference in a register, or the same compile-time operand.
+    fn bind_copy(&mut self, var: VarId, src: Arg) {
+        match src {
+            Arg::Reg(_) => {
+                let f = self.builtin("copy");
+                let dst = self.bind_reg(var);
+                self.call(dst, f, vec![src]);
+            }
+            other => {
+                self.places.insert(var, Place::Operand(other));
+            }
+        }
+    }
+
     fn bind_reg(&mut self, var: VarId) -> i64 {
         let r = self.reg();
         self.places.insert(var, Place::Reg(r));
@@ -381,16 +395,7 @@ impl<'a> FnGen<'a> {
             }
             Op::Copy(Atom::Var(v)) => {
                 let src = self.operand(&Atom::Var(*v), span)?;
-                match src {
-                    Arg::Reg(_) => {
-                        let f = self.builtin("copy");
-                        let dst = self.bind_reg(var);
-                        self.call(dst, f, vec![src]);
-                    }
-                    other => {
-                        self.places.insert(var, Place::Operand(other));
-                    }
-                }
+                self.bind_copy(var, src);
             }
             Op::Copy(atom) => {
                 let a = self.arg(atom, span)?;
@@ -408,16 +413,7 @@ impl<'a> FnGen<'a> {
                     }
                     self.match_dims(v, sinfo, &ctx, true)?;
                 }
-                match v {
-                    Arg::Reg(_) => {
-                        let f = self.builtin("copy");
-                        let dst = self.bind_reg(var);
-                        self.call(dst, f, vec![v]);
-                    }
-                    other => {
-                        self.places.insert(var, Place::Operand(other));
-                    }
-                }
+                self.bind_copy(var, v);
             }
             Op::If { cond, then, otherwise } => {
                 let c = self.arg(cond, span)?;
@@ -499,18 +495,6 @@ fn dims_of(s: &StructInfo, out: &mut Vec<PrimExpr>) {
         }
         StructInfo::Tuple(items) => items.iter().for_each(|i| dims_of(i, out)),
         _ => {}
-    }
-}
-
-fn atoms_in(op: &Op) -> Vec<&Atom> {
-    match op {
-        Op::DpsPacked { args, .. } | Op::Packed { args, .. } | Op::CallFunc { args, .. } | Op::Tuple(args) => {
-            args.iter().collect()
-        }
-        Op::CallClosure { callee, args } => std::iter::once(callee).chain(args).collect(),
-        Op::GetItem(a, _) | Op::Copy(a) | Op::MatchCast(a, _) => vec![a],
-        Op::If { cond, .. } => vec![cond],
-        Op::MakeClosure { .. } => Vec::new(),
     }
 }
 

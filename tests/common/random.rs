@@ -25,7 +25,7 @@ impl Rng {
     pub fn chance(&mut self, percent: u64) -> bool {
         self.next() % 100 < percent
     }
-    fn pick<T: Copy>(&mut self, items: &[T]) -> Option<T> {
+    pub fn pick<T: Copy>(&mut self, items: &[T]) -> Option<T> {
         (!items.is_empty()).then(|| items[self.below(items.len())])
     }
 }
