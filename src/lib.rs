@@ -6,6 +6,7 @@
 
 pub mod codegen;
 pub mod compile;
+pub mod cuda;
 pub mod host;
 pub mod inspect;
 pub mod ir;
