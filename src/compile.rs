@@ -28,6 +28,8 @@ pub enum CompileError {
     Script(String),
     #[error(transparent)]
     Kernel(#[from] crate::kernels::KernelError),
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
     #[error("{path}: {message}")]
     Params { path: String, message: String },
     #[error("cannot read {path}: {source}")]
@@ -41,6 +43,8 @@ pub struct ScriptInputs {
     pub kernels: Vec<std::path::PathBuf>,
     /// Weights bound to tensor parameters by name (`--params`).
     pub params: Option<std::path::PathBuf>,
+    /// CUDA architectures to build CUBINs for (`--cuda-arch`; default sm_80 and sm_90).
+    pub cuda_archs: Vec<u32>,
 }
 
 /// Parses, converts and lowers a TVMScript program, and builds its kernels.
@@ -57,10 +61,20 @@ pub fn load_script(path: &Path, inputs: &ScriptInputs) -> Result<Program, Compil
     let module = crate::script::convert::convert(&stmts, &weights).map_err(render)?;
     let lowered = crate::lower::lower(&module).map_err(render)?;
     verify(&lowered.exec)?;
-    let kernels = inputs.kernels.iter().map(|k| crate::kernels::compile_c(k)).collect::<Result<Vec<_>, _>>()?;
-    let available: BTreeSet<String> = kernels.iter().flat_map(|k| k.kernels.iter().cloned()).collect();
+    let (cu, c): (Vec<_>, Vec<_>) = inputs.kernels.iter().partition(|k| k.extension().is_some_and(|e| e == "cu"));
+    let kernels = c.iter().map(|k| crate::kernels::compile_c(k)).collect::<Result<Vec<_>, _>>()?;
+    let mut cuda = Vec::new();
+    if !cu.is_empty() {
+        let nvrtc = crate::cuda::nvrtc::Nvrtc::load().map_err(crate::cuda::CudaError::from)?;
+        let archs = if inputs.cuda_archs.is_empty() { vec![80, 90] } else { inputs.cuda_archs.clone() };
+        for source in cu {
+            cuda.push(crate::cuda::build(&nvrtc, source, &archs)?);
+        }
+    }
+    let mut available: BTreeSet<String> = kernels.iter().flat_map(|k| k.kernels.iter().cloned()).collect();
+    available.extend(cuda.iter().flat_map(|m| m.kernels.iter().map(|k| k.name.clone())));
     check_kernels(&module, &available, &inputs.kernels).map_err(render)?;
-    Ok(Program { exec: lowered.exec, kernels, shape_funcs: lowered.shape_funcs })
+    Ok(Program { exec: lowered.exec, kernels, shape_funcs: lowered.shape_funcs, cuda })
 }
 
 /// Every kernel a script calls must be defined by one of its kernel sources.
@@ -136,19 +150,22 @@ pub struct Program {
     pub exec: Executable,
     pub kernels: Vec<KernelObject>,
     pub shape_funcs: Vec<ShapeFunc>,
+    /// CUDA modules built from `.cu` kernel sources.
+    pub cuda: Vec<crate::cuda::CudaModule>,
 }
 
 /// Loads a TVM export (`.tar`) and verifies it.
 pub fn load_tvm_export(input: &Path) -> Result<Program, CompileError> {
     let export = tvm::import_tar(input)?;
     verify(&export.exec)?;
-    Ok(Program { exec: export.exec, kernels: export.kernels, shape_funcs: Vec::new() })
+    Ok(Program { exec: export.exec, kernels: export.kernels, shape_funcs: Vec::new(), cuda: Vec::new() })
 }
 
 /// Emits the model object for a program.
 pub fn emit(program: &Program, options: &Options) -> Result<codegen::tables::EmittedObject, CompileError> {
     let mut available: BTreeSet<String> = program.kernels.iter().flat_map(|k| k.kernels.iter().cloned()).collect();
     available.extend(program.shape_funcs.iter().map(|f| f.name.clone()));
+    available.extend(program.cuda.iter().flat_map(|m| m.kernels.iter().map(|k| k.name.clone())));
     let objects = if program.kernels.is_empty() {
         "the kernel objects (there are none)".to_string()
     } else {
@@ -160,7 +177,14 @@ pub fn emit(program: &Program, options: &Options) -> Result<codegen::tables::Emi
             return Err(CompileError::NoSuchFunction(name.clone()));
         }
     }
-    Ok(codegen::emit_object(&program.exec, &symbols, options.mode, &options.native, &program.shape_funcs)?)
+    Ok(codegen::emit_object(
+        &program.exec,
+        &symbols,
+        options.mode,
+        &options.native,
+        &program.shape_funcs,
+        &program.cuda,
+    )?)
 }
 
 /// Compiles `input` into the shared object `out`.

@@ -43,6 +43,22 @@ pub fn function_modes(path: &Path) -> Result<Option<Vec<(String, bool)>>, Inspec
     ))
 }
 
+/// The CUDA kernels and images embedded in a built model, as listed at build time.
+pub fn cuda_listing(path: &Path) -> Result<Option<String>, InspectError> {
+    let shown = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
+    if !bytes.starts_with(b"\x7fELF") {
+        return Ok(None);
+    }
+    let file =
+        object::File::parse(&*bytes).map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
+    let Some(section) = file.section_by_name(crate::codegen::cuda_tables::layout::LISTING_SECTION) else {
+        return Ok(None);
+    };
+    let data = section.data().map_err(|e| InspectError::Read { path: shown, message: e.to_string() })?;
+    Ok(Some(String::from_utf8_lossy(data).into_owned()))
+}
+
 pub fn load_executable(path: &Path) -> Result<Executable, InspectError> {
     let shown = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;

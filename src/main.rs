@@ -36,6 +36,10 @@ enum Command {
         /// Weights for a .py program's tensor parameters, bound by parameter name.
         #[arg(long, value_name = "FILE.safetensors")]
         params: Option<PathBuf>,
+        /// GPU architecture to build CUBINs of .cu kernels for (repeatable; default sm_80 and
+        /// sm_90). PTX for the newest is embedded too, for other GPUs.
+        #[arg(long, value_name = "sm_XX")]
+        cuda_arch: Vec<String>,
         /// How Relax functions run: the shim's interpreter, or native code.
         #[arg(long, value_enum, default_value = "bytecode")]
         exec_mode: ExecMode,
@@ -75,6 +79,9 @@ enum Command {
         /// Print storage statistics of the call (peak bytes held, allocations).
         #[arg(long)]
         stats: bool,
+        /// Where to run: cpu, or cuda[:N] for a model with CUDA kernels (default: the model's).
+        #[arg(long, value_name = "DEVICE")]
+        device: Option<String>,
     },
     /// Print the listing (as TVM's as_text()) and statistics of a TVM export or a compiled model.
     Inspect {
@@ -95,12 +102,23 @@ fn main() {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Compile { input, kernels, params, exec_mode, output, verbose, keep_bytecode, no_specialize } => {
+        Command::Compile {
+            input,
+            kernels,
+            params,
+            cuda_arch,
+            exec_mode,
+            output,
+            verbose,
+            keep_bytecode,
+            no_specialize,
+        } => {
+            let cuda_archs = cuda_arch.iter().map(|a| relaxc::cuda::parse_arch(a)).collect::<Result<Vec<_>, _>>()?;
             let native = relaxc::codegen::native::NativeOptions {
                 keep_bytecode: keep_bytecode.into_iter().collect(),
                 specialize: !no_specialize,
             };
-            let script = relaxc::compile::ScriptInputs { kernels, params };
+            let script = relaxc::compile::ScriptInputs { kernels, params, cuda_archs };
             let options = relaxc::compile::Options { mode: exec_mode, native, script };
             let report = relaxc::compile::compile_file_with(&input, &options, &output)
                 .with_context(|| format!("compiling {}", input.display()))?;
@@ -118,8 +136,9 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Run { model, func, inputs, outputs, expect, bench, stats } => {
-            let opts = RunOptions { func, inputs, outputs, expect, bench, stats };
+        Command::Run { model, func, inputs, outputs, expect, bench, stats, device } => {
+            let device = device.map(|d| parse_device(&d)).transpose()?;
+            let opts = RunOptions { func, inputs, outputs, expect, bench, stats, device };
             run_model(&model, &opts)
         }
         Command::Inspect { input, python } => {
@@ -130,6 +149,12 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 print!("{}", exec.as_text());
                 print!("{}", exec.stats());
+            }
+            if let Some(cuda) = relaxc::inspect::cuda_listing(&input)? {
+                println!("CUDA:");
+                for line in cuda.lines() {
+                    println!("  {line}");
+                }
             }
             if let Some(modes) = relaxc::inspect::function_modes(&input)? {
                 println!("Execution:");
@@ -143,7 +168,17 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+fn parse_device(s: &str) -> Result<(i32, i32)> {
+    match s.split_once(':') {
+        None if s == "cpu" => Ok((1, 0)),
+        None if s == "cuda" => Ok((2, 0)),
+        Some(("cuda", n)) => Ok((2, n.parse().with_context(|| format!("--device {s}: bad device number"))?)),
+        _ => bail!("--device {s}: expected cpu, cuda or cuda:N"),
+    }
+}
+
 struct RunOptions {
+    device: Option<(i32, i32)>,
     func: String,
     inputs: Option<PathBuf>,
     outputs: Option<PathBuf>,
@@ -153,7 +188,7 @@ struct RunOptions {
 }
 
 fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
-    let RunOptions { func, inputs, outputs, expect, bench, stats } = opts;
+    let RunOptions { func, inputs, outputs, expect, bench, stats, device } = opts;
     let (func, bench, stats) = (func.as_str(), *bench, *stats);
     let model = Model::load(path)?;
     let f = model.find(func).with_context(|| format!("available functions: {}", model.functions().join(", ")))?;
@@ -161,7 +196,10 @@ fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
         Some(p) => npz::read_inputs(p)?,
         None => Vec::new(),
     };
-    let mut vm = model.vm()?;
+    let mut vm = match device {
+        Some((t, id)) => model.vm_on(*t, *id)?,
+        None => model.vm()?,
+    };
     let result = vm.call(f, &args).with_context(|| format!("calling {func}"))?;
     let flat = result.to_output().flatten();
     drop(result);

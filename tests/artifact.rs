@@ -109,6 +109,7 @@ fn shared_layouts_agree_between_c_and_rust() {
         ("program.magic_value_low32", (layout::PROGRAM_MAGIC & 0xffff_ffff) as usize),
         ("storage.data", relaxc::codegen::native::layout::STORAGE_DATA as usize),
         ("storage.nbytes", relaxc::codegen::native::layout::STORAGE_NBYTES as usize),
+        ("storage.device", relaxc::codegen::native::layout::STORAGE_DEVICE as usize),
         ("storage.type_index", relaxc::codegen::native::layout::STORAGE_TYPE_INDEX as usize),
         ("shape.data", relaxc::codegen::native::layout::SHAPE_DATA as usize),
         ("api.size", std::mem::size_of::<ffi::Api>()),

@@ -76,7 +76,12 @@ fn random_programs_under_valgrind() {
     let batch = common::random::generate(7, 300);
     relaxc::vm::verify(&batch.exec).expect("valid programs");
     let kernels = relaxc::kernels::compile_c(&common::root().join("tests/kernels/random_kernels.c")).expect("kernels");
-    let program = relaxc::compile::Program { exec: batch.exec, kernels: vec![kernels], shape_funcs: Vec::new() };
+    let program = relaxc::compile::Program {
+        exec: batch.exec,
+        kernels: vec![kernels],
+        shape_funcs: Vec::new(),
+        cuda: Vec::new(),
+    };
     let exe = build_c("run_programs");
     for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
         let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(mode)).expect("emit");

@@ -103,8 +103,12 @@ fn random_models(seed: u64, count: usize) -> Result<&'static RandomModels, Strin
             relaxc::vm::verify(&batch.exec).map_err(|e| format!("the generator made an invalid program: {e}"))?;
             let kernels = relaxc::kernels::compile_c(&common::root().join("tests/kernels/random_kernels.c"))
                 .map_err(|e| e.to_string())?;
-            let program =
-                relaxc::compile::Program { exec: batch.exec, kernels: vec![kernels], shape_funcs: Vec::new() };
+            let program = relaxc::compile::Program {
+                exec: batch.exec,
+                kernels: vec![kernels],
+                shape_funcs: Vec::new(),
+                cuda: Vec::new(),
+            };
             let mut models = Vec::new();
             for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
                 let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(mode))

@@ -12,7 +12,7 @@ use relaxc::codegen::ExecMode;
 use relaxc::compile::{Options, ScriptInputs, load_script};
 
 fn kernels() -> ScriptInputs {
-    ScriptInputs { kernels: vec![common::root().join("fixtures/script/kernels.c")], params: None }
+    ScriptInputs { kernels: vec![common::root().join("fixtures/script/kernels.c")], ..Default::default() }
 }
 
 #[test]

@@ -114,6 +114,13 @@ typedef struct rvm_api {
   const DLTensor *(*tensor_view)(const rvm_value *value);
   /* Exports a Tensor as DLPack: *out holds a new reference, freed by its deleter. */
   int (*tensor_export)(const rvm_value *value, DLManagedTensorVersioned **out);
+
+  /* Creates a VM on a device: {kDLCPU, 0}, or {kDLCUDA, N} for a model with CUDA kernels (the
+   * driver is loaded then; $RELAXC_LIBCUDA overrides libcuda.so.1). vm_create picks cuda:0 for
+   * such a model. Host tensors passed to a CUDA VM are copied to the device for the call. */
+  int (*vm_create_on)(rvm_module *module, DLDevice device, rvm_vm **out);
+  /* *out: the tensor itself if it is on the host, else a new host copy of it. */
+  int (*tensor_to_host)(const rvm_value *value, rvm_value *out);
 } rvm_api;
 
 typedef const rvm_api *(*rvm_get_api_fn)(uint32_t abi_version);

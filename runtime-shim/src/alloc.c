@@ -202,6 +202,7 @@ rvm_storage *rvm_storage_new(rvm_allocator *a, uint64_t nbytes) {
   s->device.device_type = kDLCPU;
   s->device.device_id = 0;
   s->allocator = a;
+  s->cuda = NULL;
   rvm_allocator_retain(a);
   return s;
 }
@@ -221,5 +222,6 @@ rvm_storage *rvm_storage_new_unpooled(uint64_t nbytes) {
   s->device.device_type = kDLCPU;
   s->device.device_id = 0;
   s->allocator = NULL;
+  s->cuda = NULL;
   return s;
 }

@@ -146,8 +146,25 @@ static int32_t api_function_arity(const rvm_module *m, int32_t index) {
   return m->program->funcs[m->relax_funcs[index]].num_args;
 }
 
+static bool has_cuda_kernels(void) { return &rvm_model_cuda != NULL && rvm_model_cuda.num_kernels > 0; }
+
+static void api_vm_destroy(rvm_vm *vm);
+
+static int api_vm_create_on(rvm_module *m, DLDevice device, rvm_vm **out);
+
 static int api_vm_create(rvm_module *m, rvm_vm **out) {
+  DLDevice dev = {has_cuda_kernels() ? kDLCUDA : kDLCPU, 0};
+  return api_vm_create_on(m, dev, out);
+}
+
+static int api_vm_create_on(rvm_module *m, DLDevice device, rvm_vm **out) {
   rvm_error_clear();
+  if (device.device_type == kDLCPU && has_cuda_kernels())
+    return rvm_raise("ValueError", "this model's kernels run on CUDA: create its VM on a CUDA device");
+  if (device.device_type == kDLCUDA && !has_cuda_kernels())
+    return rvm_raise("ValueError", "this model has no CUDA kernels: run it on the CPU");
+  if (device.device_type != kDLCPU && device.device_type != kDLCUDA)
+    return rvm_raise("ValueError", "device type %d is not supported (cpu or cuda)", device.device_type);
   rvm_vm *vm = calloc(1, sizeof(*vm));
   if (!vm) return rvm_raise("MemoryError", "out of memory creating a VM");
   vm->allocator = rvm_allocator_new();
@@ -160,6 +177,11 @@ static int api_vm_create(rvm_module *m, rvm_vm **out) {
   vm->program = m->program;
   vm->consts = m->consts;
   vm->func_pool = m->func_pool;
+  if (device.device_type == kDLCUDA &&
+      rvm_cuda_open(device.device_id, rvm_model_cuda.kernels, rvm_model_cuda.num_kernels, &vm->cuda)) {
+    api_vm_destroy(vm);
+    return -1;
+  }
   *out = vm;
   return 0;
 }
@@ -167,14 +189,22 @@ static int api_vm_create(rvm_module *m, rvm_vm **out) {
 static void api_vm_destroy(rvm_vm *vm) {
   if (!vm) return;
   rvm_frames_free(vm);
+  rvm_cuda_close(vm->cuda);
   rvm_allocator_release(vm->allocator);
   module_release(vm->module);
   free(vm);
 }
 
-/* Wraps a borrowed DLTensor as a Tensor object; copies it when kernels could not use it as is. */
-static int wrap_tensor(const DLTensor *t, int32_t index, TVMFFIAny *out) {
+/* Wraps a borrowed DLTensor as a Tensor object; copies it when kernels could not use it as is.
+ * For a VM on a CUDA device, host tensors are copied to the device. */
+static int wrap_tensor(rvm_vm *vm, const DLTensor *t, int32_t index, TVMFFIAny *out) {
   if (!t) return rvm_raise("ValueError", "argument %d: NULL DLTensor pointer", index);
+  if (vm && vm->cuda && t->device.device_type == kDLCUDA && t->device.device_id == rvm_cuda_device_id(vm->cuda)) {
+    rvm_tensor *w = rvm_tensor_new((char *)t->data + t->byte_offset, t->device, t->ndim, t->dtype, t->shape, 0, NULL);
+    if (!w) return -1;
+    *out = rvm_obj_any(w);
+    return 0;
+  }
   if (t->device.device_type != kDLCPU)
     return rvm_raise("ValueError", "argument %d: tensor on device type %d, but this model runs on the CPU", index,
                      t->device.device_type);
@@ -190,6 +220,20 @@ static int wrap_tensor(const DLTensor *t, int32_t index, TVMFFIAny *out) {
   }
   char *data = (char *)t->data + t->byte_offset;
   if (!data && rvm_tensor_nbytes(t) > 0) return rvm_raise("ValueError", "argument %d: tensor data pointer is NULL", index);
+  if (vm && vm->cuda) {
+    uint64_t nbytes = (uint64_t)rvm_tensor_nbytes(t);
+    rvm_storage *s = rvm_storage_new_cuda(vm->cuda, nbytes);
+    if (!s) return -1;
+    if (rvm_cuda_copy(vm->cuda, s->data, 1, data, 0, nbytes)) {
+      rvm_object_decref(&s->header);
+      return -1;
+    }
+    rvm_tensor *w = rvm_tensor_new(s->data, s->device, t->ndim, t->dtype, t->shape, 0, &s->header);
+    rvm_object_decref(&s->header);
+    if (!w) return -1;
+    *out = rvm_obj_any(w);
+    return 0;
+  }
   rvm_tensor *w;
   if (((uintptr_t)data % 64) == 0)
     w = rvm_tensor_new(data, t->device, t->ndim, t->dtype, t->shape, 0, NULL);
@@ -212,7 +256,7 @@ static int call_with(rvm_vm *vm, const TVMFFIAny *callee, int64_t func, const rv
   int32_t wrapped = 0;
   for (; wrapped < num_args; wrapped++) {
     if (args[wrapped].type_index == kTVMFFIDLTensorPtr) {
-      rc = wrap_tensor(args[wrapped].v_ptr, wrapped, &conv[wrapped]);
+      rc = wrap_tensor(vm, args[wrapped].v_ptr, wrapped, &conv[wrapped]);
       if (rc) break;
     } else {
       conv[wrapped] = args[wrapped];
@@ -220,7 +264,12 @@ static int call_with(rvm_vm *vm, const TVMFFIAny *callee, int64_t func, const rv
   }
   *result = rvm_none();
   uintptr_t previous = rvm_allocator_enter(vm->allocator);
+  rvm_vm *previous_vm = vm->cuda ? rvm_set_current_vm(vm) : NULL;
   if (rc == 0) rc = callee ? rvm_invoke_value(vm, callee, conv, num_args, result) : rvm_invoke(vm, func, conv, num_args, result);
+  if (vm->cuda) {
+    if (rc == 0) rc = rvm_cuda_synchronize(vm->cuda);
+    rvm_set_current_vm(previous_vm);
+  }
   for (int32_t i = 0; i < wrapped; i++)
     if (args[i].type_index == kTVMFFIDLTensorPtr) rvm_any_release(&conv[i]);
   rvm_allocator_leave(vm->allocator, previous);
@@ -276,7 +325,7 @@ static int api_tuple_new(const rvm_value *items, int64_t n, rvm_value *out) {
   if (!a) return -1;
   for (int64_t i = 0; i < n; i++) {
     if (items[i].type_index == kTVMFFIDLTensorPtr) {
-      if (wrap_tensor(items[i].v_ptr, (int32_t)i, &a->items[i])) {
+      if (wrap_tensor(NULL, items[i].v_ptr, (int32_t)i, &a->items[i])) {
         rvm_object_decref(&a->header);
         return -1;
       }
@@ -324,6 +373,35 @@ static int api_tensor_export(const rvm_value *v, DLManagedTensorVersioned **out)
   return 0;
 }
 
+/* The CUDA state behind a device tensor: its storage's. */
+static rvm_cuda *cuda_of(TVMFFIObject *obj) {
+  while (obj && obj->type_index == kTVMFFITensor) obj = ((rvm_tensor *)obj)->owner;
+  return obj && obj->type_index == RVM_TYPE_STORAGE ? ((rvm_storage *)obj)->cuda : NULL;
+}
+
+static int api_tensor_to_host(const rvm_value *v, rvm_value *out) {
+  DLTensor *t = rvm_as_dltensor(v);
+  if (!t) return rvm_raise("TypeError", "expected a Tensor, but got %s", rvm_type_name(v));
+  if (t->device.device_type == kDLCPU) {
+    api_value_retain(v, out);
+    return 0;
+  }
+  rvm_cuda *c = v->type_index == kTVMFFITensor ? cuda_of(v->v_obj) : NULL;
+  if (!c) return rvm_raise("ValueError", "cannot copy a tensor from device type %d to the host", t->device.device_type);
+  uint64_t nbytes = (uint64_t)rvm_tensor_nbytes(t);
+  rvm_storage *s = rvm_storage_new_unpooled(nbytes);
+  if (!s) return -1;
+  if (rvm_tensor_read(t, c, s->data, nbytes)) {
+    rvm_object_decref(&s->header);
+    return -1;
+  }
+  rvm_tensor *h = rvm_tensor_new(s->data, s->device, t->ndim, t->dtype, t->shape, 0, &s->header);
+  rvm_object_decref(&s->header);
+  if (!h) return -1;
+  *out = rvm_obj_any(h);
+  return 0;
+}
+
 static const rvm_api api_v1 = {
     .abi_version = RVM_ABI_VERSION,
     .struct_size = sizeof(rvm_api),
@@ -351,6 +429,8 @@ static const rvm_api api_v1 = {
     .tuple_get = api_tuple_get,
     .tensor_view = api_tensor_view,
     .tensor_export = api_tensor_export,
+    .vm_create_on = api_vm_create_on,
+    .tensor_to_host = api_tensor_to_host,
 };
 
 __attribute__((visibility("default"))) const rvm_api *rvm_get_api(uint32_t abi_version) {

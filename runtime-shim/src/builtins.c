@@ -416,7 +416,8 @@ int rvm_builtin_alloc_storage(void *self, const TVMFFIAny *args, int32_t n, TVMF
                      (long long)device_index);
   int64_t nbytes = checked_count("vm.builtin.alloc_storage", size->data, size->size, 1);
   if (nbytes < 0) return -1;
-  rvm_storage *s = rvm_storage_new(vm->allocator, (uint64_t)nbytes);
+  /* Device 0 is the VM's device: its CUDA device when it has one, else the CPU. */
+  rvm_storage *s = vm->cuda ? rvm_storage_new_cuda(vm->cuda, (uint64_t)nbytes) : rvm_storage_new(vm->allocator, (uint64_t)nbytes);
   if (!s) return -1;
   *result = rvm_obj_any(s);
   return 0;
@@ -600,7 +601,10 @@ int rvm_builtin_read_if_cond(void *self, const TVMFFIAny *args, int32_t n, TVMFF
     if (t->dtype.code != kDLInt && t->dtype.code != kDLUInt && t->dtype.code != kDLBool)
       return rvm_raise("TypeError", "vm.builtin.read_if_cond expects an int, uint or bool tensor, but got %s", name);
     if (rvm_tensor_nbytes(t) == 0) return rvm_raise("ValueError", "vm.builtin.read_if_cond: the condition tensor is empty");
-    const char *p = (const char *)t->data + t->byte_offset;
+    char element[8] = {0};
+    rvm_vm *vm = rvm_current_vm();
+    if (rvm_tensor_read(t, vm ? vm->cuda : NULL, element, (uint64_t)(t->dtype.bits + 7) / 8)) return -1;
+    const char *p = element;
     switch (t->dtype.bits) {
       case 1:
       case 8: { int8_t v; memcpy(&v, p, 1); value = v; break; }
@@ -615,6 +619,43 @@ int rvm_builtin_read_if_cond(void *self, const TVMFFIAny *args, int32_t n, TVMFF
   result->type_index = kTVMFFIBool;
   result->zero_padding = 0;
   result->v_int64 = value != 0;
+  return 0;
+}
+
+int rvm_builtin_to_device(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+  (void)self;
+  if (need_args("vm.builtin.to_device", n, 3, 4)) return -1;
+  DLTensor *t = rvm_as_dltensor(&args[0]);
+  if (!t) return rvm_raise("TypeError", "vm.builtin.to_device expects a Tensor, but got %s", rvm_type_name(&args[0]));
+  int64_t dev_type = 0, dev_id = 0;
+  if (arg_int("vm.builtin.to_device", args, 1, &dev_type) || arg_int("vm.builtin.to_device", args, 2, &dev_id)) return -1;
+  if (t->device.device_type == dev_type && t->device.device_id == dev_id) return rvm_any_copy(&args[0], result);
+  rvm_vm *vm = rvm_current_vm();
+  rvm_cuda *c = vm ? vm->cuda : NULL;
+  if (!c) return rvm_raise("ValueError", "vm.builtin.to_device: no CUDA device in this VM for a copy to or from device type %lld", (long long)dev_type);
+  uint64_t nbytes = (uint64_t)rvm_tensor_nbytes(t);
+  rvm_storage *s;
+  if (dev_type == kDLCUDA && t->device.device_type == kDLCPU) {
+    s = rvm_storage_new_cuda(c, nbytes);
+    if (!s) return -1;
+    if (rvm_cuda_copy(c, s->data, 1, (char *)t->data + t->byte_offset, 0, nbytes)) {
+      rvm_object_decref(&s->header);
+      return -1;
+    }
+  } else if (dev_type == kDLCPU && t->device.device_type == kDLCUDA) {
+    s = rvm_storage_new_unpooled(nbytes);
+    if (!s) return -1;
+    if (rvm_tensor_read(t, c, s->data, nbytes)) {
+      rvm_object_decref(&s->header);
+      return -1;
+    }
+  } else {
+    return rvm_raise("ValueError", "vm.builtin.to_device: cannot copy from device type %d to %lld", t->device.device_type, (long long)dev_type);
+  }
+  rvm_tensor *copy = rvm_tensor_new(s->data, s->device, t->ndim, t->dtype, t->shape, 0, &s->header);
+  rvm_object_decref(&s->header);
+  if (!copy) return -1;
+  *result = rvm_obj_any(copy);
   return 0;
 }
 

@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "rvm.h"
+#include "rvm_cuda.h"
 
 #define RVM_HIDDEN __attribute__((visibility("hidden")))
 
@@ -117,6 +118,7 @@ enum { RVM_CACHED_NDIM = 4 };
 enum { RVM_TYPE_CLOSURE = 128, RVM_TYPE_STORAGE = 129 };
 
 typedef struct rvm_allocator rvm_allocator;
+typedef struct rvm_cuda rvm_cuda;
 
 /* Storage: a 64-byte aligned buffer from an allocator, shared by the tensors viewing it. */
 typedef struct rvm_storage {
@@ -124,11 +126,13 @@ typedef struct rvm_storage {
   void *data;
   uint64_t nbytes;
   DLDevice device;
-  rvm_allocator *allocator; /* retained; NULL when data is plain malloc memory */
+  rvm_allocator *allocator; /* retained; NULL when data is plain malloc memory or device memory */
+  rvm_cuda *cuda;           /* retained for device memory, else NULL */
 } rvm_storage;
 
 _Static_assert(offsetof(rvm_storage, data) == 24, "compiled code reads Storage.data at +24");
 _Static_assert(offsetof(rvm_storage, nbytes) == 32, "compiled code reads Storage.nbytes at +32");
+_Static_assert(offsetof(rvm_storage, device) == 40, "compiled code reads Storage.device at +40");
 
 /* Tensor: header, the DLTensor at +24 (TVM-FFI layout), then what keeps the data alive, then the
  * shape and strides arrays inline. */
@@ -266,6 +270,7 @@ struct rvm_module {
 typedef struct rvm_frame_chunk rvm_frame_chunk;
 
 struct rvm_vm {
+  rvm_cuda *cuda; /* the VM's CUDA device when it runs CUDA kernels, else NULL */
   rvm_module *module;
   const rvm_program *program;
   const TVMFFIAny *consts;
@@ -286,6 +291,37 @@ RVM_HIDDEN int rvm_if_cond_error(const char *function, int64_t pc, const TVMFFIA
 RVM_HIDDEN int rvm_invoke_value(rvm_vm *vm, const TVMFFIAny *callee, const TVMFFIAny *args,
                                 int32_t num_args, TVMFFIAny *result);
 RVM_HIDDEN void rvm_frames_free(rvm_vm *vm);
+
+/* ---- CUDA (cuda.c) ------------------------------------------------------------------------ */
+
+/* The CUDA kernels of this model, defined by relaxc's object only when it has some. */
+typedef struct rvm_cuda_table {
+  int64_t num_kernels;
+  const rvm_cuda_kernel *kernels;
+} rvm_cuda_table;
+extern const rvm_cuda_table rvm_model_cuda __attribute__((weak, visibility("hidden")));
+
+/* Opens a CUDA device for a VM (loading the driver on first use). */
+RVM_HIDDEN int rvm_cuda_open(int device_id, const rvm_cuda_kernel *kernels, int64_t num_kernels, rvm_cuda **out);
+RVM_HIDDEN void rvm_cuda_retain(rvm_cuda *c);
+/* Drops a reference; the last one releases the device's memory, modules and context. */
+RVM_HIDDEN void rvm_cuda_close(rvm_cuda *c);
+RVM_HIDDEN int rvm_cuda_device_id(const rvm_cuda *c);
+/* Device memory (NULL with the error set on failure), pooled per device. */
+RVM_HIDDEN void *rvm_cuda_alloc(rvm_cuda *c, uint64_t nbytes);
+RVM_HIDDEN void rvm_cuda_free(rvm_cuda *c, void *ptr, uint64_t nbytes);
+/* Copies between host and device memory (one side each). */
+RVM_HIDDEN int rvm_cuda_copy(rvm_cuda *c, void *dst, int dst_on_device, const void *src, int src_on_device, uint64_t nbytes);
+RVM_HIDDEN int rvm_cuda_synchronize(rvm_cuda *c);
+/* Launches kernel k of the table with the call's tensors, by the convention of rvm_cuda.h. */
+RVM_HIDDEN int rvm_cuda_launch(rvm_vm *vm, const rvm_cuda_kernel *kernels, int64_t k, const TVMFFIAny *args, int32_t num_args);
+/* The VM whose call is running on this thread (set only for VMs with a CUDA device). */
+RVM_HIDDEN rvm_vm *rvm_current_vm(void);
+RVM_HIDDEN rvm_vm *rvm_set_current_vm(rvm_vm *vm);
+/* A new device Storage of nbytes on the VM's CUDA device. */
+RVM_HIDDEN rvm_storage *rvm_storage_new_cuda(rvm_cuda *c, uint64_t nbytes);
+/* A tensor's element bytes copied to host memory (from a device tensor or a host one). */
+RVM_HIDDEN int rvm_tensor_read(const DLTensor *t, rvm_cuda *c, void *dst, uint64_t nbytes);
 
 #define RVM_BUILTIN(suffix, name, doc) \
   RVM_HIDDEN int rvm_builtin_##suffix(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result);

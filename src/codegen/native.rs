@@ -436,7 +436,8 @@ impl Lowering<'_> {
         let shape_ptr = b.ins().load(types::I64, flags(), shape_obj, layout::SHAPE_DATA);
         let t_addr = b.ins().stack_addr(types::I64, slot, 0);
         let word = |b: &mut FunctionBuilder, v: i64| b.ins().iconst(types::I64, v);
-        let device = word(b, 1); // {kDLCPU, 0}
+        // The storage's device: the CPU, or the VM's CUDA device.
+        let device = b.ins().load(types::I64, flags(), storage, layout::STORAGE_DEVICE);
         let ndim_dtype = word(
             b,
             dims.len() as i64 | (dtype.code as i64) << 32 | (dtype.bits as i64) << 40 | (dtype.lanes as i64) << 48,
@@ -608,6 +609,7 @@ pub mod layout {
     pub const STORAGE_TYPE_INDEX: i64 = 129;
     pub const STORAGE_DATA: i32 = 24;
     pub const STORAGE_NBYTES: i32 = 32;
+    pub const STORAGE_DEVICE: i32 = 40;
     /// Shape object: the pointer to its dims.
     pub const SHAPE_DATA: i32 = 24;
 }

@@ -379,9 +379,11 @@ pub fn emit_object(
     mode: ExecMode,
     native_options: &super::native::NativeOptions,
     shape_funcs: &[super::shape_func::ShapeFunc],
+    cuda: &[crate::cuda::CudaModule],
 ) -> Result<EmittedObject, TablesError> {
     let mut module = object_module("model")?;
     super::shape_func::define(&mut module, shape_funcs)?;
+    let cuda_listing = super::cuda_tables::define(&mut module, cuda)?;
     let native = match mode {
         ExecMode::Compiled => super::native::compile_functions(&mut module, exec, symbols, native_options)?,
         ExecMode::Bytecode => Default::default(),
@@ -395,7 +397,12 @@ pub fn emit_object(
         .map(|(f, c)| format!("{}\t{}\n", f.name, if c.is_some() { "compiled" } else { "bytecode" }))
         .collect();
     let mut product = module.finish();
-    for (name, data) in [(layout::EXEC_SECTION, write_executable(exec)), (layout::MODES_SECTION, modes.into_bytes())] {
+    let mut sections =
+        vec![(layout::EXEC_SECTION, write_executable(exec)), (layout::MODES_SECTION, modes.into_bytes())];
+    if !cuda_listing.is_empty() {
+        sections.push((super::cuda_tables::layout::LISTING_SECTION, cuda_listing.into_bytes()));
+    }
+    for (name, data) in sections {
         let section = product.object.add_section(Vec::new(), name.as_bytes().to_vec(), object::SectionKind::Metadata);
         product.object.append_section_data(section, &data, 8);
     }

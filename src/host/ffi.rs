@@ -118,6 +118,8 @@ pub struct Api {
     pub tuple_get: unsafe extern "C" fn(v: *const Any, index: i64, out: *mut Any) -> c_int,
     pub tensor_view: unsafe extern "C" fn(v: *const Any) -> *const DLTensor,
     pub tensor_export: unsafe extern "C" fn(v: *const Any, out: *mut *mut c_void) -> c_int,
+    pub vm_create_on: unsafe extern "C" fn(m: *mut Module, device: DLDevice, out: *mut *mut Vm) -> c_int,
+    pub tensor_to_host: unsafe extern "C" fn(v: *const Any, out: *mut Any) -> c_int,
 }
 
 pub type GetApi = unsafe extern "C" fn(abi_version: u32) -> *const Api;

@@ -194,6 +194,17 @@ impl Model {
         Ok(index)
     }
 
+    /// A VM on a device (device type 1 = CPU, 2 = CUDA, and its number).
+    pub fn vm_on(&self, device_type: i32, device_id: i32) -> Result<Vm<'_>, HostError> {
+        let mut vm = std::ptr::null_mut();
+        let device = DLDevice { device_type, device_id };
+        // SAFETY: valid module and out-pointer.
+        if unsafe { (self.api().vm_create_on)(self.module, device, &mut vm) } != 0 {
+            return Err(self.error());
+        }
+        Ok(Vm { model: self, vm })
+    }
+
     pub fn vm(&self) -> Result<Vm<'_>, HostError> {
         let mut vm = std::ptr::null_mut();
         // SAFETY: valid module and out-pointer.
@@ -353,6 +364,21 @@ fn to_output(api: &Api, any: &Any) -> Output {
         ffi::TYPE_TENSOR | ffi::TYPE_DLTENSOR_PTR => {
             // SAFETY: the value is a tensor, so the view is a valid DLTensor.
             let t = unsafe { &*(api.tensor_view)(any) };
+            if t.device.device_type != 1 {
+                // A device tensor: read a host copy.
+                let mut host = Any::default();
+                // SAFETY: the value is a tensor; host receives an owned value, released below.
+                if unsafe { (api.tensor_to_host)(any, &mut host) } != 0 {
+                    return Output::Other(format!(
+                        "tensor on device type {} (copy to host failed)",
+                        t.device.device_type
+                    ));
+                }
+                let out = to_output(api, &host);
+                // SAFETY: releasing the copy made above.
+                unsafe { (api.value_release)(&mut host) };
+                return out;
+            }
             let shape: Vec<i64> = (0..t.ndim as usize).map(|i| unsafe { *t.shape.add(i) }).collect();
             let elems: i64 = shape.iter().product();
             let nbytes = (elems as usize * t.dtype.bits as usize * t.dtype.lanes as usize).div_ceil(8);

@@ -31,6 +31,7 @@ int main(void) {
   P("program.magic_value_low32", RVM_PROGRAM_MAGIC & 0xffffffffu);
   P("storage.data", offsetof(rvm_storage, data));
   P("storage.nbytes", offsetof(rvm_storage, nbytes));
+  P("storage.device", offsetof(rvm_storage, device));
   P("storage.type_index", RVM_TYPE_STORAGE);
   P("shape.data", sizeof(TVMFFIObject) + offsetof(TVMFFIShapeCell, data));
   P("api.size", sizeof(rvm_api));
