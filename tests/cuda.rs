@@ -276,6 +276,47 @@ fn gpu_outputs_match_the_cpu_twin() {
     }
 }
 
+/// main(x) = to_device(x, cpu): the input goes to the device at the call and comes back through
+/// vm.builtin.to_device; the fake's device memory is host memory, so the values must survive.
+fn to_device_round_trips_data() {
+    use relaxc::vm::{Arg, ExecBuilder, Instr};
+    let Some(nvrtc) = nvrtc() else { return };
+    let mut b = ExecBuilder::new();
+    b.begin_function("main", &["x", "w", "b"]);
+    let to_device = b.packed("vm.builtin.to_device");
+    b.call(3, to_device, vec![Arg::Reg(0), Arg::Imm(1), Arg::Imm(0)]);
+    b.emit(Instr::Ret { result: 3 });
+    b.end_function(4);
+    let cuda = vec![cuda::build(&nvrtc, &common::root().join("cuda/vadd.cu"), &[80]).expect("vadd.cu")];
+    let program = relaxc::compile::Program { exec: b.build(), kernels: Vec::new(), shape_funcs: Vec::new(), cuda };
+    let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(relaxc::codegen::ExecMode::Bytecode))
+        .expect("emit");
+    let so = common::scratch_dir().join(format!("to_device.{}.so", std::process::id()));
+    relaxc::link::link_shared(&object.bytes, &[], &so).expect("link");
+    let log = common::scratch_dir().join(format!("to_device.{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    let out_npz = common::scratch_dir().join(format!("to_device.{}.npz", std::process::id()));
+    let input = common::root().join("fixtures/cuda/in.npz");
+    let x = relaxc::host::npz::read_arrays(&input).expect("inputs").remove("arg0").expect("arg0");
+    let status = Command::new(env!("CARGO_BIN_EXE_relaxc"))
+        .arg("run")
+        .arg(&so)
+        .arg("--inputs")
+        .arg(&input)
+        .arg("--outputs")
+        .arg(&out_npz)
+        .env("RELAXC_LIBCUDA", fake_driver())
+        .env("FAKE_CUDA_LOG", &log)
+        .output()
+        .expect("run");
+    let text = String::from_utf8_lossy(&status.stderr).into_owned();
+    assert!(status.status.success(), "{text}");
+    let got = relaxc::host::npz::read_arrays(&out_npz).expect("outputs").remove("out0").expect("out0");
+    assert_eq!(got.2, x.2, "the data changed on its way to the device and back");
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(log.contains("cuMemcpyHtoD buf1+0 128") && log.contains("cuMemcpyDtoH buf1+0 128"), "{log}");
+}
+
 fn has_gpu_driver() -> bool {
     // SAFETY: probing whether a CUDA driver is installed; nothing from it is called here.
     unsafe { libloading::Library::new("libcuda.so.1") }.is_ok()
@@ -302,6 +343,7 @@ fn main() {
         needs_nvrtc("fake_driver_sees_every_launch_and_copy", fake_driver_sees_every_launch_and_copy),
         needs_nvrtc("the_cubin_for_the_device_is_chosen", the_cubin_for_the_device_is_chosen),
         needs_nvrtc("driver_failures_name_the_kernel", driver_failures_name_the_kernel),
+        needs_nvrtc("to_device_round_trips_data", to_device_round_trips_data),
         Trial::test("cpu_models_have_no_cuda_in_them", || {
             cpu_models_have_no_cuda_in_them();
             Ok(())
