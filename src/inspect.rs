@@ -1,5 +1,5 @@
 //! Reading the executable back out of an input (a TVM export) or a built model (its
-//! `.rvm_exec` section), for `relaxc inspect`.
+//! `.rvm_exec`, `.rvm_modes` and `.rvm_cuda` sections), for `relaxc inspect`.
 
 use std::path::Path;
 
@@ -21,53 +21,47 @@ pub enum InspectError {
     Corrupt { path: String, source: executable::FormatError },
 }
 
-/// How each Relax function of a built model runs: (name, compiled natively?).
-pub fn function_modes(path: &Path) -> Result<Option<Vec<(String, bool)>>, InspectError> {
+/// The bytes of section `name` of a built model; Ok(None) for a non-ELF file or a missing section.
+fn model_section(path: &Path, name: &str) -> Result<Option<Vec<u8>>, InspectError> {
     let shown = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
+    let read_err = |message: String| InspectError::Read { path: shown.clone(), message };
+    let bytes = std::fs::read(path).map_err(|e| read_err(e.to_string()))?;
     if !bytes.starts_with(b"\x7fELF") {
         return Ok(None);
     }
-    let file =
-        object::File::parse(&*bytes).map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
-    let Some(section) = file.section_by_name(MODES_SECTION) else {
-        return Ok(None);
-    };
-    let data = section.data().map_err(|e| InspectError::Read { path: shown, message: e.to_string() })?;
-    Ok(Some(
-        String::from_utf8_lossy(data)
+    let file = object::File::parse(&*bytes).map_err(|e| read_err(e.to_string()))?;
+    let Some(section) = file.section_by_name(name) else { return Ok(None) };
+    Ok(Some(section.data().map_err(|e| read_err(e.to_string()))?.to_vec()))
+}
+
+/// How each Relax function of a built model runs: (name, compiled natively?).
+pub fn function_modes(path: &Path) -> Result<Option<Vec<(String, bool)>>, InspectError> {
+    Ok(model_section(path, MODES_SECTION)?.map(|data| {
+        String::from_utf8_lossy(&data)
             .lines()
             .filter_map(|l| l.split_once('\t'))
             .map(|(name, mode)| (name.to_string(), mode == "compiled"))
-            .collect(),
-    ))
+            .collect()
+    }))
 }
 
 /// The CUDA kernels and images embedded in a built model, as listed at build time.
 pub fn cuda_listing(path: &Path) -> Result<Option<String>, InspectError> {
-    let shown = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
-    if !bytes.starts_with(b"\x7fELF") {
-        return Ok(None);
-    }
-    let file =
-        object::File::parse(&*bytes).map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
-    let Some(section) = file.section_by_name(crate::codegen::cuda_tables::layout::LISTING_SECTION) else {
-        return Ok(None);
-    };
-    let data = section.data().map_err(|e| InspectError::Read { path: shown, message: e.to_string() })?;
-    Ok(Some(String::from_utf8_lossy(data).into_owned()))
+    let section = crate::codegen::cuda_tables::layout::LISTING_SECTION;
+    Ok(model_section(path, section)?.map(|data| String::from_utf8_lossy(&data).into_owned()))
 }
 
+/// The executable of a TVM export (.tar) or of a model built by relaxc (.so).
 pub fn load_executable(path: &Path) -> Result<Executable, InspectError> {
     let shown = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
-    if !bytes.starts_with(b"\x7fELF") {
+    let mut magic = [0u8; 4];
+    let is_elf = std::fs::File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .map(|()| &magic == b"\x7fELF")
+        .unwrap_or(false);
+    if !is_elf {
         return Ok(tvm::import_tar(path)?.exec);
     }
-    let file =
-        object::File::parse(&*bytes).map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
-    let section = file.section_by_name(EXEC_SECTION).ok_or(InspectError::NotAModel { path: shown.clone() })?;
-    let data = section.data().map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
-    executable::read_executable(data).map_err(|source| InspectError::Corrupt { path: shown, source })
+    let data = model_section(path, EXEC_SECTION)?.ok_or(InspectError::NotAModel { path: shown.clone() })?;
+    executable::read_executable(&data).map_err(|source| InspectError::Corrupt { path: shown, source })
 }
