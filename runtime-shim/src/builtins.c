@@ -602,7 +602,7 @@ int rvm_builtin_read_if_cond(void *self, const TVMFFIAny *args, int32_t n, TVMFF
       return rvm_raise("TypeError", "vm.builtin.read_if_cond expects an int, uint or bool tensor, but got %s", name);
     if (rvm_tensor_nbytes(t) == 0) return rvm_raise("ValueError", "vm.builtin.read_if_cond: the condition tensor is empty");
     char element[8] = {0};
-    rvm_vm *vm = rvm_current_vm();
+    rvm_vm *vm = t->device.device_type == kDLCPU ? NULL : rvm_current_vm(); /* only device reads need it */
     if (rvm_tensor_read(t, vm ? vm->cuda : NULL, element, (uint64_t)(t->dtype.bits + 7) / 8)) return -1;
     const char *p = element;
     switch (t->dtype.bits) {
