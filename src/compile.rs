@@ -163,6 +163,8 @@ pub fn load_tvm_export(input: &Path) -> Result<Program, CompileError> {
 
 /// Emits the model object for a program.
 pub fn emit(program: &Program, options: &Options) -> Result<codegen::tables::EmittedObject, CompileError> {
+    // Code generation relies on a verified executable (indices in range, jumps inside).
+    verify(&program.exec)?;
     let mut available: BTreeSet<String> = program.kernels.iter().flat_map(|k| k.kernels.iter().cloned()).collect();
     available.extend(program.shape_funcs.iter().map(|f| f.name.clone()));
     available.extend(program.cuda.iter().flat_map(|m| m.kernels.iter().map(|k| k.name.clone())));

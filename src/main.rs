@@ -14,9 +14,10 @@ use relaxc::host::{Model, npz};
     name = "relaxc",
     version,
     about = "Ahead-of-time compiler from Relax VM programs to self-contained shared objects",
-    long_about = "relaxc turns a Relax program (a TVM 0.27 export made with ex.export_library(\"m.tar\")) into one \
-                  self-contained .so: the program, its kernels and a small C runtime, loadable with dlopen through \
-                  the C API in rvm.h. No libtvm and no Python are needed to run it."
+    long_about = "relaxc turns a Relax program into one self-contained .so: the program, its kernels and a small C \
+                  runtime, loadable with dlopen through the C API in rvm.h. No libtvm and no Python are needed to run \
+                  it. Input is a TVM 0.27 export (ex.export_library(\"m.tar\")) or a TVMScript program (.py) whose \
+                  operators are C or CUDA kernels."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -30,8 +31,9 @@ enum Command {
         /// A TVM export (.tar from export_library, built with exec_mode="bytecode"), or a
         /// TVMScript program (.py: an @I.ir_module of @R.functions calling C kernels).
         input: PathBuf,
-        /// C kernel sources for a .py program (each exports __tvm_ffi_<name>; see rvm_kernel.h).
-        #[arg(long, num_args = 1.., value_name = "FILE.c")]
+        /// Kernel sources for a .py program: C (.c, exporting __tvm_ffi_<name>; see rvm_kernel.h), built
+        /// with clang or cc, or CUDA (.cu, with launch metadata; see rvm_cuda.h), built with NVRTC.
+        #[arg(long, num_args = 1.., value_name = "FILE.c|FILE.cu")]
         kernels: Vec<PathBuf>,
         /// Weights for a .py program's tensor parameters, bound by parameter name.
         #[arg(long, value_name = "FILE.safetensors")]
