@@ -463,8 +463,7 @@ impl Lowering<'_> {
         let off = b.ins().iconst(types::I64, offset);
         let call = b.ins().call(into, &[dst_addr, storage_addr, off, shape_addr, dtype_addr]);
         let rc = b.inst_results(call)[0];
-        let (pcv, cv) = (b.ins().iconst(types::I64, pc), b.ins().iconst(types::I64, callee));
-        b.ins().brif(rc, env.error, &[BlockArg::Value(pcv), BlockArg::Value(cv)], join, &[]);
+        self.branch_on_failure(b, env, rc, pc, callee, join);
         b.switch_to_block(join);
     }
 
@@ -512,8 +511,7 @@ impl Lowering<'_> {
         };
         let rc = b.inst_results(call)[0];
         let cont = b.create_block();
-        let (pcv, cv) = (b.ins().iconst(types::I64, pc), b.ins().iconst(types::I64, callee));
-        b.ins().brif(rc, env.error, &[BlockArg::Value(pcv), BlockArg::Value(cv)], cont, &[]);
+        self.branch_on_failure(b, env, rc, pc, callee, cont);
         b.switch_to_block(cont);
         if dst < VOID_REG {
             self.release(b, env.regs, reg_offset(dst));
@@ -560,6 +558,17 @@ impl Lowering<'_> {
             },
             Arg::Func(g) => self.copy_any(b, env.funcs, g as i32 * ANY, env.argv, at),
         }
+    }
+
+    /// Continues at `next` when `rc` is 0; otherwise a cold stub passes this call's pc and callee
+    /// to the shared error block (keeping those constants off the hot path).
+    fn branch_on_failure(&self, b: &mut FunctionBuilder, env: &Env, rc: Value, pc: i64, callee: i64, next: Block) {
+        let stub = b.create_block();
+        b.set_cold_block(stub);
+        b.ins().brif(rc, stub, &[], next, &[]);
+        b.switch_to_block(stub);
+        let (pcv, cv) = (b.ins().iconst(types::I64, pc), b.ins().iconst(types::I64, callee));
+        b.ins().jump(env.error, &[BlockArg::Value(pcv), BlockArg::Value(cv)]);
     }
 
     fn copy_any(&self, b: &mut FunctionBuilder, from: Value, from_off: i32, to: Value, to_off: i32) {
