@@ -28,6 +28,11 @@ pub struct AlignedBuf {
     len: usize,
 }
 
+// SAFETY: AlignedBuf owns its allocation exclusively, like a Vec<u8>; shared access only reads.
+unsafe impl Send for AlignedBuf {}
+// SAFETY: as above.
+unsafe impl Sync for AlignedBuf {}
+
 impl AlignedBuf {
     pub fn zeroed(len: usize) -> AlignedBuf {
         let layout = Layout::from_size_align(len.max(1), 64).expect("buffer layout");
