@@ -118,7 +118,8 @@ fn run(cli: Cli) -> Result<()> {
             let cuda_archs = cuda_arch.iter().map(|a| relaxc::cuda::parse_arch(a)).collect::<Result<Vec<_>, _>>()?;
             let native = relaxc::codegen::native::NativeOptions {
                 keep_bytecode: keep_bytecode.into_iter().collect(),
-                specialize: !no_specialize,
+                inline_builtins: !no_specialize,
+                stack_tensors: !no_specialize,
             };
             let script = relaxc::compile::ScriptInputs { kernels, params, cuda_archs };
             let options = relaxc::compile::Options { mode: exec_mode, native, script };

@@ -171,7 +171,7 @@ fn relax_function_names(fixture: &common::Fixture) -> Vec<String> {
 /// A mixed-mode build gives the same bytes as TVM, and the functions run as asked.
 fn mixed_case(fixture: &common::Fixture, case: &str, tag: &str, keep: Vec<String>) -> Result<(), Failed> {
     let native =
-        relaxc::codegen::native::NativeOptions { keep_bytecode: keep.iter().cloned().collect(), specialize: true };
+        relaxc::codegen::native::NativeOptions { keep_bytecode: keep.iter().cloned().collect(), ..Default::default() };
     let options = relaxc::compile::Options { mode: ExecMode::Compiled, native, script: Default::default() };
     let so = common::build_with(&fixture.name, &fixture.tar(), &options, tag)?;
     let modes = relaxc::inspect::function_modes(&so)?.ok_or("no modes section")?;

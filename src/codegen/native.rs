@@ -139,14 +139,15 @@ fn compiled_signature(module: &ObjectModule) -> Signature {
 pub struct NativeOptions {
     /// Relax functions to leave as bytecode.
     pub keep_bytecode: HashSet<String>,
-    /// Inline null_value/copy and build non-escaping tensors on the stack. Off only to measure
-    /// what these specializations are worth.
-    pub specialize: bool,
+    /// Inline null_value and copy. Off only to measure what it is worth.
+    pub inline_builtins: bool,
+    /// Build non-escaping tensors on the native stack. Off only to measure what it is worth.
+    pub stack_tensors: bool,
 }
 
 impl Default for NativeOptions {
     fn default() -> NativeOptions {
-        NativeOptions { keep_bytecode: HashSet::new(), specialize: true }
+        NativeOptions { keep_bytecode: HashSet::new(), inline_builtins: true, stack_tensors: true }
     }
 }
 
@@ -189,8 +190,7 @@ pub fn compile_functions(
             let id = module.declare_function(&symbol, Linkage::Local, &sig)?;
             ctx.func.signature = sig.clone();
             let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-            let specialize = options.specialize;
-            let lowering = Lowering { exec, func: index, symbols, packed: &packed, shim: &shim, module, specialize };
+            let lowering = Lowering { exec, func: index, symbols, packed: &packed, shim: &shim, module, options };
             lowering.lower(&mut b, &instrs, lo, hi);
             b.finalize(module.isa().frontend_config());
             module.define_function(id, &mut ctx)?;
@@ -221,7 +221,7 @@ struct Lowering<'a> {
     packed: &'a [Option<FuncId>],
     shim: &'a Shim,
     module: &'a mut ObjectModule,
-    specialize: bool,
+    options: &'a NativeOptions,
 }
 
 /// Values every block can use (defined in the entry block, which dominates all).
@@ -285,8 +285,11 @@ impl Lowering<'_> {
             }
         }
 
-        let sites =
-            if self.specialize { stack_tensor_sites(self.exec, self.symbols, instrs, &leader) } else { HashMap::new() };
+        let sites = if self.options.stack_tensors {
+            stack_tensor_sites(self.exec, self.symbols, instrs, &leader)
+        } else {
+            HashMap::new()
+        };
 
         let entry = b.create_block();
         b.append_block_params_for_function_params(entry);
@@ -468,7 +471,7 @@ impl Lowering<'_> {
     }
 
     fn call(&mut self, b: &mut FunctionBuilder, env: &Env, pc: i64, dst: i64, callee: i64, args: &[Arg]) {
-        match (self.builtin(callee).filter(|_| self.specialize), args) {
+        match (self.builtin(callee).filter(|_| self.options.inline_builtins), args) {
             // Inlined: drop what dst holds.
             (Some("vm.builtin.null_value"), []) => {
                 if dst < VOID_REG {
