@@ -32,6 +32,8 @@ pub enum CompileError {
     Cuda(#[from] crate::cuda::CudaError),
     #[error("{path}: {message}")]
     Params { path: String, message: String },
+    #[error("{path}: {source}")]
+    Asm { path: String, source: crate::vm::asm::AsmError },
     #[error("cannot read {path}: {source}")]
     Read { path: String, source: std::io::Error },
 }
@@ -61,6 +63,15 @@ pub fn load_script(path: &Path, inputs: &ScriptInputs) -> Result<Program, Compil
     let module = crate::script::convert::convert(&stmts, &weights).map_err(render)?;
     let lowered = crate::lower::lower(&module).map_err(render)?;
     verify(&lowered.exec)?;
+    let (kernels, cuda) = build_kernels(inputs)?;
+    let mut available: BTreeSet<String> = kernels.iter().flat_map(|k| k.kernels.iter().cloned()).collect();
+    available.extend(cuda.iter().flat_map(|m| m.kernels.iter().map(|k| k.name.clone())));
+    check_kernels(&module, &available, &inputs.kernels).map_err(render)?;
+    Ok(Program { exec: lowered.exec, kernels, shape_funcs: lowered.shape_funcs, cuda })
+}
+
+/// Builds the `--kernels` sources: C with clang, CUDA with NVRTC.
+fn build_kernels(inputs: &ScriptInputs) -> Result<(Vec<KernelObject>, Vec<crate::cuda::CudaModule>), CompileError> {
     let (cu, c): (Vec<_>, Vec<_>) = inputs.kernels.iter().partition(|k| k.extension().is_some_and(|e| e == "cu"));
     let kernels = c.iter().map(|k| crate::kernels::compile_c(k)).collect::<Result<Vec<_>, _>>()?;
     let mut cuda = Vec::new();
@@ -71,10 +82,18 @@ pub fn load_script(path: &Path, inputs: &ScriptInputs) -> Result<Program, Compil
             cuda.push(crate::cuda::build(&nvrtc, source, &archs)?);
         }
     }
-    let mut available: BTreeSet<String> = kernels.iter().flat_map(|k| k.kernels.iter().cloned()).collect();
-    available.extend(cuda.iter().flat_map(|m| m.kernels.iter().map(|k| k.name.clone())));
-    check_kernels(&module, &available, &inputs.kernels).map_err(render)?;
-    Ok(Program { exec: lowered.exec, kernels, shape_funcs: lowered.shape_funcs, cuda })
+    Ok((kernels, cuda))
+}
+
+/// Assembles relaxc's text form (`.rvmasm`, as `relaxc inspect --asm` prints it), verifies it and
+/// builds its kernels; a hand-written program or a hand-edited listing compiles like any other.
+pub fn load_asm(path: &Path, inputs: &ScriptInputs) -> Result<Program, CompileError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| CompileError::Read { path: shown.clone(), source })?;
+    let exec = crate::vm::asm::assemble(&text).map_err(|e| CompileError::Asm { path: shown, source: e })?;
+    verify(&exec)?;
+    let (kernels, cuda) = build_kernels(inputs)?;
+    Ok(Program { exec, kernels, shape_funcs: Vec::new(), cuda })
 }
 
 /// Every kernel a script calls must be defined by one of its kernel sources.
@@ -200,6 +219,8 @@ pub fn compile_file_with(input: &Path, options: &Options, out: &Path) -> Result<
     let t = Instant::now();
     let program = if input.extension().is_some_and(|e| e == "py") {
         load_script(input, &options.script)?
+    } else if input.extension().is_some_and(|e| e == "rvmasm") {
+        load_asm(input, &options.script)?
     } else {
         load_tvm_export(input)?
     };

@@ -13,6 +13,8 @@ use crate::vm::Executable;
 pub enum InspectError {
     #[error(transparent)]
     Import(#[from] ImportError),
+    #[error("{path}: {source}")]
+    Asm { path: String, source: crate::vm::asm::AsmError },
     #[error("cannot read {path}: {message}")]
     Read { path: String, message: String },
     #[error("{path} has no {EXEC_SECTION} section: not a model built by relaxc")]
@@ -51,9 +53,14 @@ pub fn cuda_listing(path: &Path) -> Result<Option<String>, InspectError> {
     Ok(model_section(path, section)?.map(|data| String::from_utf8_lossy(&data).into_owned()))
 }
 
-/// The executable of a TVM export (.tar) or of a model built by relaxc (.so).
+/// The executable of a TVM export (.tar), a text form (.rvmasm) or a model built by relaxc (.so).
 pub fn load_executable(path: &Path) -> Result<Executable, InspectError> {
     let shown = path.display().to_string();
+    if path.extension().is_some_and(|e| e == "rvmasm") {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| InspectError::Read { path: shown.clone(), message: e.to_string() })?;
+        return crate::vm::asm::assemble(&text).map_err(|source| InspectError::Asm { path: shown, source });
+    }
     let mut magic = [0u8; 4];
     let is_elf = std::fs::File::open(path)
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))

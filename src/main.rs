@@ -28,10 +28,11 @@ struct Cli {
 enum Command {
     /// Compile a model into a shared object.
     Compile {
-        /// A TVM export (.tar from export_library, built with exec_mode="bytecode"), or a
-        /// TVMScript program (.py: an @I.ir_module of @R.functions calling C kernels).
+        /// A TVM export (.tar from export_library, built with exec_mode="bytecode"), a
+        /// TVMScript program (.py: an @I.ir_module of @R.functions calling C kernels), or relaxc's
+        /// text form (.rvmasm, as `relaxc inspect --asm` prints it).
         input: PathBuf,
-        /// Kernel sources for a .py program: C (.c, exporting __tvm_ffi_<name>; see rvm_kernel.h), built
+        /// Kernel sources for a .py or .rvmasm program: C (.c, exporting __tvm_ffi_<name>; see rvm_kernel.h), built
         /// with clang or cc, or CUDA (.cu, with launch metadata; see rvm_cuda.h), built with NVRTC.
         #[arg(long, num_args = 1.., value_name = "FILE.c|FILE.cu")]
         kernels: Vec<PathBuf>,
@@ -87,11 +88,15 @@ enum Command {
     },
     /// Print the listing (as TVM's as_text()) and statistics of a TVM export or a compiled model.
     Inspect {
-        /// A TVM export (.tar) or a model built by relaxc (.so).
+        /// A TVM export (.tar), relaxc's text form (.rvmasm) or a model built by relaxc (.so).
         input: PathBuf,
         /// Print the builder form (TVM's as_python()) instead of the listing.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "asm")]
         python: bool,
+        /// Print relaxc's text form instead: the listing plus constants, scopes, register counts
+        /// and parameter names, complete enough to assemble back to the same executable.
+        #[arg(long)]
+        asm: bool,
     },
 }
 
@@ -144,9 +149,13 @@ fn run(cli: Cli) -> Result<()> {
             let opts = RunOptions { func, inputs, outputs, expect, bench, stats, device };
             run_model(&model, &opts)
         }
-        Command::Inspect { input, python } => {
+        Command::Inspect { input, python, asm } => {
             let exec =
                 relaxc::inspect::load_executable(&input).with_context(|| format!("inspecting {}", input.display()))?;
+            if asm {
+                print!("{}", relaxc::vm::asm::disassemble(&exec));
+                return Ok(());
+            }
             if python {
                 print!("{}", exec.as_python());
             } else {

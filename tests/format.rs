@@ -71,6 +71,10 @@ fn float_and_every_constant_kind_round_trip() {
         Constant::Float(2.5),
         Constant::Int(1 << 60),
         Constant::Str("hello".into()),
+        Constant::Str("quote \" back\\slash\nnewline µ\u{1}".into()),
+        Constant::Float(f64::NAN),
+        Constant::DataType(DType::new(2, 32, 4)),
+        Constant::DataType(DType::new(6, 8, 1)),
         Constant::Shape(vec![]),
         Constant::Shape(vec![7, 8]),
         Constant::DataType(DType::new(2, 16, 1)),
@@ -91,11 +95,110 @@ fn float_and_every_constant_kind_round_trip() {
     let exec = b.build();
     assert_eq!(exec.constants.len(), consts.len());
     let back: Executable = executable::read_executable(&executable::write_executable(&exec)).expect("reads back");
-    assert_eq!(back, exec);
+    assert_eq!(executable::write_executable(&back), executable::write_executable(&exec));
+    let text = relaxc::vm::asm::disassemble(&exec);
+    let assembled = relaxc::vm::asm::assemble(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(executable::write_executable(&assembled), executable::write_executable(&exec), "{text}");
     assert!(
-        exec.stats()
-            .contains("[2.5, 1152921504606846976, \"hello\", shapetupl], shapetuple[7, 8], float16, [2, 2], scalar]"),
+        exec.stats().contains("NaN, float32x4, bool, shapetupl], shapetuple[7, 8], float16, [2, 2], scalar]"),
         "{}",
         exec.stats()
     );
+}
+
+/// The text form must lose nothing: assembling a disassembly gives the same executable bytes,
+/// for TVM's fixtures, the script front end's output and a batch of random programs.
+#[test]
+fn text_form_round_trips_to_identical_bytes() {
+    use relaxc::vm::asm::{assemble, disassemble};
+    let check = |name: &str, exec: &Executable| {
+        let text = disassemble(exec);
+        let back = assemble(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
+        assert!(
+            executable::write_executable(&back) == executable::write_executable(exec),
+            "{name}: the text form does not reassemble to the same bytes\n{text}"
+        );
+        assert_eq!(disassemble(&back), text, "{name}: second disassembly differs");
+    };
+    for f in common::fixtures() {
+        check(&f.name, &tvm::import_tar(&f.tar()).unwrap_or_else(|e| panic!("{}: {e}", f.name)).exec);
+    }
+    let inputs = relaxc::compile::ScriptInputs {
+        kernels: vec![common::root().join("fixtures/script/kernels.c")],
+        ..Default::default()
+    };
+    let script_dir = common::root().join("fixtures/script");
+    let mut scripts = 0;
+    for entry in std::fs::read_dir(&script_dir).expect("fixtures/script") {
+        let program = entry.expect("entry").path().join("m.py");
+        if program.exists() {
+            let loaded = relaxc::compile::load_script(&program, &inputs).unwrap_or_else(|e| panic!("{e:#}"));
+            check(&program.display().to_string(), &loaded.exec);
+            scripts += 1;
+        }
+    }
+    assert!(scripts >= 5, "script fixtures missing");
+    check("random batch", &common::random::generate(7, 200).exec);
+}
+
+#[test]
+fn text_form_errors_name_the_line() {
+    use relaxc::vm::asm::assemble;
+    let err = assemble("relaxc-asm 1\nfunc main bytecode at=0 regs=1 params=-\n  call nowhere in: %0 dst: %void\n")
+        .expect_err("unknown function");
+    assert_eq!(err.line, 3);
+    assert!(err.message.contains("nowhere"), "{err}");
+    assert_eq!(assemble("not asm").expect_err("header").line, 1);
+    let err = assemble("relaxc-asm 1\nconst 1 int 3\n").expect_err("constant order");
+    assert_eq!(err.line, 2);
+}
+
+/// A bounded stand-in for the `assemble` fuzz target: mutated listings must assemble or be
+/// rejected with a line number, and what assembles must verify or be rejected, never panic.
+#[test]
+fn mutated_text_never_panics() {
+    use relaxc::vm::asm::{assemble, disassemble};
+    let sources: Vec<String> = common::fixtures()
+        .iter()
+        .map(|f| disassemble(&tvm::import_tar(&f.tar()).expect("fixture").exec))
+        .chain([disassemble(&common::random::generate(11, 20).exec)])
+        .collect();
+    let snippets =
+        ["%", "%void", "i-", "c[", "f[", "]", ", ", " in: ", " dst: ", "\n  ", "=", "9999999999999999999", "\n"];
+    let count: usize = std::env::var("RELAXC_FUZZ_COUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(3000);
+    let mut rng = common::random::Rng::new(0xa55e_b1e0_0000_0001);
+    let (mut verified, mut invalid, mut rejected) = (0, 0, 0);
+    for _ in 0..count {
+        let mut s: Vec<u8> = sources[rng.below(sources.len())].clone().into_bytes();
+        for _ in 0..1 + rng.below(3) {
+            let at = rng.below(s.len() + 1);
+            match rng.below(3) {
+                0 if at < s.len() => {
+                    s.remove(at);
+                }
+                1 => {
+                    let snip = snippets[rng.below(snippets.len())].as_bytes();
+                    s.splice(at..at, snip.iter().copied());
+                }
+                _ if at < s.len() => {
+                    let alphabet = b"0123456789%-,=[] \nic";
+                    s[at] = alphabet[rng.below(alphabet.len())];
+                }
+                _ => {}
+            }
+        }
+        let text = String::from_utf8_lossy(&s);
+        match assemble(&text) {
+            Ok(exec) => match relaxc::vm::verify(&exec) {
+                Ok(()) => verified += 1,
+                Err(_) => invalid += 1,
+            },
+            Err(e) => {
+                assert!(e.line >= 1 && e.line <= text.lines().count().max(1), "line {} out of range: {e}", e.line);
+                rejected += 1;
+            }
+        }
+    }
+    eprintln!("{count} mutated listings: {verified} verified, {invalid} assembled but invalid, {rejected} rejected");
+    assert!(rejected > 0 && verified > 0, "mutations too weak or too strong to exercise the assembler");
 }

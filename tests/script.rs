@@ -137,3 +137,30 @@ fn mutated_programs_never_panic() {
     eprintln!("{count} mutated programs: {ok} still compiled, {rejected} rejected with an error; none panicked");
     assert!(rejected > 0 && ok > 0, "mutations too weak or too strong to exercise the front end");
 }
+
+/// A listing from `inspect --asm`, compiled as `.rvmasm`, runs like the program it came from, in
+/// both modes; a program whose shape functions the text form cannot carry gets a clear error.
+#[test]
+fn text_form_compiles_and_runs() {
+    let dir = common::root().join("fixtures/script/chain");
+    let program = load_script(&dir.join("m.py"), &kernels()).expect("chain compiles");
+    let asm_path = common::scratch_dir().join(format!("chain.{}.rvmasm", std::process::id()));
+    std::fs::write(&asm_path, relaxc::vm::asm::disassemble(&program.exec)).expect("write");
+    let inputs = relaxc::host::npz::read_inputs(&dir.join("ok_basic.in.npz")).expect("inputs");
+    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+        let mut options = Options::mode(mode);
+        options.script = kernels();
+        let so = common::build_with("chain_asm", &asm_path, &options, common::mode_name(mode)).expect("build");
+        let model = relaxc::host::Model::load(&so).expect("load");
+        let mut vm = model.vm().expect("vm");
+        let outputs = vm.call(model.find("main").expect("main"), &inputs).expect("call").to_output().flatten();
+        common::compare_outputs(&outputs, &dir.join("ok_basic.out.npz")).expect("outputs");
+    }
+    let dynamic = load_script(&common::root().join("fixtures/script/dynamic/m.py"), &kernels()).expect("dynamic");
+    let asm_path = common::scratch_dir().join(format!("dynamic.{}.rvmasm", std::process::id()));
+    std::fs::write(&asm_path, relaxc::vm::asm::disassemble(&dynamic.exec)).expect("write");
+    let mut options = Options::mode(ExecMode::Bytecode);
+    options.script = kernels();
+    let err = common::build_with("dynamic_asm", &asm_path, &options, "bytecode").expect_err("no shape functions");
+    assert!(err.contains("shape_func_main_0 is not defined"), "{err}");
+}

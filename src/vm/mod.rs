@@ -2,6 +2,7 @@
 //! the constant pool, and a builder. Both front ends (the TVM importer and relaxc's own lowering)
 //! end in an [`Executable`]; both execution modes start from one.
 
+pub mod asm;
 mod builder;
 mod text;
 mod verify;
