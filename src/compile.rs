@@ -145,6 +145,8 @@ pub struct CompileReport {
     pub object_bytes: usize,
     /// Relax functions that stayed bytecode in compiled mode, with the reason.
     pub notes: Vec<(String, String)>,
+    /// The native functions' CLIF with `; pc=N` comments, when `emit_clif` was set.
+    pub clif: String,
 }
 
 /// How to compile.
@@ -230,6 +232,7 @@ pub fn compile_file_with(input: &Path, options: &Options, out: &Path) -> Result<
     report.codegen = t.elapsed();
     report.object_bytes = object.bytes.len();
     report.notes = object.notes;
+    report.clif = object.clif;
     let t = Instant::now();
     link::link_shared(&object.bytes, &program.kernels, out)?;
     report.link = t.elapsed();

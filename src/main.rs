@@ -59,6 +59,10 @@ enum Command {
         /// short-lived tensors on the stack (to measure what that is worth).
         #[arg(long)]
         no_specialize: bool,
+        /// In compiled mode, also write the Cranelift IR of every native function to FILE, each
+        /// bytecode instruction's code headed by a `; pc=N <instruction>` comment.
+        #[arg(long, value_name = "FILE")]
+        emit_clif: Option<PathBuf>,
     },
     /// Run a function of a compiled model on inputs from an .npz file.
     Run {
@@ -119,17 +123,25 @@ fn run(cli: Cli) -> Result<()> {
             verbose,
             keep_bytecode,
             no_specialize,
+            emit_clif,
         } => {
+            if emit_clif.is_some() && exec_mode != relaxc::codegen::ExecMode::Compiled {
+                anyhow::bail!("--emit-clif needs --exec-mode compiled: bytecode mode generates no CLIF");
+            }
             let cuda_archs = cuda_arch.iter().map(|a| relaxc::cuda::parse_arch(a)).collect::<Result<Vec<_>, _>>()?;
             let native = relaxc::codegen::native::NativeOptions {
                 keep_bytecode: keep_bytecode.into_iter().collect(),
                 inline_builtins: !no_specialize,
                 stack_tensors: !no_specialize,
+                emit_clif: emit_clif.is_some(),
             };
             let script = relaxc::compile::ScriptInputs { kernels, params, cuda_archs };
             let options = relaxc::compile::Options { mode: exec_mode, native, script };
             let report = relaxc::compile::compile_file_with(&input, &options, &output)
                 .with_context(|| format!("compiling {}", input.display()))?;
+            if let Some(path) = &emit_clif {
+                std::fs::write(path, &report.clif).with_context(|| format!("writing {}", path.display()))?;
+            }
             for (function, reason) in &report.notes {
                 eprintln!("note: {function} runs as bytecode: {reason}");
             }

@@ -142,3 +142,31 @@ fn every_function_of_every_fixture_compiles_natively() {
         }
     }
 }
+
+/// `--emit-clif` heads each bytecode instruction's code with `; pc=N <listing line>`: every
+/// reachable instruction of every compiled function appears, with the listing's own text.
+#[test]
+fn emitted_clif_carries_the_bytecode_pc() {
+    for name in ["if_cond", "calls", "mlp_static"] {
+        let tar = common::fixtures_dir().join(format!("{name}/m.tar"));
+        let mut options = relaxc::compile::Options::mode(ExecMode::Compiled);
+        options.native.emit_clif = true;
+        let out = common::scratch_dir().join(format!("{name}.clif.{}.so", std::process::id()));
+        let report = relaxc::compile::compile_file_with(&tar, &options, &out).expect("compile");
+        let exec = relaxc::tvm::import_tar(&tar).expect("import").exec;
+        for f in exec.funcs.iter().filter(|f| f.kind == relaxc::vm::FuncKind::Bytecode) {
+            let header = format!("; __vmtir__{}: Relax function {}, pc 0..", f.name, f.name);
+            let at = report.clif.find(&header).unwrap_or_else(|| panic!("{name}: no CLIF for {}", f.name));
+            let end = report.clif[at + 1..].find("\n; __vmtir__").map_or(report.clif.len(), |e| at + 1 + e);
+            let body = &report.clif[at..end];
+            assert!(body.contains("function "), "{name}/{}: no function text", f.name);
+            for pc in 0..f.end_instr - f.start_instr {
+                let instr = exec.instr((f.start_instr + pc) as usize).expect("instruction");
+                let comment = format!("; pc={pc} {}\n", exec.instr_text(&instr));
+                assert!(body.contains(&comment), "{name}/{}: missing `{}`\n{body}", f.name, comment.trim_end());
+            }
+            let beyond = format!("; pc={} ", f.end_instr - f.start_instr);
+            assert!(!body.contains(&beyond), "{name}/{}: a pc past the end", f.name);
+        }
+    }
+}

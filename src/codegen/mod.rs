@@ -2,6 +2,7 @@
 //! (in compiled mode) native code for Relax functions.
 
 pub mod builtins;
+pub mod clif_text;
 pub mod cuda_tables;
 pub mod native;
 pub mod shape_func;

@@ -18,7 +18,8 @@ use std::sync::OnceLock;
 
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{
-    AbiParam, Block, BlockArg, InstBuilder, MemFlagsData, Signature, StackSlotData, StackSlotKind, Type, Value, types,
+    AbiParam, Block, BlockArg, InstBuilder, MemFlagsData, Signature, SourceLoc, StackSlotData, StackSlotKind, Type,
+    Value, types,
 };
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{FuncId, Linkage, Module};
@@ -89,6 +90,8 @@ pub struct NativeResult {
     pub compiled: Vec<Option<FuncId>>,
     /// Functions left as bytecode, with the reason.
     pub notes: Vec<(String, String)>,
+    /// The CLIF of every native function before optimization, when asked for.
+    pub clif: String,
 }
 
 struct Shim {
@@ -143,11 +146,13 @@ pub struct NativeOptions {
     pub inline_builtins: bool,
     /// Build non-escaping tensors on the native stack. Off only to measure what it is worth.
     pub stack_tensors: bool,
+    /// Keep each function's CLIF as text, with `; pc=N` comments, in [`NativeResult::clif`].
+    pub emit_clif: bool,
 }
 
 impl Default for NativeOptions {
     fn default() -> NativeOptions {
-        NativeOptions { keep_bytecode: HashSet::new(), inline_builtins: true, stack_tensors: true }
+        NativeOptions { keep_bytecode: HashSet::new(), inline_builtins: true, stack_tensors: true, emit_clif: false }
     }
 }
 
@@ -168,7 +173,7 @@ pub fn compile_functions(
             None => None,
         });
     }
-    let mut result = NativeResult { compiled: vec![None; exec.funcs.len()], notes: Vec::new() };
+    let mut result = NativeResult { compiled: vec![None; exec.funcs.len()], notes: Vec::new(), clif: String::new() };
     let sig = compiled_signature(module);
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
@@ -190,9 +195,24 @@ pub fn compile_functions(
             let id = module.declare_function(&symbol, Linkage::Local, &sig)?;
             ctx.func.signature = sig.clone();
             let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
-            let lowering = Lowering { exec, func: index, symbols, packed: &packed, shim: &shim, module, options };
+            let lowering = Lowering {
+                exec,
+                func: index,
+                symbols,
+                packed: &packed,
+                shim: &shim,
+                module,
+                options,
+                declared: HashMap::new(),
+            };
             lowering.lower(&mut b, &instrs, lo, hi);
             b.finalize(module.isa().frontend_config());
+            if options.emit_clif {
+                let listing = |pc: u32| instrs.get(pc as usize).map(|i| exec.instr_text(i));
+                result.clif.push_str(&format!("; {symbol}: Relax function {}, pc {lo}..{hi}\n", f.name));
+                result.clif.push_str(&super::clif_text::annotated(&ctx.func, &listing));
+                result.clif.push('\n');
+            }
             module.define_function(id, &mut ctx)?;
             module.clear_context(&mut ctx);
             parts.push(id);
@@ -222,6 +242,8 @@ struct Lowering<'a> {
     shim: &'a Shim,
     module: &'a mut ObjectModule,
     options: &'a NativeOptions,
+    /// Each callee declared once per function, not once per call site.
+    declared: HashMap<FuncId, cranelift_codegen::ir::FuncRef>,
 }
 
 /// Values every block can use (defined in the entry block, which dominates all).
@@ -247,8 +269,12 @@ impl Lowering<'_> {
     /// A reference to a function linked into the same shared object (kernels, builtins, the
     /// shim), so the call is a direct PC-relative one rather than through a loaded address.
     fn callee(&mut self, id: FuncId, b: &mut FunctionBuilder) -> cranelift_codegen::ir::FuncRef {
+        if let Some(&fref) = self.declared.get(&id) {
+            return fref;
+        }
         let fref = self.module.declare_func_in_func(id, b.func);
         b.func.dfg.ext_funcs[fref].colocated = true;
+        self.declared.insert(id, fref);
         fref
     }
 
@@ -330,6 +356,8 @@ impl Lowering<'_> {
                 continue; // unreachable: nothing jumps here
             }
             let pc = (lo + i) as i64;
+            // The pc rides on every CLIF instruction made for this one (see clif_text).
+            b.set_srcloc(SourceLoc::new(pc as u32));
             let target = |off: i64| blocks[(i as i64 + off) as usize].expect("jump targets are leaders");
             match ins {
                 Instr::Call { dst, func, args } => match tensor_slots.get(&i) {
@@ -375,6 +403,7 @@ impl Lowering<'_> {
             }
         }
 
+        b.set_srcloc(SourceLoc::default());
         if open {
             // Execution continues in the next chunk.
             let one = b.ins().iconst(types::I32, 1);

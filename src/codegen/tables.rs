@@ -369,6 +369,8 @@ pub struct EmittedObject {
     pub bytes: Vec<u8>,
     /// Relax functions left as bytecode in compiled mode, with the reason.
     pub notes: Vec<(String, String)>,
+    /// The native functions' CLIF with `; pc=N` comments, when asked for.
+    pub clif: String,
 }
 
 /// Emits the whole model object for `exec`: the tables, native code in compiled mode, and the
@@ -407,5 +409,5 @@ pub fn emit_object(
         product.object.append_section_data(section, &data, 8);
     }
     let bytes = product.emit().map_err(|e| TablesError::Object(e.to_string()))?;
-    Ok(EmittedObject { bytes, notes: native.notes })
+    Ok(EmittedObject { bytes, notes: native.notes, clif: native.clif })
 }
