@@ -18,8 +18,7 @@ struct PcCommentWriter<'a> {
 
 impl FuncWriter for PcCommentWriter<'_> {
     fn write_block_header(&mut self, w: &mut dyn Write, func: &Function, block: Block, indent: usize) -> fmt::Result {
-        // A new block restates its pc: readers jump to blocks.
-        self.last = SourceLoc::default();
+        // Blocks do not restate the pc: each instruction's `@` prefix already carries it.
         PlainWriter.write_block_header(w, func, block, indent)
     }
 
