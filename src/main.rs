@@ -16,8 +16,8 @@ use relaxc::host::{Model, npz};
     about = "Ahead-of-time compiler from Relax VM programs to self-contained shared objects",
     long_about = "relaxc turns a Relax program into one self-contained .so: the program, its kernels and a small C \
                   runtime, loadable with dlopen through the C API in rvm.h. No libtvm and no Python are needed to run \
-                  it. Input is a TVM 0.27 export (ex.export_library(\"m.tar\")) or a TVMScript program (.py) whose \
-                  operators are C or CUDA kernels."
+                  it. Input is a TVM 0.27 export (ex.export_library(\"m.tar\")), a TVMScript program (.py) whose \
+                  operators are C or CUDA kernels, or relaxc's text form of a program (.rvmasm, from inspect --asm)."
 )]
 struct Cli {
     #[command(subcommand)]
