@@ -202,3 +202,40 @@ fn mutated_text_never_panics() {
     eprintln!("{count} mutated listings: {verified} verified, {invalid} assembled but invalid, {rejected} rejected");
     assert!(rejected > 0 && verified > 0, "mutations too weak or too strong to exercise the assembler");
 }
+
+/// A program written directly in the text form (fixtures/asm/loop.rvmasm: a loop of If and
+/// goto) compiles, and runs to the same results and the same errors in both modes.
+#[test]
+fn hand_written_text_runs_in_both_modes() {
+    use relaxc::codegen::ExecMode;
+    use relaxc::host::ffi::DLDataType;
+    use relaxc::host::{HostTensor, Input, Model, Output};
+    let source = common::root().join("fixtures/asm/loop.rvmasm");
+    let x: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let f32 = DLDataType { code: 2, bits: 32, lanes: 1 };
+    let mut errors = Vec::new();
+    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+        let mut options = relaxc::compile::Options::mode(mode);
+        options.script.kernels = vec![common::root().join("tests/kernels/random_kernels.c")];
+        let so = common::build_with("asm_loop", &source, &options, common::mode_name(mode)).expect("build");
+        let model = Model::load(&so).expect("load");
+        let main = model.find("main").expect("main");
+        let mut vm = model.vm().expect("vm");
+        for (k, want) in [(0, [2.0f32, 4.0, 6.0, 8.0]), (2, [18.0, 36.0, 54.0, 72.0])] {
+            let inputs = [Input::Tensor(HostTensor::new(f32, vec![4], &x)), Input::Int(k)];
+            let out = vm.call(main, &inputs).expect("call").to_output().flatten();
+            let want: Vec<u8> = want.iter().flat_map(|v| v.to_le_bytes()).collect();
+            match out.as_slice() {
+                [Output::Tensor { data, shape, .. }] => {
+                    assert_eq!((shape.as_slice(), data), ([4i64].as_slice(), &want), "{mode:?}, k={k}")
+                }
+                other => panic!("{mode:?}: unexpected results {other:?}"),
+            }
+        }
+        let wrong =
+            [Input::Tensor(HostTensor::new(f32, vec![4], &x)), Input::Tensor(HostTensor::new(f32, vec![4], &x))];
+        errors.push(vm.call(main, &wrong).map(|_| ()).expect_err("k must be an int").to_string());
+    }
+    assert!(errors[0].contains("in main at pc 4 (rk_gt0)"), "{}", errors[0]);
+    assert_eq!(errors[0], errors[1], "the modes report the error differently");
+}

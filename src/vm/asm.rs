@@ -12,7 +12,7 @@
 //! scope 1 "global"
 //! func main bytecode at=0 regs=4 params=x,w
 //!   call  add              in: %0, %1, %2   dst: %void
-//!   ret   %2
+//!   ret   %2              # a comment
 //! func add packed
 //! ```
 
@@ -172,7 +172,10 @@ pub fn assemble(text: &str) -> Result<Executable, AsmError> {
             let Some(last) = bodies.last_mut() else {
                 return Err(err("an instruction outside a bytecode function".into()));
             };
-            last.lines.push((n, line.trim().to_string()));
+            // An instruction line may end in a comment after whitespace; names and operands
+            // never contain a space.
+            let code = line.find(" #").map_or(line, |at| &line[..at]);
+            last.lines.push((n, code.trim().to_string()));
             continue;
         }
         let mut words = line.splitn(3, ' ');
@@ -283,10 +286,10 @@ fn parse_instr(exec: &Executable, text: &str) -> Result<Instr, String> {
         return Ok(Instr::If { cond: reg(c)?, false_offset: off.parse().map_err(|_| "bad If offset".to_string())? });
     }
     let rest = text.strip_prefix("call").ok_or_else(|| format!("unknown instruction `{text}`"))?;
-    let (name, rest) = rest.trim_start().split_once(" in: ").ok_or("a call needs ` in: `")?;
-    let (args, dst) = rest.rsplit_once(" dst: ").ok_or("a call needs ` dst: `")?;
+    let (name, rest) = rest.trim_start().split_once(" in:").ok_or("a call needs ` in:`")?;
+    let (args, dst) = rest.rsplit_once("dst:").ok_or("a call needs `dst:`")?;
     let args = args
-        .split(", ")
+        .split(',')
         .map(str::trim)
         .filter(|a| !a.is_empty())
         .map(|a| {
