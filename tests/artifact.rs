@@ -165,6 +165,14 @@ fn emitted_clif_carries_the_bytecode_pc() {
                 let comment = format!("; pc={pc} {}\n", exec.instr_text(&instr));
                 assert!(body.contains(&comment), "{name}/{}: missing `{}`\n{body}", f.name, comment.trim_end());
             }
+            // The machine-code summary accounts for every instruction's bytes.
+            let summary = body.lines().find(|l| l.starts_with("; machine code: ")).expect("size summary");
+            let numbers: Vec<u64> =
+                summary.split(|c: char| !c.is_ascii_digit()).filter_map(|w| w.parse().ok()).collect();
+            let [total, inside, count, outside] = numbers[..] else { panic!("{summary}") };
+            // A goto that became a fall-through has no bytes of its own.
+            assert!(count >= 1 && count <= (f.end_instr - f.start_instr) as u64, "{name}/{}: {summary}", f.name);
+            assert!(inside > 0 && inside + outside == total, "{name}/{}: {summary}", f.name);
             let beyond = format!("; pc={} ", f.end_instr - f.start_instr);
             assert!(!body.contains(&beyond), "{name}/{}: a pc past the end", f.name);
         }

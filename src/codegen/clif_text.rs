@@ -1,8 +1,10 @@
 //! The CLIF of compiled-mode functions as text, for `relaxc compile --emit-clif`: each run of
 //! Cranelift instructions that implements one bytecode instruction is headed by a
 //! `; pc=N <instruction>` comment, so generated code reads against the listing it came from.
-//! The pc travels on each instruction's source location, set while lowering.
+//! The pc travels on each instruction's source location, set while lowering, and on into the
+//! machine code, which is how each function's summary counts bytes per kind of instruction.
 
+use std::collections::BTreeMap;
 use std::fmt::{self, Write};
 
 use cranelift_codegen::entity::SecondaryMap;
@@ -47,5 +49,36 @@ pub fn annotated(func: &Function, listing: &dyn Fn(u32) -> Option<String>) -> St
     let mut writer = PcCommentWriter { listing, last: SourceLoc::default() };
     // Writing into a String cannot fail.
     let _ = decorate_function(&mut writer, &mut out, func);
+    out
+}
+
+/// How many bytes of machine code each kind of bytecode instruction became, as CLIF comments.
+/// `spans` are (pc as a source location, bytes); `kind(pc)` names the instruction's callee.
+pub fn size_summary<'a>(
+    total: u32,
+    spans: impl Iterator<Item = (SourceLoc, u32)>,
+    kind: &dyn Fn(u32) -> &'a str,
+) -> String {
+    let mut by_pc: BTreeMap<u32, u32> = BTreeMap::new();
+    for (loc, bytes) in spans.filter(|(loc, _)| !loc.is_default()) {
+        *by_pc.entry(loc.bits()).or_default() += bytes;
+    }
+    let inside: u32 = by_pc.values().sum();
+    let mut by_kind: BTreeMap<&str, (u32, u32)> = BTreeMap::new();
+    for (&pc, &bytes) in &by_pc {
+        let entry = by_kind.entry(kind(pc)).or_default();
+        entry.0 += 1;
+        entry.1 += bytes;
+    }
+    let mut rows: Vec<_> = by_kind.into_iter().collect();
+    rows.sort_by_key(|(_, (_, bytes))| std::cmp::Reverse(*bytes));
+    let mut out = format!(
+        "; machine code: {total} bytes, {inside} for {} instructions, {} outside them (entry, error path)\n",
+        by_pc.len(),
+        total.saturating_sub(inside)
+    );
+    for (name, (count, bytes)) in rows {
+        let _ = writeln!(out, ";   {name:<32} {count:>6} x {:>5} bytes = {bytes}", bytes / count.max(1));
+    }
     out
 }

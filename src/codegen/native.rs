@@ -214,6 +214,22 @@ pub fn compile_functions(
                 result.clif.push('\n');
             }
             module.define_function(id, &mut ctx)?;
+            if options.emit_clif
+                && let Some(code) = ctx.compiled_code()
+            {
+                let kind = |pc: u32| match instrs.get(pc as usize) {
+                    Some(Instr::Call { func, .. }) => {
+                        exec.funcs.get(*func as usize).map_or("call", |f| f.name.as_str())
+                    }
+                    Some(Instr::Ret { .. }) => "ret",
+                    Some(Instr::Goto { .. }) => "goto",
+                    Some(Instr::If { .. }) => "If",
+                    None => "?",
+                };
+                let spans = code.buffer.get_srclocs_sorted().iter().map(|s| (s.loc, s.end - s.start));
+                result.clif.push_str(&super::clif_text::size_summary(code.code_info().total_size, spans, &kind));
+                result.clif.push('\n');
+            }
             module.clear_context(&mut ctx);
             parts.push(id);
         }
