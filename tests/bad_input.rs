@@ -167,7 +167,7 @@ fn tvm_compiled_mode_export_is_refused() {
 fn mutated_executables_never_panic() {
     let seeds: Vec<Vec<u8>> =
         common::fixtures().iter().map(|f| tvm::import_tar(&f.tar()).expect("import").exec_bytes).collect();
-    let count: usize = std::env::var("RELAXC_FUZZ_COUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(4000);
+    let count: usize = common::random::fuzz_count(4000);
     let mut rng = Rng::new(0x5eed_1234_abcd_0001);
     let (mut parsed, mut verified) = (0, 0);
     for _ in 0..count {

@@ -165,29 +165,12 @@ fn mutated_text_never_panics() {
         .collect();
     let snippets =
         ["%", "%void", "i-", "c[", "f[", "]", ", ", " in: ", " dst: ", "\n  ", "=", "9999999999999999999", "\n"];
-    let count: usize = std::env::var("RELAXC_FUZZ_COUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(3000);
+    let count: usize = common::random::fuzz_count(3000);
     let mut rng = common::random::Rng::new(0xa55e_b1e0_0000_0001);
     let (mut verified, mut invalid, mut rejected) = (0, 0, 0);
     for _ in 0..count {
-        let mut s: Vec<u8> = sources[rng.below(sources.len())].clone().into_bytes();
-        for _ in 0..1 + rng.below(3) {
-            let at = rng.below(s.len() + 1);
-            match rng.below(3) {
-                0 if at < s.len() => {
-                    s.remove(at);
-                }
-                1 => {
-                    let snip = snippets[rng.below(snippets.len())].as_bytes();
-                    s.splice(at..at, snip.iter().copied());
-                }
-                _ if at < s.len() => {
-                    let alphabet = b"0123456789%-,=[] \nic";
-                    s[at] = alphabet[rng.below(alphabet.len())];
-                }
-                _ => {}
-            }
-        }
-        let text = String::from_utf8_lossy(&s);
+        let source = &sources[rng.below(sources.len())];
+        let text = common::random::mutate_text(&mut rng, source, &snippets, b"0123456789%-,=[] \nic");
         match assemble(&text) {
             Ok(exec) => match relaxc::vm::verify(&exec) {
                 Ok(()) => verified += 1,

@@ -106,29 +106,12 @@ fn mutated_programs_never_panic() {
         .collect();
     let snippets =
         ["(", ")", ":", ",", "R.", "x", "\n", "    ", "\"n\"", "//", "[", "if c:\n", "@R.function\n", "0", "-"];
-    let count: usize = std::env::var("RELAXC_FUZZ_COUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(3000);
+    let count: usize = common::random::fuzz_count(3000);
     let mut rng = Rng::new(0x5c1e_7e57_0000_0001);
     let (mut ok, mut rejected) = (0, 0);
     for _ in 0..count {
-        let mut s: Vec<u8> = sources[rng.below(sources.len())].clone().into_bytes();
-        for _ in 0..1 + rng.below(3) {
-            let at = rng.below(s.len() + 1);
-            match rng.below(3) {
-                0 if at < s.len() => {
-                    s.remove(at);
-                }
-                1 => {
-                    let snip = snippets[rng.below(snippets.len())].as_bytes();
-                    s.splice(at..at, snip.iter().copied());
-                }
-                _ if at < s.len() => {
-                    let alphabet = b"()[]:,.=+-*/%\"' \nxR0";
-                    s[at] = alphabet[rng.below(alphabet.len())];
-                }
-                _ => {}
-            }
-        }
-        let src = String::from_utf8_lossy(&s);
+        let source = &sources[rng.below(sources.len())];
+        let src = common::random::mutate_text(&mut rng, source, &snippets, b"()[]:,.=+-*/%\"' \nxR0");
         match front_end(&src) {
             Ok(()) => ok += 1,
             Err(_) => rejected += 1,

@@ -30,6 +30,32 @@ impl Rng {
     }
 }
 
+/// How many mutated inputs a bounded fuzz test tries: `RELAXC_FUZZ_COUNT`, else `default`.
+pub fn fuzz_count(default: usize) -> usize {
+    std::env::var("RELAXC_FUZZ_COUNT").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// `source` after one to three random edits: a byte removed, a snippet inserted, or a byte
+/// overwritten from `alphabet`. Text-level mutation for the front ends' bounded fuzz tests.
+pub fn mutate_text(rng: &mut Rng, source: &str, snippets: &[&str], alphabet: &[u8]) -> String {
+    let mut s = source.as_bytes().to_vec();
+    for _ in 0..1 + rng.below(3) {
+        let at = rng.below(s.len() + 1);
+        match rng.below(3) {
+            0 if at < s.len() => {
+                s.remove(at);
+            }
+            1 => {
+                let snip = snippets[rng.below(snippets.len())].as_bytes();
+                s.splice(at..at, snip.iter().copied());
+            }
+            _ if at < s.len() => s[at] = alphabet[rng.below(alphabet.len())],
+            _ => {}
+        }
+    }
+    String::from_utf8_lossy(&s).into_owned()
+}
+
 /// Interned constants and function indices every program shares.
 struct Shared {
     f32: i64,
