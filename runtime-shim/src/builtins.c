@@ -34,6 +34,9 @@ static const char *arg_ctx(const TVMFFIAny *args, int32_t i, char *buf, size_t c
   const char *data;
   uint64_t size;
   if (!rvm_as_string(&args[i], &data, &size)) return "";
+  /* TVM-FFI strings keep a NUL after their bytes (raw, small and object strings alike), so the
+   * common case costs nothing on the success path; the copy is for anything that does not. */
+  if (data[size] == '\0' && size < cap) return data;
   if (size >= cap) size = cap - 1;
   memcpy(buf, data, size);
   buf[size] = 0;

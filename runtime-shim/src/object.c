@@ -224,6 +224,8 @@ bool rvm_as_string(const TVMFFIAny *v, const char **data, uint64_t *size) {
       *size = strlen(v->v_c_str);
       return true;
     case kTVMFFISmallStr:
+      /* At most 7 bytes inline, so a NUL always follows them; a longer length is malformed. */
+      if (v->zero_padding >= sizeof v->v_bytes) return false;
       *data = v->v_bytes;
       *size = v->zero_padding;
       return true;
