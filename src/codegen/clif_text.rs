@@ -53,6 +53,8 @@ pub fn annotated(func: &Function, listing: &dyn Fn(u32) -> Option<String>) -> St
 }
 
 /// How many bytes of machine code each kind of bytecode instruction became, as CLIF comments.
+/// Bytes without a source location (the prologue, the shared error path, and many small pieces
+/// between instructions) are counted as outside every instruction.
 /// `spans` are (pc as a source location, bytes); `kind(pc)` names the instruction's callee.
 pub fn size_summary<'a>(
     total: u32,
@@ -73,7 +75,7 @@ pub fn size_summary<'a>(
     let mut rows: Vec<_> = by_kind.into_iter().collect();
     rows.sort_by_key(|(_, (_, bytes))| std::cmp::Reverse(*bytes));
     let mut out = format!(
-        "; machine code: {total} bytes, {inside} for {} instructions, {} outside them (entry, error path)\n",
+        "; machine code: {total} bytes, {inside} for {} instructions, {} outside them\n",
         by_pc.len(),
         total.saturating_sub(inside)
     );
