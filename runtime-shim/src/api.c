@@ -197,6 +197,15 @@ static void api_vm_destroy(rvm_vm *vm) {
 
 /* Wraps a borrowed DLTensor as a Tensor object; copies it when kernels could not use it as is.
  * For a VM on a CUDA device, host tensors are copied to the device. */
+/* A tensor shaped like `t` over all of `s`; takes over the caller's reference to `s`. */
+static int tensor_over_storage(rvm_storage *s, const DLTensor *t, TVMFFIAny *out) {
+  rvm_tensor *w = rvm_tensor_new(s->data, s->device, t->ndim, t->dtype, t->shape, 0, &s->header);
+  rvm_object_decref(&s->header);
+  if (!w) return -1;
+  *out = rvm_obj_any(w);
+  return 0;
+}
+
 static int wrap_tensor(rvm_vm *vm, const DLTensor *t, int32_t index, TVMFFIAny *out) {
   if (!t) return rvm_raise("ValueError", "argument %d: NULL DLTensor pointer", index);
   if (vm && vm->cuda && t->device.device_type == kDLCUDA && t->device.device_id == rvm_cuda_device_id(vm->cuda)) {
@@ -228,11 +237,7 @@ static int wrap_tensor(rvm_vm *vm, const DLTensor *t, int32_t index, TVMFFIAny *
       rvm_object_decref(&s->header);
       return -1;
     }
-    rvm_tensor *w = rvm_tensor_new(s->data, s->device, t->ndim, t->dtype, t->shape, 0, &s->header);
-    rvm_object_decref(&s->header);
-    if (!w) return -1;
-    *out = rvm_obj_any(w);
-    return 0;
+    return tensor_over_storage(s, t, out);
   }
   rvm_tensor *w;
   if (((uintptr_t)data % 64) == 0)
@@ -395,11 +400,7 @@ static int api_tensor_to_host(const rvm_value *v, rvm_value *out) {
     rvm_object_decref(&s->header);
     return -1;
   }
-  rvm_tensor *h = rvm_tensor_new(s->data, s->device, t->ndim, t->dtype, t->shape, 0, &s->header);
-  rvm_object_decref(&s->header);
-  if (!h) return -1;
-  *out = rvm_obj_any(h);
-  return 0;
+  return tensor_over_storage(s, t, out);
 }
 
 static const rvm_api api_v1 = {
