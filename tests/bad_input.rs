@@ -196,6 +196,7 @@ fn mutated_executables_never_panic() {
         };
         parsed += 1;
         let _ = exec.as_text();
+        let _ = relaxc::vm::asm::disassemble(&exec);
         let _ = exec.stats();
         if verify(&exec).is_ok() {
             verified += 1;

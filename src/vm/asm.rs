@@ -128,7 +128,8 @@ pub fn disassemble(exec: &Executable) -> String {
                     "func {} bytecode at={} regs={} params={params}",
                     f.name, f.start_instr, f.register_file_size
                 );
-                for k in f.start_instr..f.end_instr {
+                // Clamped: an unverified executable may claim any range.
+                for k in exec.clamped_range(f.start_instr, f.end_instr) {
                     match exec.instr(k as usize) {
                         Ok(i) => {
                             let _ = writeln!(out, "  {}", exec.instr_text(&i));

@@ -31,7 +31,7 @@ impl Executable {
     }
 
     /// A function's instruction range cut to the instructions that exist (for unverified input).
-    fn clamped_range(&self, start: i64, end: i64) -> std::ops::Range<i64> {
+    pub(crate) fn clamped_range(&self, start: i64, end: i64) -> std::ops::Range<i64> {
         let n = self.instr_offset.len() as i64;
         start.clamp(0, n)..end.clamp(0, n)
     }
