@@ -26,6 +26,7 @@ use cranelift_module::{FuncId, Linkage, Module};
 use cranelift_object::ObjectModule;
 
 use super::TablesError;
+use crate::host::ffi;
 use crate::vm::{Arg, Constant, Executable, FuncKind, Instr, VM_REG, VOID_REG};
 
 const SHIM_CALLS: &str = include_str!("../../runtime-shim/include/rvm_calls.def");
@@ -398,8 +399,8 @@ impl Lowering<'_> {
                 Instr::If { cond, false_offset } => {
                     let off = reg_offset(*cond);
                     let t = b.ins().load(types::I32, flags(), env.regs, off);
-                    let is_int = b.ins().icmp_imm_s(IntCC::Equal, t, 1);
-                    let is_bool = b.ins().icmp_imm_s(IntCC::Equal, t, 2);
+                    let is_int = b.ins().icmp_imm_s(IntCC::Equal, t, ffi::TYPE_INT as i64);
+                    let is_bool = b.ins().icmp_imm_s(IntCC::Equal, t, ffi::TYPE_BOOL as i64);
                     let ok = b.ins().bor(is_int, is_bool);
                     let (good, bad) = (b.create_block(), b.create_block());
                     b.ins().brif(ok, good, &[], bad, &[]);
@@ -496,7 +497,7 @@ impl Lowering<'_> {
             b.ins().store(flags(), v, t_addr, at);
         }
         self.release(b, env.regs, reg_offset(dst));
-        let dltensor_ptr = word(b, 7);
+        let dltensor_ptr = word(b, ffi::TYPE_DLTENSOR_PTR as i64);
         b.ins().store(flags(), dltensor_ptr, env.regs, reg_offset(dst));
         b.ins().store(flags(), t_addr, env.regs, reg_offset(dst) + 8);
         b.ins().jump(join, &[]);
@@ -571,36 +572,36 @@ impl Lowering<'_> {
 
     /// Writes argument `a` as a borrowed view at argv + at.
     fn stage_arg(&mut self, b: &mut FunctionBuilder, env: &Env, at: i32, a: Arg) {
-        let pod = |b: &mut FunctionBuilder, type_index: i64, payload: Value| {
-            let t = b.ins().iconst(types::I64, type_index);
+        let pod = |b: &mut FunctionBuilder, type_index: i32, payload: Value| {
+            let t = b.ins().iconst(types::I64, type_index as i64);
             b.ins().store(flags(), t, env.argv, at);
             b.ins().store(flags(), payload, env.argv, at + 8);
         };
         match a {
             Arg::Reg(VOID_REG) => {
                 let z = b.ins().iconst(types::I64, 0);
-                pod(b, 0, z);
+                pod(b, ffi::TYPE_NONE, z);
             }
-            Arg::Reg(VM_REG) => pod(b, 4, env.vm),
+            Arg::Reg(VM_REG) => pod(b, ffi::TYPE_OPAQUE_PTR, env.vm),
             Arg::Reg(r) => self.copy_any(b, env.regs, reg_offset(r), env.argv, at),
             Arg::Imm(v) => {
                 let v = b.ins().iconst(types::I64, v);
-                pod(b, 1, v);
+                pod(b, ffi::TYPE_INT, v);
             }
             Arg::Const(c) => match &self.exec.constants[c as usize] {
                 // Values known at compile time are written as immediates.
                 Constant::Int(v) => {
                     let v = b.ins().iconst(types::I64, *v);
-                    pod(b, 1, v);
+                    pod(b, ffi::TYPE_INT, v);
                 }
                 Constant::Float(v) => {
                     let v = b.ins().iconst(types::I64, v.to_bits() as i64);
-                    pod(b, 3, v);
+                    pod(b, ffi::TYPE_FLOAT, v);
                 }
                 Constant::DataType(d) => {
                     let bits = d.code as i64 | (d.bits as i64) << 8 | (d.lanes as i64) << 16;
                     let v = b.ins().iconst(types::I64, bits);
-                    pod(b, 5, v);
+                    pod(b, ffi::TYPE_DATA_TYPE, v);
                 }
                 _ => self.copy_any(b, env.consts, c as i32 * ANY, env.argv, at),
             },
@@ -635,7 +636,7 @@ impl Lowering<'_> {
     /// Drops the reference held by the Any at `at + off`, if it holds an object.
     fn release(&mut self, b: &mut FunctionBuilder, at: Value, off: i32) {
         let t = b.ins().load(types::I32, flags(), at, off);
-        let is_obj = b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, t, 64);
+        let is_obj = b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, t, ffi::TYPE_STATIC_OBJECT_BEGIN as i64);
         let (drop_block, after) = (b.create_block(), b.create_block());
         b.ins().brif(is_obj, drop_block, &[], after, &[]);
         b.switch_to_block(drop_block);
@@ -649,7 +650,7 @@ impl Lowering<'_> {
     /// Adds a reference if (type word, payload) is an object.
     fn retain(&mut self, b: &mut FunctionBuilder, type_word: Value, payload: Value) {
         let t = b.ins().ireduce(types::I32, type_word);
-        let is_obj = b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, t, 64);
+        let is_obj = b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, t, ffi::TYPE_STATIC_OBJECT_BEGIN as i64);
         let (inc_block, after) = (b.create_block(), b.create_block());
         b.ins().brif(is_obj, inc_block, &[], after, &[]);
         b.switch_to_block(inc_block);

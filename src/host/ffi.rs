@@ -1,5 +1,5 @@
 //! Rust mirror of `runtime-shim/include/rvm.h` (ABI version 1). The layout is checked against
-//! the C header by a test that compiles a probe (tests/abi_layout.rs).
+//! the C header by a test that compiles a probe (tests/artifact.rs).
 
 use std::ffi::{c_char, c_int, c_void};
 
@@ -9,6 +9,8 @@ pub const TYPE_NONE: i32 = 0;
 pub const TYPE_INT: i32 = 1;
 pub const TYPE_BOOL: i32 = 2;
 pub const TYPE_FLOAT: i32 = 3;
+pub const TYPE_OPAQUE_PTR: i32 = 4;
+pub const TYPE_DATA_TYPE: i32 = 5;
 pub const TYPE_DLTENSOR_PTR: i32 = 7;
 pub const TYPE_STATIC_OBJECT_BEGIN: i32 = 64;
 pub const TYPE_SHAPE: i32 = 69;
