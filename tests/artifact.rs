@@ -116,6 +116,7 @@ fn shared_layouts_agree_between_c_and_rust() {
         ("api.vm_call", offset_of!(ffi::Api, vm_call)),
         ("api.tensor_export", offset_of!(ffi::Api, tensor_export)),
         ("api.value_release", offset_of!(ffi::Api, value_release)),
+        ("api.function_call", offset_of!(ffi::Api, function_call)),
         ("any.size", std::mem::size_of::<ffi::Any>()),
         ("dltensor.size", std::mem::size_of::<ffi::DLTensor>()),
         ("dltensor.byte_offset", offset_of!(ffi::DLTensor, byte_offset)),

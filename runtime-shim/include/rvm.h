@@ -26,7 +26,10 @@
 extern "C" {
 #endif
 
-#define RVM_ABI_VERSION 1u
+/* The API version this header describes. Versions only grow the table at its end, so a .so
+ * built for version 2 also answers rvm_get_api(1) with the same table (struct_size tells how
+ * much of it there is). */
+#define RVM_ABI_VERSION 2u
 
 /* A value: TVMFFIAny. Tensors, shapes, tuples (arrays), strings and closures are objects. */
 typedef TVMFFIAny rvm_value;
@@ -121,11 +124,39 @@ typedef struct rvm_api {
   int (*vm_create_on)(rvm_module *module, DLDevice device, rvm_vm **out);
   /* *out: the tensor itself if it is on the host, else a new host copy of it. */
   int (*tensor_to_host)(const rvm_value *value, rvm_value *out);
+
+  /* ---- ABI version 2: runtime functions by name ------------------------------------------ */
+
+  /* Registers `fn` as the global function `name` of this library: kernels find it with
+   * TVMFFIEnvModLookupFromImports, hosts with function_get. `name` is copied. `self` is passed
+   * to every call of `fn`; the library owns it from now on and calls self_deleter(self) (if not
+   * NULL) when it unloads. A name already taken (a runtime function or an earlier registration)
+   * is an error unless `override` is non-zero; the older function stays callable by kernels
+   * that looked it up before. Thread-safe. */
+  int (*function_register)(const char *name, TVMFFISafeCallType fn, void *self, void (*self_deleter)(void *),
+                           int override);
+  /* Looks up a global function: one registered by the host, or a runtime function of the
+   * library (vm.builtin.*, tvm.contrib.sort.*, relax.run.*, the KV cache's methods). *out
+   * receives an owned Function value (release it with value_release). */
+  int (*function_get)(const char *name, rvm_value *out);
+  /* Calls a Function value (from function_get, or returned by a model). Arguments are borrowed
+   * (DLTensorPtr tensors included); *result must hold no object on entry and is owned by the
+   * caller on success. Example, driving a KV cache the way an LLM engine does:
+   *
+   *   rvm_value begin, dims, lens, none = {0};
+   *   api->function_get("vm.builtin.kv_state_begin_forward", &begin);
+   *   int64_t id = 0, n = 6;
+   *   api->shape_new(&id, 1, &dims); api->shape_new(&n, 1, &lens);
+   *   rvm_value args[3] = {kv_cache, dims, lens};
+   *   if (api->function_call(&begin, args, 3, &none) != 0) fprintf(stderr, "%s\n", api->last_error());
+   *   api->value_release(&dims); api->value_release(&lens); api->value_release(&begin);
+   */
+  int (*function_call)(const rvm_value *function, const rvm_value *args, int32_t num_args, rvm_value *result);
 } rvm_api;
 
 typedef const rvm_api *(*rvm_get_api_fn)(uint32_t abi_version);
 
-/* The one exported entry point: the API table for abi_version, or NULL if unsupported. */
+/* The one exported entry point: the API table for abi_version (1 or 2), or NULL if unsupported. */
 const rvm_api *rvm_get_api(uint32_t abi_version);
 
 #ifdef __cplusplus

@@ -34,7 +34,8 @@ static int make_constant(const rvm_const_info *c, TVMFFIAny *out) {
   switch (c->kind) {
     case kTVMFFITensor: {
       DLDevice cpu = {kDLCPU, 0};
-      /* Constants are read-only inputs to kernels; their data stays in .rodata. */
+      /* The data is used in place, in the library's writable (copy-on-write) .data: an in-place
+       * kernel may write a constant, and the change persists for later calls, as in TVM. */
       rvm_tensor *t = rvm_tensor_new((void *)c->data, cpu, c->ndim, c->dtype, c->shape, 0, NULL);
       if (!t) return -1;
       *out = rvm_obj_any(t);
@@ -73,8 +74,8 @@ static int api_module_open(rvm_module **out) {
   const rvm_program *p = &rvm_model_program;
   if (p->magic != RVM_PROGRAM_MAGIC)
     return rvm_raise("ValueError", "this library's program tables have the wrong magic number (not built by relaxc?)");
-  if (p->abi_version != RVM_ABI_VERSION)
-    return rvm_raise("ValueError", "program tables have ABI version %u, the runtime expects %u", p->abi_version, RVM_ABI_VERSION);
+  if (p->abi_version != RVM_PROGRAM_VERSION)
+    return rvm_raise("ValueError", "program tables have version %u, the runtime expects %u", p->abi_version, RVM_PROGRAM_VERSION);
   rvm_module *m = calloc(1, sizeof(*m));
   if (!m) return rvm_raise("MemoryError", "out of memory opening the module");
   atomic_init(&m->refcount, 1);
@@ -403,7 +404,34 @@ static int api_tensor_to_host(const rvm_value *v, rvm_value *out) {
   return tensor_over_storage(s, t, out);
 }
 
-static const rvm_api api_v1 = {
+static int api_function_register(const char *name, TVMFFISafeCallType fn, void *self, void (*self_deleter)(void *),
+                                 int override) {
+  rvm_error_clear();
+  return rvm_registry_register(name, fn, self, self_deleter, override);
+}
+
+static int api_function_get(const char *name, rvm_value *out) {
+  rvm_error_clear();
+  if (!name || !out) return rvm_raise("ValueError", "function_get: name and out must not be NULL");
+  TVMFFIObject *f = rvm_registry_find(name);
+  if (!f) return rvm_raise("ValueError", "Function %s is not registered in this library", name);
+  rvm_object_incref(f);
+  *out = rvm_obj_any(f);
+  return 0;
+}
+
+static int api_function_call(const rvm_value *function, const rvm_value *args, int32_t num_args, rvm_value *result) {
+  rvm_error_clear();
+  if (!function || !result) return rvm_raise("ValueError", "function_call: function and result must not be NULL");
+  if (function->type_index != kTVMFFIFunction)
+    return rvm_raise("TypeError", "function_call expects a Function, but got %s", rvm_type_name(function));
+  if (rvm_is_object(result)) return rvm_raise("ValueError", "the result slot must not hold an object on entry");
+  if (num_args < 0 || (num_args > 0 && !args)) return rvm_raise("ValueError", "bad argument list");
+  *result = rvm_none();
+  return rvm_invoke_value(NULL, function, args, num_args, result);
+}
+
+static const rvm_api api_table = {
     .abi_version = RVM_ABI_VERSION,
     .struct_size = sizeof(rvm_api),
     .last_error = api_last_error,
@@ -432,8 +460,12 @@ static const rvm_api api_v1 = {
     .tensor_export = api_tensor_export,
     .vm_create_on = api_vm_create_on,
     .tensor_to_host = api_tensor_to_host,
+    .function_register = api_function_register,
+    .function_get = api_function_get,
+    .function_call = api_function_call,
 };
 
 __attribute__((visibility("default"))) const rvm_api *rvm_get_api(uint32_t abi_version) {
-  return abi_version == RVM_ABI_VERSION ? &api_v1 : NULL;
+  /* Version 2 only added entries at the end: a version-1 host reads the same table. */
+  return abi_version >= 1 && abi_version <= RVM_ABI_VERSION ? &api_table : NULL;
 }

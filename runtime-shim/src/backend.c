@@ -11,13 +11,6 @@
 
 #include "internal.h"
 
-typedef struct {
-  void *sync_handle;
-  int32_t num_task;
-} TVMParallelGroupEnv;
-
-typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv *penv, void *cdata);
-
 /* Temporary buffers of kernels: 64-byte aligned, freed in LIFO order. */
 RVM_HIDDEN void *TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes, int dtype_code_hint,
                                           int dtype_bits_hint) {
@@ -37,31 +30,10 @@ RVM_HIDDEN int TVMBackendFreeWorkspace(int device_type, int device_id, void *ptr
   return 0;
 }
 
-/* Runs the tasks of a parallel loop on the calling thread: a valid schedule for TVM's lambdas,
- * which split the loop by penv->num_task themselves. */
-RVM_HIDDEN int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void *cdata, int num_task) {
-  (void)num_task;
-  TVMParallelGroupEnv env = {NULL, 1};
-  return flambda(0, &env, cdata);
-}
-
-RVM_HIDDEN int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv *penv) {
-  (void)task_id, (void)penv;
-  return 0;
-}
-
 /* Packed calls made by kernels: the handle is a Function object. */
 RVM_HIDDEN int TVMFFIFunctionCall(void *func, TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   rvm_function *f = func;
   return f->cell.safe_call(f, args, num_args, result);
-}
-
-/* Global functions kernels look up by name. None are provided yet (TVM's sort/topk kernels look
- * up tvm.contrib.sort.*): the kernel gets a clear error instead of a crash. */
-RVM_HIDDEN int TVMFFIEnvModLookupFromImports(void *library_ctx, const char *name, void **out) {
-  (void)library_ctx;
-  *out = NULL;
-  return rvm_raise("RuntimeError", "Cannot find function %s in the imported modules or global registry.", name);
 }
 
 RVM_HIDDEN int TVMFFIHandleInitOnce(void **handle_addr, int (*init)(void **result)) {

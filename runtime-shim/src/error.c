@@ -49,7 +49,9 @@ static error_state *state(void) {
 
 /* On dlclose: free the unloading thread's state (other threads free theirs when they exit,
  * through the key's destructor, as long as the library is still loaded), then the key. */
-__attribute__((destructor)) static void delete_key(void) {
+/* Priority 101: after every other destructor, which may still report errors (the thread pool's
+ * workers exit in one). */
+__attribute__((destructor(101))) static void delete_key(void) {
   if (!error_key_made) return;
   free(pthread_getspecific(error_key));
   pthread_setspecific(error_key, NULL);

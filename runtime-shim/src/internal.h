@@ -22,6 +22,8 @@
 /* ---- Program tables (emitted by relaxc) ------------------------------------------------- */
 
 #define RVM_PROGRAM_MAGIC 0x31474f52504d5652ull /* "RVMPROG1" little-endian */
+/* Version of the program tables below (independent of the C API's RVM_ABI_VERSION). */
+#define RVM_PROGRAM_VERSION 1u
 
 enum { RVM_FUNC_PACKED = 0, RVM_FUNC_BYTECODE = 1, RVM_FUNC_COMPILED = 2 };
 
@@ -44,7 +46,7 @@ typedef struct rvm_func_info {
 
 /* One constant-pool entry; `kind` is its TVM-FFI type index. */
 typedef struct rvm_const_info {
-  const void *data;     /* Tensor: element bytes (64-aligned); Shape: int64 dims; Str: bytes */
+  const void *data;     /* Tensor: element bytes (64-aligned, writable); Shape: int64 dims; Str: bytes */
   const int64_t *shape; /* Tensor: ndim dims */
   int64_t size;         /* Tensor: byte size; Shape: ndim; Str: length; Int: value; Float: bits */
   int32_t kind;
@@ -322,6 +324,41 @@ RVM_HIDDEN rvm_vm *rvm_set_current_vm(rvm_vm *vm);
 RVM_HIDDEN rvm_storage *rvm_storage_new_cuda(rvm_cuda *c, uint64_t nbytes);
 /* A tensor's element bytes copied to host memory (from a device tensor or a host one). */
 RVM_HIDDEN int rvm_tensor_read(const DLTensor *t, rvm_cuda *c, void *dst, uint64_t nbytes);
+
+/* ---- Registry (registry.c) ----------------------------------------------------------------- */
+
+/* The Function object registered under name (a host's first, then the built-in ones), or NULL.
+ * Borrowed: entries live until the library is unloaded. */
+RVM_HIDDEN TVMFFIObject *rvm_registry_find(const char *name);
+/* Adds a host function; with override it shadows an existing name, else that is an error. */
+RVM_HIDDEN int rvm_registry_register(const char *name, TVMFFISafeCallType fn, void *self, void (*self_deleter)(void *),
+                                     int override);
+
+/* ---- Text (render.c) ---------------------------------------------------------------------- */
+
+/* A growing NUL-terminated string; `failed` records an allocation failure. Zero-initialise. */
+typedef struct rvm_text {
+  char *data;
+  size_t len, cap;
+  bool failed;
+} rvm_text;
+RVM_HIDDEN bool rvm_text_append(rvm_text *t, const char *s, size_t n);
+RVM_HIDDEN bool rvm_text_puts(rvm_text *t, const char *s);
+RVM_HIDDEN void rvm_text_free(rvm_text *t);
+/* Appends a value as TVM's Python helpers render it (tensors as numpy prints them). */
+RVM_HIDDEN void rvm_render_value(rvm_text *out, const TVMFFIAny *v);
+RVM_HIDDEN float rvm_half_to_float(uint16_t h);
+
+/* ---- The backend API TVM kernels import (backend.c, parallel.c, registry.c) --------------- */
+
+typedef struct {
+  void *sync_handle;
+  int32_t num_task;
+} TVMParallelGroupEnv;
+typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv *penv, void *cdata);
+RVM_HIDDEN int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void *cdata, int num_task);
+RVM_HIDDEN int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv *penv);
+RVM_HIDDEN int TVMFFIEnvModLookupFromImports(void *library_ctx, const char *name, void **out);
 
 #define RVM_BUILTIN(suffix, name, doc) \
   RVM_HIDDEN int rvm_builtin_##suffix(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result);

@@ -1,9 +1,11 @@
 //! Emits the object holding a model's program tables (the layout of `rvm_program` in
 //! runtime-shim/src/internal.h) with cranelift-object. Function-table entries are relocations
-//! straight to kernel and builtin symbols, so nothing is looked up by name at load time;
-//! constants sit in read-only data, tensors 64-byte aligned and used in place.
+//! straight to kernel and builtin symbols, so nothing is looked up by name at load time.
+//! Constant tensors sit 64-byte aligned in writable data (`.data`), used in place: TVM lets
+//! in-place kernels write into constants and keeps the change, and a private mapping of `.data`
+//! costs nothing until a page is written. Everything else constant is read-only.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use cranelift_codegen::isa;
 use cranelift_codegen::settings::{self, Configurable};
@@ -17,7 +19,8 @@ use crate::vm::{Constant, Executable, FuncKind};
 /// Layout of the shared tables; the C side asserts the same numbers.
 pub mod layout {
     pub const PROGRAM_MAGIC: u64 = 0x31474f52504d5652;
-    pub const ABI_VERSION: u32 = 1;
+    /// Version of the program tables (`RVM_PROGRAM_VERSION` in internal.h).
+    pub const PROGRAM_VERSION: u32 = 1;
     pub const FUNC_INFO_SIZE: usize = 64;
     pub const FUNC_NAME: usize = 0;
     pub const FUNC_PACKED: usize = 8;
@@ -203,7 +206,8 @@ pub fn define_tables(
     mode: ExecMode,
 ) -> Result<(), TablesError> {
     use layout::*;
-    let mut rodata = Blob::new(); // pointer-free read-only data: strings, shapes, tensors, code
+    let mut rodata = Blob::new(); // pointer-free read-only data: strings, shapes, code
+    let mut tensors = Blob::new(); // constant tensors' elements, writable
     let mut tables = Blob::new(); // the tables proper: full of pointers
     let sig = super::native::packed_signature(module);
 
@@ -214,27 +218,28 @@ pub fn define_tables(
     rodata.align(8);
     let instr_offset = rodata.put(&exec.instr_offset.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>());
     let instr_data = rodata.put(&exec.instr_data.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>());
-    let mut const_parts = Vec::new(); // (data offset, shape offset) into rodata
+    let rodata_id = module.declare_data("rvm_model_rodata", Linkage::Local, false, false)?;
+    let tensors_id = module.declare_data("rvm_model_constants", Linkage::Local, true, false)?;
+    let mut const_parts = Vec::new(); // (data, shape offset into rodata)
     for c in &exec.constants {
         let part = match c {
             Constant::Tensor(t) => {
                 let shape = rodata.align(8);
                 rodata.put(&t.shape.iter().flat_map(|d| d.to_le_bytes()).collect::<Vec<_>>());
-                let data = rodata.align(64);
-                rodata.put(&t.data);
-                (Some(data), Some(shape))
+                let data = tensors.align(64);
+                tensors.put(&t.data);
+                (Some((tensors_id, data)), Some(shape))
             }
             Constant::Shape(s) => {
                 let at = rodata.align(8);
                 rodata.put(&s.iter().flat_map(|d| d.to_le_bytes()).collect::<Vec<_>>());
-                (Some(at), None)
+                (Some((rodata_id, at)), None)
             }
-            Constant::Str(s) => (Some(rodata.cstr(s)), None),
+            Constant::Str(s) => (Some((rodata_id, rodata.cstr(s))), None),
             _ => (None, None),
         };
         const_parts.push(part);
     }
-    let rodata_id = module.declare_data("rvm_model_rodata", Linkage::Local, false, false)?;
 
     // Parameter-name arrays.
     tables.align(8);
@@ -278,8 +283,8 @@ pub fn define_tables(
     let consts_at = tables.align(16);
     for (c, (data, shape)) in exec.constants.iter().zip(&const_parts) {
         let base = tables.zeros(CONST_INFO_SIZE);
-        if let Some(d) = data {
-            tables.data_relocs.push((base + CONST_DATA, rodata_id, *d));
+        if let Some((id, d)) = data {
+            tables.data_relocs.push((base + CONST_DATA, *id, *d));
         }
         if let Some(s) = shape {
             tables.data_relocs.push((base + CONST_SHAPE, rodata_id, *s));
@@ -302,7 +307,7 @@ pub fn define_tables(
     let prog = tables.align(16);
     tables.zeros(PROGRAM_SIZE);
     tables.put_at(prog + PROG_MAGIC, &PROGRAM_MAGIC.to_le_bytes());
-    tables.put_at(prog + PROG_ABI, &ABI_VERSION.to_le_bytes());
+    tables.put_at(prog + PROG_ABI, &PROGRAM_VERSION.to_le_bytes());
     let mode_word: u32 = if mode == ExecMode::Compiled { 1 } else { 0 };
     tables.put_at(prog + PROG_EXEC_MODE, &mode_word.to_le_bytes());
     tables.data_relocs.push((prog + PROG_COMPILER_VERSION, rodata_id, version));
@@ -327,10 +332,10 @@ pub fn define_tables(
     let mut tables_desc = DataDescription::new();
     tables_desc.define(tables.bytes[..prog].to_vec().into_boxed_slice());
     tables_desc.set_align(16);
-    let rodata_gv_t = module.declare_data_in_data(rodata_id, &mut tables_desc);
     let self_gv_t = module.declare_data_in_data(tables_id, &mut tables_desc);
-    let rodata_gv_h = module.declare_data_in_data(rodata_id, &mut header_desc);
     let tables_gv_h = module.declare_data_in_data(tables_id, &mut header_desc);
+    let mut data_gvs_t = HashMap::new();
+    let mut data_gvs_h = HashMap::new();
     for (at, target) in &tables.self_relocs {
         if *at >= prog {
             header_desc.write_data_addr((*at - prog) as u32, tables_gv_h, *target as i64);
@@ -338,11 +343,13 @@ pub fn define_tables(
             tables_desc.write_data_addr(*at as u32, self_gv_t, *target as i64);
         }
     }
-    for (at, _, target) in &tables.data_relocs {
+    for (at, id, target) in &tables.data_relocs {
         if *at >= prog {
-            header_desc.write_data_addr((*at - prog) as u32, rodata_gv_h, *target as i64);
+            let gv = *data_gvs_h.entry(*id).or_insert_with(|| module.declare_data_in_data(*id, &mut header_desc));
+            header_desc.write_data_addr((*at - prog) as u32, gv, *target as i64);
         } else {
-            tables_desc.write_data_addr(*at as u32, rodata_gv_t, *target as i64);
+            let gv = *data_gvs_t.entry(*id).or_insert_with(|| module.declare_data_in_data(*id, &mut tables_desc));
+            tables_desc.write_data_addr(*at as u32, gv, *target as i64);
         }
     }
     for (at, id) in &tables.func_relocs {
@@ -356,6 +363,12 @@ pub fn define_tables(
     rodata_desc.define(rodata.bytes.into_boxed_slice());
     rodata_desc.set_align(64);
     module.define_data(rodata_id, &rodata_desc)?;
+    let mut tensors_desc = DataDescription::new();
+    // An empty object still needs one byte to have an address.
+    let tensor_bytes = if tensors.bytes.is_empty() { vec![0] } else { tensors.bytes };
+    tensors_desc.define(tensor_bytes.into_boxed_slice());
+    tensors_desc.set_align(64);
+    module.define_data(tensors_id, &tensors_desc)?;
     Ok(())
 }
 

@@ -1,9 +1,9 @@
-//! Rust mirror of `runtime-shim/include/rvm.h` (ABI version 1). The layout is checked against
+//! Rust mirror of `runtime-shim/include/rvm.h` (ABI version 2). The layout is checked against
 //! the C header by a test that compiles a probe (tests/artifact.rs).
 
 use std::ffi::{c_char, c_int, c_void};
 
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 pub const TYPE_NONE: i32 = 0;
 pub const TYPE_INT: i32 = 1;
@@ -122,6 +122,19 @@ pub struct Api {
     pub tensor_export: unsafe extern "C" fn(v: *const Any, out: *mut *mut c_void) -> c_int,
     pub vm_create_on: unsafe extern "C" fn(m: *mut Module, device: DLDevice, out: *mut *mut Vm) -> c_int,
     pub tensor_to_host: unsafe extern "C" fn(v: *const Any, out: *mut Any) -> c_int,
+    // ABI version 2
+    pub function_register: unsafe extern "C" fn(
+        name: *const c_char,
+        f: SafeCall,
+        self_: *mut c_void,
+        self_deleter: Option<unsafe extern "C" fn(*mut c_void)>,
+        override_: c_int,
+    ) -> c_int,
+    pub function_get: unsafe extern "C" fn(name: *const c_char, out: *mut Any) -> c_int,
+    pub function_call: unsafe extern "C" fn(f: *const Any, args: *const Any, n: i32, result: *mut Any) -> c_int,
 }
+
+/// The TVM-FFI safe-call signature.
+pub type SafeCall = unsafe extern "C" fn(self_: *mut c_void, args: *const Any, n: i32, result: *mut Any) -> c_int;
 
 pub type GetApi = unsafe extern "C" fn(abi_version: u32) -> *const Api;

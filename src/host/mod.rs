@@ -199,6 +199,88 @@ impl Model {
         Ok(index)
     }
 
+    /// Converts inputs into call arguments. Tensors are borrowed: `inputs` must outlive the result.
+    pub fn prepare<'a>(&'a self, inputs: &'a [Input]) -> Result<PreparedArgs<'a>, HostError> {
+        let model = self;
+        let api = model.api();
+        let mut args = PreparedArgs { api, anys: Vec::new(), _tensors: Vec::new(), owned: Vec::new() };
+        for input in inputs {
+            let any = match input {
+                Input::Tensor(t) => {
+                    args._tensors.push(DLTensor {
+                        data: t.data.as_ptr() as *mut c_void,
+                        device: DLDevice { device_type: 1, device_id: 0 },
+                        ndim: t.shape.len() as i32,
+                        dtype: t.dtype,
+                        shape: t.shape.as_ptr() as *mut i64,
+                        strides: std::ptr::null_mut(),
+                        byte_offset: 0,
+                    });
+                    Any::default() // pointed at its DLTensor below, once the list is complete
+                }
+                Input::Shape(dims) => {
+                    let mut any = Any::default();
+                    // SAFETY: dims is a valid slice; any is a valid out-pointer.
+                    if unsafe { (api.shape_new)(dims.as_ptr(), dims.len() as i64, &mut any) } != 0 {
+                        return Err(self.error());
+                    }
+                    args.owned.push(args.anys.len());
+                    any
+                }
+                Input::Int(v) => Any::int(*v),
+                Input::Float(v) => Any::float(*v),
+            };
+            args.anys.push(any);
+        }
+        let slots = inputs.iter().enumerate().filter(|(_, i)| matches!(i, Input::Tensor(_))).map(|(k, _)| k);
+        for (slot, dl) in slots.zip(&args._tensors) {
+            args.anys[slot] = Any::dltensor(dl);
+        }
+        Ok(args)
+    }
+
+    /// A runtime function of the library (or one a host registered), by name.
+    pub fn function(&self, name: &str) -> Result<Value<'_>, HostError> {
+        let c = CString::new(name).map_err(|_| HostError::Value(format!("bad function name {name:?}")))?;
+        let mut out = Any::default();
+        // SAFETY: NUL-terminated name, valid out-pointer.
+        if unsafe { (self.api().function_get)(c.as_ptr(), &mut out) } != 0 {
+            return Err(self.error());
+        }
+        Ok(Value { api: self.api(), any: out })
+    }
+
+    /// Calls a Function value with raw arguments (borrowed for the call).
+    pub fn call_function(&self, f: &Value, args: &[Any]) -> Result<Value<'_>, HostError> {
+        let mut out = Any::default();
+        // SAFETY: f is a value of this library; args are valid for the call.
+        let rc = unsafe { (self.api().function_call)(&f.any, args.as_ptr(), args.len() as i32, &mut out) };
+        if rc != 0 {
+            return Err(self.error());
+        }
+        Ok(Value { api: self.api(), any: out })
+    }
+
+    /// Registers a host function under `name` (see rvm.h's function_register).
+    ///
+    /// # Safety
+    /// `f` must follow the TVM-FFI safe-call convention; `self_` must stay valid while the
+    /// library is loaded (it is passed to every call).
+    pub unsafe fn register_function(
+        &self,
+        name: &str,
+        f: ffi::SafeCall,
+        self_: *mut c_void,
+        override_: bool,
+    ) -> Result<(), HostError> {
+        let c = CString::new(name).map_err(|_| HostError::Value(format!("bad function name {name:?}")))?;
+        // SAFETY: as the caller promised; the name is copied by the library.
+        if unsafe { (self.api().function_register)(c.as_ptr(), f, self_, None, override_ as i32) } != 0 {
+            return Err(self.error());
+        }
+        Ok(())
+    }
+
     /// A VM on a device (device type 1 = CPU, 2 = CUDA, and its number).
     pub fn vm_on(&self, device_type: i32, device_id: i32) -> Result<Vm<'_>, HostError> {
         let mut vm = std::ptr::null_mut();
@@ -242,6 +324,13 @@ pub struct PreparedArgs<'a> {
     owned: Vec<usize>,
 }
 
+impl PreparedArgs<'_> {
+    /// The arguments as values (borrowed from self).
+    pub fn values(&self) -> &[Any] {
+        &self.anys
+    }
+}
+
 impl Drop for PreparedArgs<'_> {
     fn drop(&mut self) {
         for &i in &self.owned {
@@ -257,42 +346,7 @@ impl<'m> Vm<'m> {
     where
         'm: 'a,
     {
-        let model: &'m Model = self.model;
-        let api = model.api();
-        let mut args = PreparedArgs { api, anys: Vec::new(), _tensors: Vec::new(), owned: Vec::new() };
-        for input in inputs {
-            let any = match input {
-                Input::Tensor(t) => {
-                    args._tensors.push(DLTensor {
-                        data: t.data.as_ptr() as *mut c_void,
-                        device: DLDevice { device_type: 1, device_id: 0 },
-                        ndim: t.shape.len() as i32,
-                        dtype: t.dtype,
-                        shape: t.shape.as_ptr() as *mut i64,
-                        strides: std::ptr::null_mut(),
-                        byte_offset: 0,
-                    });
-                    Any::default() // pointed at its DLTensor below, once the list is complete
-                }
-                Input::Shape(dims) => {
-                    let mut any = Any::default();
-                    // SAFETY: dims is a valid slice; any is a valid out-pointer.
-                    if unsafe { (api.shape_new)(dims.as_ptr(), dims.len() as i64, &mut any) } != 0 {
-                        return Err(self.model.error());
-                    }
-                    args.owned.push(args.anys.len());
-                    any
-                }
-                Input::Int(v) => Any::int(*v),
-                Input::Float(v) => Any::float(*v),
-            };
-            args.anys.push(any);
-        }
-        let slots = inputs.iter().enumerate().filter(|(_, i)| matches!(i, Input::Tensor(_))).map(|(k, _)| k);
-        for (slot, dl) in slots.zip(&args._tensors) {
-            args.anys[slot] = Any::dltensor(dl);
-        }
-        Ok(args)
+        self.model.prepare(inputs)
     }
 
     /// Calls function `f` with prepared arguments; the result is owned by the returned value.
@@ -348,6 +402,11 @@ pub struct Value<'m> {
 }
 
 impl Value<'_> {
+    /// The value itself (borrowed: valid while self lives).
+    pub fn any(&self) -> Any {
+        self.any
+    }
+
     /// Copies the value (recursively) out of the runtime.
     pub fn to_output(&self) -> Output {
         to_output(self.api, &self.any)

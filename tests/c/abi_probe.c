@@ -38,6 +38,7 @@ int main(void) {
   P("api.vm_call", offsetof(rvm_api, vm_call));
   P("api.tensor_export", offsetof(rvm_api, tensor_export));
   P("api.value_release", offsetof(rvm_api, value_release));
+  P("api.function_call", offsetof(rvm_api, function_call));
   P("any.size", sizeof(TVMFFIAny));
   P("dltensor.size", sizeof(DLTensor));
   P("dltensor.byte_offset", offsetof(DLTensor, byte_offset));

@@ -99,6 +99,16 @@ pub fn build_with(name: &str, tar: &Path, options: &relaxc::compile::Options, ta
     .clone()
 }
 
+/// A copy of a built model under a new name, so that loading it gives a library of its own (its
+/// writable constants untouched by other loads of the original).
+pub fn private_copy(so: &Path) -> Result<PathBuf, String> {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let copy = so.with_extension(format!("private{n}.so"));
+    std::fs::copy(so, &copy).map_err(|e| format!("copying {}: {e}", so.display()))?;
+    Ok(copy)
+}
+
 /// Results equal TVM's recorded ones: same names, dtypes, shapes and bytes.
 pub fn compare_outputs(outputs: &[Output], expected: &Path) -> Result<(), String> {
     let want = npz::read_arrays(expected).map_err(|e| e.to_string())?;
@@ -133,8 +143,8 @@ pub fn strip_location(message: &str) -> &str {
 /// TVM's C++ "Check failed: ... : " preamble.
 pub fn check_error(err: &HostError, expected: &Path) -> Result<(), String> {
     let text = std::fs::read_to_string(expected).map_err(|e| e.to_string())?;
-    let mut lines = text.lines();
-    let (want_kind, want_msg) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+    let (want_kind, want_msg) = text.split_once('\n').unwrap_or((text.as_str(), ""));
+    let want_msg = want_msg.strip_suffix('\n').unwrap_or(want_msg);
     let HostError::Call { kind, message } = err else {
         return Err(format!("expected a call error, got: {err}"));
     };
