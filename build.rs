@@ -1,19 +1,19 @@
 //! Compiles the C runtime shim into a static archive that relaxc embeds (src/link), so one
-//! relaxc binary can build models without the shim's sources.
+//! relaxc binary can build models anywhere.
+//!
+//! The shim is linked into every model, so its size matters (DESIGN.md: 64 KiB of code at most).
+//! Files on the path of every call (interpreter, objects, allocator, builtins, thread pool) are
+//! optimised for speed; the rest — runtime functions models call rarely, rendering, the CUDA
+//! driver glue, the registry, errors — for size, which saves about a fifth of their code.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-fn main() {
-    let src = Path::new("runtime-shim/src");
-    let mut files: Vec<_> = std::fs::read_dir(src)
-        .expect("runtime-shim/src")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "c"))
-        .collect();
-    files.sort();
+/// Files whose code runs off the hot path, built with -Os.
+const COLD: &[&str] = &["sort.c", "render.c", "relax_run.c", "cuda.c", "registry.c", "error.c", "kv_cache.c"];
+
+fn shim_build() -> cc::Build {
     let mut build = cc::Build::new();
     build
-        .files(&files)
         .include("runtime-shim/include")
         .include("runtime-shim/src")
         .flag("-std=c11")
@@ -22,9 +22,22 @@ fn main() {
         .flag("-fvisibility=hidden")
         .warnings_into_errors(true)
         .pic(true)
-        .opt_level(2)
         .debug(false)
         .cargo_metadata(false);
-    build.compile("rvm_shim");
+    build
+}
+
+fn main() {
+    let src = Path::new("runtime-shim/src");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(src)
+        .expect("runtime-shim/src")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "c"))
+        .collect();
+    files.sort();
+    let is_cold = |p: &PathBuf| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| COLD.contains(&n));
+    let (cold, hot): (Vec<PathBuf>, Vec<PathBuf>) = files.into_iter().partition(is_cold);
+    let cold_objects = shim_build().files(&cold).opt_level_str("s").compile_intermediates();
+    shim_build().files(&hot).opt_level(2).objects(&cold_objects).compile("rvm_shim");
     println!("cargo:rerun-if-changed=runtime-shim");
 }

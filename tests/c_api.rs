@@ -95,6 +95,26 @@ fn random_programs_under_valgrind() {
     }
 }
 
+/// A C host registers a function; the model's kernel calls it by name (both modes, valgrind).
+#[test]
+fn host_registered_function_called_by_a_kernel_under_valgrind() {
+    let exe = build_c("registry_test");
+    let dir = common::root().join("tests/host_call");
+    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+        let mut options = relaxc::compile::Options::mode(mode);
+        options.script.kernels = vec![dir.join("kernels.c")];
+        let so = common::build_with("host_call", &dir.join("m.py"), &options, common::mode_name(mode)).expect("build");
+        let out = Command::new(&exe).arg(&so).output().expect("run registry_test");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains(", 0 failed"),
+            "registry_test ({}):\n{text}",
+            common::mode_name(mode)
+        );
+        valgrind(&exe, &[&so], &format!("registry_test ({})", common::mode_name(mode)));
+    }
+}
+
 #[test]
 fn c_host_bytecode_under_valgrind() {
     check_api(ExecMode::Bytecode);

@@ -42,7 +42,7 @@ typedef struct rvm_vm rvm_vm;
 
 /* Identity of the .so: what built it and for what. Strings are owned by the library. */
 typedef struct rvm_module_info {
-  uint32_t abi_version;
+  uint32_t abi_version; /* the newest C API version the library speaks (RVM_ABI_VERSION) */
   uint32_t exec_mode; /* 0 bytecode, 1 compiled (mixed modes count as compiled) */
   const char *compiler_version;
   const char *target_triple;
@@ -152,6 +152,9 @@ typedef struct rvm_api {
    *   api->value_release(&dims); api->value_release(&lens); api->value_release(&begin);
    */
   int (*function_call)(const rvm_value *function, const rvm_value *args, int32_t num_args, rvm_value *result);
+  /* For a registered function that fails: records the error (kind e.g. "ValueError"; both
+   * strings copied) for the caller, then the function returns -1. */
+  void (*error_set)(const char *kind, const char *message);
 } rvm_api;
 
 typedef const rvm_api *(*rvm_get_api_fn)(uint32_t abi_version);

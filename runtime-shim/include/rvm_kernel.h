@@ -173,6 +173,16 @@ void TVMFFIErrorSetRaisedFromCStrParts(const char *kind, const char **parts, int
 /* Same with a single message string. */
 void TVMFFIErrorSetRaisedFromCStr(const char *kind, const char *message);
 
+/* Finds the global function `name` (a runtime function such as tvm.contrib.sort.sort, or one
+ * the host registered through rvm.h) and stores a borrowed handle in *out: it stays valid while
+ * the library is loaded, so a kernel may cache it. library_ctx is ignored (pass NULL). Returns
+ * -1 with TVM's "Cannot find function" error when nobody provides the name. */
+int TVMFFIEnvModLookupFromImports(void *library_ctx, const char *name, void **out);
+
+/* Calls a function handle from TVMFFIEnvModLookupFromImports with borrowed arguments; *result
+ * (None on entry) is owned by the caller afterwards. */
+int TVMFFIFunctionCall(void *func, TVMFFIAny *args, int32_t num_args, TVMFFIAny *result);
+
 #ifdef __cplusplus
 }
 #endif

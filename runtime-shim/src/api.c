@@ -118,7 +118,7 @@ static void api_module_close(rvm_module *m) {
 
 static int api_module_info(const rvm_module *m, rvm_module_info *out) {
   const rvm_program *p = m->program;
-  out->abi_version = p->abi_version;
+  out->abi_version = RVM_ABI_VERSION;
   out->exec_mode = p->exec_mode;
   out->compiler_version = p->compiler_version;
   out->target_triple = p->target_triple;
@@ -431,6 +431,10 @@ static int api_function_call(const rvm_value *function, const rvm_value *args, i
   return rvm_invoke_value(NULL, function, args, num_args, result);
 }
 
+static void api_error_set(const char *kind, const char *message) {
+  TVMFFIErrorSetRaisedFromCStr(kind ? kind : "RuntimeError", message ? message : "");
+}
+
 static const rvm_api api_table = {
     .abi_version = RVM_ABI_VERSION,
     .struct_size = sizeof(rvm_api),
@@ -463,6 +467,7 @@ static const rvm_api api_table = {
     .function_register = api_function_register,
     .function_get = api_function_get,
     .function_call = api_function_call,
+    .error_set = api_error_set,
 };
 
 __attribute__((visibility("default"))) const rvm_api *rvm_get_api(uint32_t abi_version) {

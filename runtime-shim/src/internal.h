@@ -358,7 +358,6 @@ typedef struct {
 typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv *penv, void *cdata);
 RVM_HIDDEN int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void *cdata, int num_task);
 RVM_HIDDEN int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv *penv);
-RVM_HIDDEN int TVMFFIEnvModLookupFromImports(void *library_ctx, const char *name, void **out);
 
 #define RVM_BUILTIN(suffix, name, doc) \
   RVM_HIDDEN int rvm_builtin_##suffix(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result);

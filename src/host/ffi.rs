@@ -132,6 +132,7 @@ pub struct Api {
     ) -> c_int,
     pub function_get: unsafe extern "C" fn(name: *const c_char, out: *mut Any) -> c_int,
     pub function_call: unsafe extern "C" fn(f: *const Any, args: *const Any, n: i32, result: *mut Any) -> c_int,
+    pub error_set: unsafe extern "C" fn(kind: *const c_char, message: *const c_char),
 }
 
 /// The TVM-FFI safe-call signature.

@@ -113,6 +113,20 @@ pub struct Model {
     _lib: libloading::Library,
 }
 
+/// An error's message followed by its causes' (libloading keeps dlerror()'s text in a source).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text = format!("{text}: {more}");
+        }
+        cause = c.source();
+    }
+    text
+}
+
 fn cstr(p: *const std::ffi::c_char) -> String {
     if p.is_null() {
         return String::new();
@@ -130,9 +144,21 @@ unsafe impl Sync for Model {}
 impl Model {
     pub fn load(path: &Path) -> Result<Model, HostError> {
         let shown = path.display().to_string();
+        // dlopen searches the library path for a name without a slash; a user typing `m.so`
+        // means the file here.
+        let local;
+        let path = if path.components().count() == 1 && !path.as_os_str().is_empty() {
+            local = Path::new(".").join(path);
+            local.as_path()
+        } else {
+            path
+        };
+        if let Err(e) = std::fs::metadata(path) {
+            return Err(HostError::Load { path: shown, message: e.to_string() });
+        }
         // SAFETY: loading a library runs its initialisers; relaxc models have none beyond libc's.
         let lib = unsafe { libloading::Library::new(path) }
-            .map_err(|e| HostError::Load { path: shown.clone(), message: e.to_string() })?;
+            .map_err(|e| HostError::Load { path: shown.clone(), message: error_chain(&e) })?;
         // SAFETY: the symbol's type is fixed by rvm.h.
         let get: libloading::Symbol<ffi::GetApi> = unsafe { lib.get(b"rvm_get_api\0") }
             .map_err(|e| HostError::NotAModel { path: shown.clone(), message: e.to_string() })?;
