@@ -1,0 +1,55 @@
+//! The command line as users type it: model paths of every form, and what a bad path says.
+
+mod common;
+
+use std::process::Command;
+
+use relaxc::codegen::ExecMode;
+
+fn relaxc() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_relaxc"))
+}
+
+#[test]
+fn run_and_inspect_open_bare_relative_and_absolute_paths() {
+    let fixture = common::fixtures_dir().join("mlp_static");
+    let so = common::build("mlp_static", &fixture.join("m.tar"), ExecMode::Compiled).expect("build");
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("sub")).expect("sub");
+    std::fs::copy(&so, dir.path().join("sub/m.so")).expect("copy");
+    let inputs = fixture.join("ok_basic.in.npz");
+    let expect = fixture.join("ok_basic.out.npz");
+    for (cwd, path) in [
+        (dir.path().join("sub"), "m.so".to_string()),
+        (dir.path().to_path_buf(), "sub/m.so".to_string()),
+        (dir.path().join("sub"), "./m.so".to_string()),
+        (dir.path().to_path_buf(), dir.path().join("sub/m.so").display().to_string()),
+    ] {
+        let out = relaxc()
+            .current_dir(&cwd)
+            .args(["run", &path, "--inputs"])
+            .arg(&inputs)
+            .arg("--expect")
+            .arg(&expect)
+            .output()
+            .expect("relaxc run");
+        assert!(out.status.success(), "run {path} in {}: {}", cwd.display(), String::from_utf8_lossy(&out.stderr));
+        let out = relaxc().current_dir(&cwd).args(["inspect", &path]).output().expect("relaxc inspect");
+        assert!(out.status.success(), "inspect {path}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+#[test]
+fn a_bad_model_path_names_the_file_and_the_reason() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = relaxc().current_dir(dir.path()).args(["run", "nonexistent.so"]).output().expect("relaxc run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("cannot load nonexistent.so: No such file or directory"), "{err}");
+    std::fs::write(dir.path().join("garbage.so"), b"not an ELF file").expect("write");
+    let out = relaxc().current_dir(dir.path()).args(["run", "garbage.so"]).output().expect("relaxc run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    // dlerror()'s own reason follows relaxc's words.
+    assert!(err.contains("cannot load garbage.so: dlopen failed: ./garbage.so:"), "{err}");
+    assert!(err.contains("file too short") || err.contains("invalid ELF header"), "{err}");
+}
