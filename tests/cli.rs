@@ -53,3 +53,26 @@ fn a_bad_model_path_names_the_file_and_the_reason() {
     assert!(err.contains("cannot load garbage.so: dlopen failed: ./garbage.so:"), "{err}");
     assert!(err.contains("file too short") || err.contains("invalid ELF header"), "{err}");
 }
+
+#[test]
+fn a_model_built_by_an_older_relaxc_still_runs() {
+    if !cfg!(target_arch = "x86_64") {
+        eprintln!("SKIPPED: the ABI-1 model fixture is an x86-64 library");
+        return;
+    }
+    let fixture = common::fixtures_dir().join("mlp_static");
+    let out = relaxc()
+        .arg("run")
+        .arg(common::root().join("fixtures/compat/mlp_static.abi1.x86_64.so"))
+        .arg("--inputs")
+        .arg(fixture.join("ok_basic.in.npz"))
+        .arg("--expect")
+        .arg(fixture.join("ok_basic.out.npz"))
+        .output()
+        .expect("relaxc run");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let model =
+        relaxc::host::Model::load(&common::root().join("fixtures/compat/mlp_static.abi1.x86_64.so")).expect("load");
+    let err = model.function("vm.builtin.copy").err().expect("no registry in ABI 1");
+    assert!(err.to_string().contains("speaks ABI version 1"), "{err}");
+}

@@ -3,7 +3,10 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
+/// The newest version this host speaks.
 pub const ABI_VERSION: u32 = 2;
+/// The oldest version this host still loads (without the registry).
+pub const ABI_VERSION_MIN: u32 = 1;
 
 pub const TYPE_NONE: i32 = 0;
 pub const TYPE_INT: i32 = 1;
@@ -91,6 +94,7 @@ pub struct VmStats {
 pub type Module = c_void;
 pub type Vm = c_void;
 
+/// The API table as version 1 defined it; later versions only add entries at its end.
 #[repr(C)]
 pub struct Api {
     pub abi_version: u32,
@@ -122,7 +126,12 @@ pub struct Api {
     pub tensor_export: unsafe extern "C" fn(v: *const Any, out: *mut *mut c_void) -> c_int,
     pub vm_create_on: unsafe extern "C" fn(m: *mut Module, device: DLDevice, out: *mut *mut Vm) -> c_int,
     pub tensor_to_host: unsafe extern "C" fn(v: *const Any, out: *mut Any) -> c_int,
-    // ABI version 2
+}
+
+/// The table of ABI version 2: version 1's, then the runtime-function registry.
+#[repr(C)]
+pub struct ApiV2 {
+    pub v1: Api,
     pub function_register: unsafe extern "C" fn(
         name: *const c_char,
         f: SafeCall,

@@ -109,6 +109,8 @@ pub enum Output {
 /// A loaded model: the library, its API table and one opened module.
 pub struct Model {
     api: *const Api,
+    /// The ABI version the library answered for (2 gives the registry as well).
+    abi_version: u32,
     module: *mut ffi::Module,
     _lib: libloading::Library,
 }
@@ -163,17 +165,29 @@ impl Model {
         let get: libloading::Symbol<ffi::GetApi> = unsafe { lib.get(b"rvm_get_api\0") }
             .map_err(|e| HostError::NotAModel { path: shown.clone(), message: e.to_string() })?;
         // SAFETY: calling the documented entry point.
-        let api = unsafe { get(ffi::ABI_VERSION) };
-        if api.is_null() {
+        let mut found = None;
+        for version in (ffi::ABI_VERSION_MIN..=ffi::ABI_VERSION).rev() {
+            // SAFETY: calling the documented entry point.
+            let api = unsafe { get(version) };
+            if !api.is_null() {
+                found = Some((api, version));
+                break;
+            }
+        }
+        let Some((api, abi_version)) = found else {
             return Err(HostError::NotAModel {
                 path: shown,
-                message: format!("it does not speak ABI version {}", ffi::ABI_VERSION),
+                message: format!(
+                    "it speaks none of the ABI versions {}..={} this relaxc knows (built by an incompatible relaxc?)",
+                    ffi::ABI_VERSION_MIN,
+                    ffi::ABI_VERSION
+                ),
             });
-        }
+        };
         let mut module = std::ptr::null_mut();
         // SAFETY: api is a valid table for the life of lib.
         let rc = unsafe { ((*api).module_open)(&mut module) };
-        let model = Model { api, module, _lib: lib };
+        let model = Model { api, abi_version, module, _lib: lib };
         if rc != 0 {
             let e = model.error();
             return Err(HostError::NotAModel { path: shown, message: e.to_string() });
@@ -184,6 +198,19 @@ impl Model {
     fn api(&self) -> &Api {
         // SAFETY: valid while the library is loaded, which self guarantees.
         unsafe { &*self.api }
+    }
+
+    /// The version-2 table, or an error naming the older version the library speaks.
+    fn api_v2(&self) -> Result<&ffi::ApiV2, HostError> {
+        let size = self.api().struct_size as usize;
+        if self.abi_version < 2 || size < std::mem::size_of::<ffi::ApiV2>() {
+            return Err(HostError::Value(format!(
+                "this model speaks ABI version {} (built by an older relaxc): it has no runtime-function registry; rebuild it",
+                self.abi_version
+            )));
+        }
+        // SAFETY: the library answered version 2 with a table of at least this size.
+        Ok(unsafe { &*(self.api as *const ffi::ApiV2) })
     }
 
     fn error(&self) -> HostError {
@@ -270,7 +297,7 @@ impl Model {
         let c = CString::new(name).map_err(|_| HostError::Value(format!("bad function name {name:?}")))?;
         let mut out = Any::default();
         // SAFETY: NUL-terminated name, valid out-pointer.
-        if unsafe { (self.api().function_get)(c.as_ptr(), &mut out) } != 0 {
+        if unsafe { (self.api_v2()?.function_get)(c.as_ptr(), &mut out) } != 0 {
             return Err(self.error());
         }
         Ok(Value { api: self.api(), any: out })
@@ -280,7 +307,7 @@ impl Model {
     pub fn call_function(&self, f: &Value, args: &[Any]) -> Result<Value<'_>, HostError> {
         let mut out = Any::default();
         // SAFETY: f is a value of this library; args are valid for the call.
-        let rc = unsafe { (self.api().function_call)(&f.any, args.as_ptr(), args.len() as i32, &mut out) };
+        let rc = unsafe { (self.api_v2()?.function_call)(&f.any, args.as_ptr(), args.len() as i32, &mut out) };
         if rc != 0 {
             return Err(self.error());
         }
@@ -301,7 +328,7 @@ impl Model {
     ) -> Result<(), HostError> {
         let c = CString::new(name).map_err(|_| HostError::Value(format!("bad function name {name:?}")))?;
         // SAFETY: as the caller promised; the name is copied by the library.
-        if unsafe { (self.api().function_register)(c.as_ptr(), f, self_, None, override_ as i32) } != 0 {
+        if unsafe { (self.api_v2()?.function_register)(c.as_ptr(), f, self_, None, override_ as i32) } != 0 {
             return Err(self.error());
         }
         Ok(())
