@@ -117,7 +117,7 @@ enum { RVM_ARG_REG = 0, RVM_ARG_IMM = 1, RVM_ARG_CONST = 2, RVM_ARG_FUNC = 3 };
 enum { RVM_CACHED_NDIM = 4 };
 
 /* Type indices of relaxc's own object kinds (dynamic range; never seen by TVM). */
-enum { RVM_TYPE_CLOSURE = 128, RVM_TYPE_STORAGE = 129 };
+enum { RVM_TYPE_CLOSURE = 128, RVM_TYPE_STORAGE = 129, RVM_TYPE_KV_CACHE = 130 };
 
 typedef struct rvm_allocator rvm_allocator;
 typedef struct rvm_cuda rvm_cuda;

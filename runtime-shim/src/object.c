@@ -79,6 +79,7 @@ const char *rvm_type_name(const TVMFFIAny *v) {
     case kTVMFFIMap: return "ffi.Map";
     case RVM_TYPE_CLOSURE: return "relax.vm.Closure";
     case RVM_TYPE_STORAGE: return "vm.Storage";
+    case RVM_TYPE_KV_CACHE: return "relax.vm.PagedAttentionKVCache";
     default: return "Object";
   }
 }

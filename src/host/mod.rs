@@ -2,6 +2,7 @@
 //! `dlopen`, `rvm_get_api`, one module, VMs, calls. Used by `relaxc run` and the tests.
 
 pub mod ffi;
+pub mod llm;
 pub mod npz;
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
@@ -292,6 +293,16 @@ impl Model {
         Ok(args)
     }
 
+    /// A new Shape value.
+    pub fn shape(&self, dims: &[i64]) -> Result<Value<'_>, HostError> {
+        let mut out = Any::default();
+        // SAFETY: dims is a valid slice; out is a valid out-pointer.
+        if unsafe { (self.api().shape_new)(dims.as_ptr(), dims.len() as i64, &mut out) } != 0 {
+            return Err(self.error());
+        }
+        Ok(Value { api: self.api(), any: out })
+    }
+
     /// A runtime function of the library (or one a host registered), by name.
     pub fn function(&self, name: &str) -> Result<Value<'_>, HostError> {
         let c = CString::new(name).map_err(|_| HostError::Value(format!("bad function name {name:?}")))?;
@@ -422,6 +433,18 @@ impl<'m> Vm<'m> {
             // SAFETY: as in call_prepared.
             unsafe { (api.vm_call)(self.vm, f, args.anys.as_ptr(), args.anys.len() as i32, &mut out) }
         };
+        if rc != 0 {
+            return Err(self.model.error());
+        }
+        Ok(Value { api, any: out })
+    }
+
+    /// Calls function `f` with values the caller keeps alive for the call.
+    pub fn call_values(&mut self, f: i32, args: &[Any]) -> Result<Value<'m>, HostError> {
+        let api = self.model.api();
+        let mut out = Any::default();
+        // SAFETY: valid VM, argument array and out-pointer.
+        let rc = unsafe { (api.vm_call)(self.vm, f, args.as_ptr(), args.len() as i32, &mut out) };
         if rc != 0 {
             return Err(self.model.error());
         }

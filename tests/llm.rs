@@ -1,0 +1,246 @@
+//! The tiny Llama (fixtures/tvm/tiny_llama) run on relaxc's paged KV cache, in both modes, against
+//! TVM's recorded runs: greedy tokens and every step's logits bit for bit; batches, chunked
+//! prefill, forks, popn, remove and clear; TVM's error texts; no storage allocated by a decode
+//! step after warm-up.
+
+mod common;
+
+use std::path::PathBuf;
+
+use relaxc::codegen::ExecMode;
+use relaxc::host::llm::{CacheConfig, Llm, Logits};
+use relaxc::host::{HostError, Model, npz};
+use serde_json::Value as Json;
+
+fn fixture() -> PathBuf {
+    common::fixtures_dir().join("tiny_llama")
+}
+
+fn scenarios() -> Json {
+    let text = std::fs::read_to_string(fixture().join("scenarios.json")).expect("scenarios.json");
+    serde_json::from_str(&text).expect("valid JSON")
+}
+
+fn config(s: &Json) -> CacheConfig {
+    let c = &s["config"];
+    let get = |k: &str| c[k].as_i64().expect("config field");
+    CacheConfig {
+        max_batch_size: get("max_batch_size"),
+        max_total_seq_len: get("max_total_seq_len"),
+        prefill_chunk_size: get("prefill_chunk_size"),
+        page_size: get("page_size"),
+    }
+}
+
+fn build(mode: ExecMode) -> PathBuf {
+    common::build("tiny_llama", &fixture().join("m.tar"), mode).expect("build tiny_llama")
+}
+
+fn ints(v: &Json) -> Vec<i64> {
+    v.as_array().expect("array").iter().map(|x| x.as_i64().expect("int")).collect()
+}
+
+fn tokens(v: &Json) -> Vec<i32> {
+    ints(v).into_iter().map(|t| t as i32).collect()
+}
+
+/// Runs one scenario step; the logits of prefill and decode steps.
+fn step(llm: &mut Llm, s: &Json) -> Result<Option<Logits>, HostError> {
+    let get = |k: &str| s[k].as_i64().expect("step field");
+    match s["op"].as_str().expect("op") {
+        "add" => llm.add_sequence(get("seq")).map(|_| None),
+        "remove" => llm.remove_sequence(get("seq")).map(|_| None),
+        "fork" => llm.fork_sequence(get("parent"), get("child"), get("pos")).map(|_| None),
+        "popn" => llm.popn(get("seq"), get("n")).map(|_| None),
+        "clear" => llm.clear().map(|_| None),
+        "prefill" => {
+            let toks: Vec<Vec<i32>> = s["tokens"].as_array().expect("tokens").iter().map(tokens).collect();
+            llm.prefill(&ints(&s["seqs"]), &toks).map(Some)
+        }
+        "decode" => llm.decode(&ints(&s["seqs"]), &tokens(&s["tokens"])).map(Some),
+        "check" => {
+            assert_eq!(llm.total_sequence_length()?, get("total"), "total sequence length");
+            assert_eq!(llm.available_pages()?, get("available"), "available pages");
+            Ok(None)
+        }
+        other => panic!("unknown step {other}"),
+    }
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+fn run_scenarios(mode: ExecMode) {
+    let so = build(mode);
+    let model = Model::load(&so).expect("load");
+    let all = scenarios();
+    let cfg = config(&all);
+    for scenario in all["scenarios"].as_array().expect("scenarios") {
+        let name = scenario["name"].as_str().expect("name");
+        let want = npz::read_arrays(&fixture().join(format!("{name}.npz"))).expect("logits");
+        let mut llm = Llm::new(&model, &so, cfg).expect("create the cache");
+        for (i, s) in scenario["steps"].as_array().expect("steps").iter().enumerate() {
+            let got = step(&mut llm, s).unwrap_or_else(|e| panic!("{name} step {i} ({s}): {e}"));
+            if let Some(logits) = got {
+                let (_, shape, bytes) = want.get(&format!("step{i}")).unwrap_or_else(|| panic!("{name}: no step{i}"));
+                assert_eq!(shape.iter().product::<u64>() as usize, logits.data.len(), "{name} step {i}: logits size");
+                assert!(
+                    same_bits(&logits.data, &f32s(bytes)),
+                    "{name} step {i} ({}): logits differ from TVM's",
+                    common::mode_name(mode)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn scenarios_match_tvm_bytecode() {
+    run_scenarios(ExecMode::Bytecode);
+}
+
+#[test]
+fn scenarios_match_tvm_compiled() {
+    run_scenarios(ExecMode::Compiled);
+}
+
+fn generate_matches(mode: ExecMode) {
+    let so = build(mode);
+    let model = Model::load(&so).expect("load");
+    let want = npz::read_arrays(&fixture().join("generate.npz")).expect("generate.npz");
+    let prompt: Vec<i32> =
+        want["prompt"].2.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let want_tokens: Vec<i32> =
+        want["tokens"].2.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let mut llm = Llm::new(&model, &so, config(&scenarios())).expect("cache");
+    assert_eq!(llm.vocab, Some(64), "the vocabulary size read from embed's table");
+    llm.add_sequence(0).expect("add");
+    let mut logits = vec![llm.prefill(&[0], &[prompt]).expect("prefill")];
+    let mut toks = vec![logits[0].argmax(0)];
+    let mut warm = None;
+    while toks.len() < want_tokens.len() {
+        if toks.len() == 3 {
+            let s = llm.vm_stats();
+            warm = Some((s.storage_allocations, s.storage_allocations - s.pool_hits));
+        }
+        logits.push(llm.decode(&[0], &[*toks.last().expect("token")]).expect("decode"));
+        toks.push(logits.last().expect("logits").argmax(0));
+    }
+    assert_eq!(toks, want_tokens, "greedy tokens ({})", common::mode_name(mode));
+    let got: Vec<f32> = logits.iter().flat_map(|l| l.data.iter().copied()).collect();
+    assert!(same_bits(&got, &f32s(&want["logits"].2)), "logits of every step are TVM's bits");
+    // After warm-up a decode step allocates nothing new: every storage comes from the pool.
+    let stats = llm.vm_stats();
+    let (allocations, fresh) = warm.expect("warm-up point");
+    assert!(stats.storage_allocations > allocations, "decode steps take storage for their activations");
+    assert_eq!(stats.storage_allocations - stats.pool_hits, fresh, "no decode step after warm-up allocated new storage: {stats:?}");
+}
+
+#[test]
+fn greedy_generation_matches_tvm_bytecode() {
+    generate_matches(ExecMode::Bytecode);
+}
+
+#[test]
+fn greedy_generation_matches_tvm_compiled() {
+    generate_matches(ExecMode::Compiled);
+}
+
+#[test]
+fn failing_calls_give_tvms_errors() {
+    let so = build(ExecMode::Bytecode);
+    let model = Model::load(&so).expect("load");
+    let all = scenarios();
+    for e in all["errors"].as_array().expect("errors") {
+        let name = e["name"].as_str().expect("name");
+        let mut llm = Llm::new(&model, &so, config(&all)).expect("cache");
+        for s in e["setup"].as_array().expect("setup") {
+            step(&mut llm, s).expect("setup step");
+        }
+        match step(&mut llm, &e["call"]) {
+            Err(HostError::Call { kind, message }) => {
+                let message = common::strip_location(&message).to_string();
+                assert_eq!(
+                    (kind.as_str(), message.as_str()),
+                    (e["kind"].as_str().expect("kind"), e["message"].as_str().expect("message")),
+                    "{name}"
+                );
+            }
+            other => panic!("{name}: expected TVM's error, got {:?}", other.map(|_| ())),
+        }
+        // A failed call leaves the cache usable.
+        let before = llm.total_sequence_length().expect("length");
+        assert!(before >= 0, "{name}");
+    }
+}
+
+fn expect_error(result: Result<impl std::fmt::Debug, HostError>, needle: &str) {
+    match result {
+        Err(e) => assert!(e.to_string().contains(needle), "expected an error with {needle:?}, got: {e}"),
+        Ok(v) => panic!("expected an error with {needle:?}, got {v:?}"),
+    }
+}
+
+#[test]
+fn bad_input_is_a_clear_error_not_a_crash() {
+    let so = build(ExecMode::Compiled);
+    let model = Model::load(&so).expect("load");
+    let cfg = config(&scenarios());
+    let mut llm = Llm::new(&model, &so, cfg).expect("cache");
+    llm.add_sequence(0).expect("add");
+    // A token id past the vocabulary: TVM's embedding kernel reads out of bounds.
+    expect_error(llm.prefill(&[0], &[vec![1, 64]]), "token id 64 is outside the model's vocabulary (ids 0..63)");
+    expect_error(llm.decode(&[0], &[-3]), "token id -3");
+    // A prompt longer than one step may carry, and longer than the cache.
+    expect_error(llm.prefill(&[0], &[vec![1; 40]]), "more than the cache's prefill_chunk_size (32)");
+    let tokens_full: Vec<i32> = vec![1; 32];
+    for _ in 0..4 {
+        llm.prefill(&[0], std::slice::from_ref(&tokens_full)).expect("fill the cache");
+    }
+    expect_error(llm.prefill(&[0], std::slice::from_ref(&tokens_full)), "The KV cache is full");
+    // The failed step changed nothing: the sequence keeps its 128 tokens.
+    assert_eq!(llm.total_sequence_length().expect("length"), 128);
+    // An empty batch (TVM crashes) and a sequence given twice.
+    let begin = model.function("vm.builtin.kv_state_begin_forward").expect("begin");
+    let empty = model.shape(&[]).expect("shape");
+    expect_error(llm_call(&model, &begin, &llm, &[empty.any(), empty.any()]), "the batch is empty");
+    llm.add_sequence(1).expect("add");
+    expect_error(llm.decode(&[1, 1], &[2, 3]), "sequence 1 appears twice");
+    // Features outside the subset name themselves.
+    expect_error(llm.state("attention_kv_cache_enable_sliding_window_for_seq", &[0, 8, 2]), "sliding windows");
+    expect_error(llm.state("kv_cache_disagg_prepare_recv", &[0, 1]), "KV disaggregation");
+    // The wrong arity, and the wrong first argument.
+    expect_error(llm.state("kv_state_fork_sequence", &[0, 1]), "Expected 4 but got 3 arguments");
+    let popn = model.function("vm.builtin.kv_state_popn").expect("popn");
+    let r = model.call_function(&popn, &[relaxc::host::ffi::Any::int(0), relaxc::host::ffi::Any::int(1)]);
+    expect_error(r.map(|v| v.to_output()), "expects a PagedAttentionKVCache");
+}
+
+fn llm_call(
+    model: &Model,
+    f: &relaxc::host::Value,
+    llm: &Llm,
+    rest: &[relaxc::host::ffi::Any],
+) -> Result<relaxc::host::Output, HostError> {
+    // The cache is the first argument of every state function.
+    let kv = llm.state_handle();
+    let mut args = vec![kv];
+    args.extend_from_slice(rest);
+    model.call_function(f, &args).map(|v| v.to_output())
+}
+
+#[test]
+fn sliding_window_caches_are_refused_at_creation() {
+    let so = build(ExecMode::Bytecode);
+    let model = Model::load(&so).expect("load");
+    let create = model.find("create_paged_kv_cache").expect("create");
+    let mut vm = model.vm().expect("vm");
+    let args: Vec<relaxc::host::Input> =
+        [4, 128, 32, 16, 1].iter().map(|v| relaxc::host::Input::Shape(vec![*v])).collect();
+    expect_error(vm.call(create, &args).map(|v| v.to_output()), "does not support sliding windows");
+}
