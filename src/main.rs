@@ -90,6 +90,42 @@ enum Command {
         #[arg(long, value_name = "DEVICE")]
         device: Option<String>,
     },
+    /// Generate tokens with an LLM (TVM nn / MLC export convention) on relaxc's paged KV cache.
+    ///
+    /// The model must have create_paged_kv_cache, embed, prefill and decode functions. Decoding
+    /// is greedy (argmax): the first new token comes from prefill, the others from decode steps.
+    /// Prints the new token ids, the prefill latency and the decode speed.
+    Generate {
+        /// A model built by `relaxc compile` from an LLM export.
+        model: PathBuf,
+        /// The prompt's token ids, comma-separated (e.g. 1,17,42).
+        #[arg(long, value_delimiter = ',', required = true, num_args = 1..)]
+        prompt: Vec<i32>,
+        /// How many tokens to generate.
+        #[arg(long, default_value_t = 16)]
+        max_new_tokens: usize,
+        /// Write the logits of every new token to this .npz, as float32 [N, vocab] under `logits`.
+        #[arg(long, value_name = "FILE.npz")]
+        logits: Option<PathBuf>,
+        /// Repeat the generation (after a warm-up run) and report median timings.
+        #[arg(long, value_name = "RUNS", num_args = 0..=1, default_missing_value = "10")]
+        bench: Option<usize>,
+        /// KV cache: the most tokens held at once, prompt and new tokens included.
+        #[arg(long, default_value_t = 2048)]
+        max_total_seq_len: i64,
+        /// KV cache: the most tokens one prefill step takes; longer prompts go in chunks.
+        #[arg(long, default_value_t = 256)]
+        prefill_chunk_size: i64,
+        /// KV cache: tokens per page (TVM's TIR attention kernels need 16).
+        #[arg(long, default_value_t = 16)]
+        page_size: i64,
+        /// KV cache: sequences decoded together at most (generate uses one).
+        #[arg(long, default_value_t = 1)]
+        max_batch_size: i64,
+        /// The vocabulary size, when it cannot be read from the model's embedding table.
+        #[arg(long)]
+        vocab_size: Option<usize>,
+    },
     /// Print the listing (as TVM's as_text()) and statistics of a TVM export or a compiled model.
     Inspect {
         /// A TVM export (.tar), relaxc's text form (.rvmasm) or a model built by relaxc (.so).
@@ -160,6 +196,22 @@ fn run(cli: Cli) -> Result<()> {
             let device = device.map(|d| parse_device(&d)).transpose()?;
             let opts = RunOptions { func, inputs, outputs, expect, bench, stats, device };
             run_model(&model, &opts)
+        }
+        Command::Generate {
+            model,
+            prompt,
+            max_new_tokens,
+            logits,
+            bench,
+            max_total_seq_len,
+            prefill_chunk_size,
+            page_size,
+            max_batch_size,
+            vocab_size,
+        } => {
+            let config = relaxc::host::llm::CacheConfig { max_batch_size, max_total_seq_len, prefill_chunk_size, page_size };
+            let opts = GenerateOptions { prompt, max_new_tokens, logits, bench, config, vocab_size };
+            generate(&model, &opts)
         }
         Command::Inspect { input, python, asm } => {
             let exec =
@@ -261,6 +313,108 @@ fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
         }
         times.sort_by(|a, b| a.total_cmp(b));
         println!("{func}: median {:.3} us per call over {n} calls", times[n / 2]);
+    }
+    Ok(())
+}
+
+struct GenerateOptions {
+    prompt: Vec<i32>,
+    max_new_tokens: usize,
+    logits: Option<PathBuf>,
+    bench: Option<usize>,
+    config: relaxc::host::llm::CacheConfig,
+    vocab_size: Option<usize>,
+}
+
+/// One greedy generation: the new tokens, their logits, the prefill time and the decode time.
+struct Generation {
+    tokens: Vec<i32>,
+    logits: Vec<f32>,
+    vocab: usize,
+    prefill: std::time::Duration,
+    decode: std::time::Duration,
+}
+
+fn generate_once(model: &Model, path: &Path, opts: &GenerateOptions) -> Result<Generation> {
+    use relaxc::host::llm::Llm;
+    let mut llm = Llm::new(model, path, opts.config)?;
+    if opts.vocab_size.is_some() {
+        llm.vocab = opts.vocab_size;
+    }
+    llm.add_sequence(0)?;
+    let start = Instant::now();
+    let chunk = opts.config.prefill_chunk_size.max(1) as usize;
+    let mut last = None;
+    for part in opts.prompt.chunks(chunk) {
+        last = Some(llm.prefill(&[0], &[part.to_vec()]).context("prefill")?);
+    }
+    let first = last.context("the prompt is empty")?;
+    let prefill = start.elapsed();
+    let vocab = first.vocab;
+    let mut tokens = vec![first.argmax(0)];
+    let mut logits = first.row(0).to_vec();
+    let start = Instant::now();
+    while tokens.len() < opts.max_new_tokens {
+        let step = llm.decode(&[0], &[*tokens.last().context("no token")?]).context("decode")?;
+        tokens.push(step.argmax(0));
+        logits.extend_from_slice(step.row(0));
+    }
+    Ok(Generation { tokens, logits, vocab, prefill, decode: start.elapsed() })
+}
+
+fn generate(path: &Path, opts: &GenerateOptions) -> Result<()> {
+    if opts.prompt.is_empty() {
+        bail!("--prompt needs at least one token id");
+    }
+    if opts.max_new_tokens == 0 {
+        bail!("--max-new-tokens must be at least 1");
+    }
+    let needed = opts.prompt.len() as i64 + opts.max_new_tokens as i64;
+    if needed > opts.config.max_total_seq_len {
+        bail!(
+            "the prompt ({} tokens) and {} new tokens need {needed} tokens of KV cache, more than --max-total-seq-len {}",
+            opts.prompt.len(),
+            opts.max_new_tokens,
+            opts.config.max_total_seq_len
+        );
+    }
+    let model = Model::load(path)?;
+    let run = generate_once(&model, path, opts)?;
+    let tokens: Vec<String> = run.tokens.iter().map(|t| t.to_string()).collect();
+    println!("tokens: {}", tokens.join(" "));
+    let (mut prefill, mut decode) = (run.prefill, run.decode);
+    if let Some(runs) = opts.bench {
+        let (mut p, mut d) = (Vec::new(), Vec::new());
+        for _ in 0..runs.max(1) {
+            let again = generate_once(&model, path, opts)?;
+            if again.tokens != run.tokens {
+                bail!("a repeated generation gave different tokens");
+            }
+            p.push(again.prefill);
+            d.push(again.decode);
+        }
+        p.sort();
+        d.sort();
+        (prefill, decode) = (p[p.len() / 2], d[d.len() / 2]);
+    }
+    let steps = run.tokens.len().saturating_sub(1);
+    let what = if opts.bench.is_some() { "median " } else { "" };
+    println!("prefill: {what}{:.3} ms for {} prompt tokens", prefill.as_secs_f64() * 1e3, opts.prompt.len());
+    if steps > 0 {
+        println!(
+            "decode: {what}{:.1} tokens/s ({:.1} us per token, {steps} steps)",
+            steps as f64 / decode.as_secs_f64(),
+            decode.as_secs_f64() * 1e6 / steps as f64
+        );
+    }
+    if let Some(out) = &opts.logits {
+        let data: Vec<u8> = run.logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let array = relaxc::host::Output::Tensor {
+            dtype: relaxc::host::ffi::DLDataType { code: 2, bits: 32, lanes: 1 },
+            shape: vec![run.tokens.len() as i64, run.vocab as i64],
+            data,
+        };
+        npz::write_named(out, &[("logits".to_string(), &array)])?;
     }
     Ok(())
 }

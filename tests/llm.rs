@@ -244,3 +244,95 @@ fn sliding_window_caches_are_refused_at_creation() {
         [4, 128, 32, 16, 1].iter().map(|v| relaxc::host::Input::Shape(vec![*v])).collect();
     expect_error(vm.call(create, &args).map(|v| v.to_output()), "does not support sliding windows");
 }
+
+fn build_c_host(name: &str) -> PathBuf {
+    let exe = common::scratch_dir().join(format!("{name}.{}", std::process::id()));
+    let status = std::process::Command::new(relaxc::link::linker())
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
+        .arg("-I")
+        .arg(common::root().join("runtime-shim/include"))
+        .arg(common::root().join(format!("tests/c/{name}.c")))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-ldl")
+        .status()
+        .expect("run the C compiler");
+    assert!(status.success(), "{name}.c does not build");
+    exe
+}
+
+fn id_list(bytes: &[u8]) -> String {
+    bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]).to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// A C host runs prefill and decode through rvm.h alone and gets TVM's tokens; valgrind finds no
+/// leak and no invalid access.
+#[test]
+fn c_host_generates_tvms_tokens_under_valgrind() {
+    let exe = build_c_host("llm_test");
+    let want = npz::read_arrays(&fixture().join("generate.npz")).expect("generate.npz");
+    let (prompt, tokens) = (id_list(&want["prompt"].2), id_list(&want["tokens"].2));
+    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+        let so = build(mode);
+        let out = std::process::Command::new(&exe).arg(&so).arg(&prompt).arg(&tokens).output().expect("run llm_test");
+        assert!(out.status.success(), "llm_test ({}): {}", common::mode_name(mode), String::from_utf8_lossy(&out.stderr));
+        if std::process::Command::new("valgrind").arg("--version").output().is_err() {
+            assert!(std::env::var_os("CI").is_none(), "valgrind is required in CI (.ci/run installs it)");
+            eprintln!("SKIPPED: valgrind run of llm_test: valgrind is not installed");
+            continue;
+        }
+        let vg = std::process::Command::new("valgrind")
+            .args(["--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite,indirect"])
+            .arg(&exe)
+            .arg(&so)
+            .arg(&prompt)
+            .arg(&tokens)
+            .output()
+            .expect("valgrind");
+        let text = String::from_utf8_lossy(&vg.stderr);
+        assert!(vg.status.success() && text.contains("ERROR SUMMARY: 0 errors"), "valgrind ({}):\n{text}", common::mode_name(mode));
+    }
+}
+
+/// `relaxc generate` prints TVM's tokens and writes TVM's logits, in both modes.
+#[test]
+fn generate_command_matches_tvm() {
+    let want = npz::read_arrays(&fixture().join("generate.npz")).expect("generate.npz");
+    let prompt = id_list(&want["prompt"].2);
+    let tokens = id_list(&want["tokens"].2).replace(',', " ");
+    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+        let so = build(mode);
+        let logits = common::scratch_dir().join(format!("logits.{}.{}.npz", common::mode_name(mode), std::process::id()));
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_relaxc"))
+            .args(["generate"])
+            .arg(&so)
+            .args(["--prompt", &prompt, "--max-new-tokens", "16", "--logits"])
+            .arg(&logits)
+            .output()
+            .expect("relaxc generate");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(stdout.lines().next(), Some(format!("tokens: {tokens}").as_str()));
+        assert!(stdout.contains("prefill: ") && stdout.contains("tokens/s"), "{stdout}");
+        let got = npz::read_arrays(&logits).expect("logits.npz");
+        assert_eq!(got["logits"].1, vec![16, 64]);
+        assert_eq!(got["logits"].2, want["logits"].2, "logits bit for bit ({})", common::mode_name(mode));
+    }
+}
+
+#[test]
+fn generate_command_rejects_bad_input_clearly() {
+    let so = build(ExecMode::Bytecode);
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_relaxc")).arg("generate").arg(&so).args(args).output().expect("run");
+        assert!(!out.status.success(), "{args:?} should fail");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    assert!(run(&["--prompt", "1,64"]).contains("token id 64 is outside the model's vocabulary (ids 0..63)"));
+    assert!(run(&["--prompt", "1,2", "--max-new-tokens", "10", "--max-total-seq-len", "8"]).contains("more than --max-total-seq-len 8"));
+    assert!(run(&["--prompt", "1", "--max-new-tokens", "0"]).contains("--max-new-tokens must be at least 1"));
+    let mlp = common::build("mlp_static", &common::fixtures_dir().join("mlp_static/m.tar"), ExecMode::Bytecode).expect("mlp");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_relaxc")).arg("generate").arg(&mlp).args(["--prompt", "1"]).output().expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("has no create_paged_kv_cache, embed, prefill, decode"), "{err}");
+}

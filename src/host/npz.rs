@@ -177,10 +177,16 @@ pub fn output_array(out: &Output) -> Result<(String, Vec<u64>, Vec<u8>), String>
 
 /// Writes flattened results as `out0, out1, …` to an `.npz` file.
 pub fn write_outputs(path: &Path, outputs: &[Output]) -> Result<(), NpzError> {
+    let named: Vec<(String, &Output)> = outputs.iter().enumerate().map(|(i, o)| (format!("out{i}"), o)).collect();
+    write_named(path, &named)
+}
+
+/// Writes arrays under the given names to an `.npz` file.
+pub fn write_named(path: &Path, outputs: &[(String, &Output)]) -> Result<(), NpzError> {
     let shown = path.display().to_string();
     let io = |message: String| NpzError::Io { path: shown.clone(), message };
     let mut arrays = Vec::new();
-    for (index, out) in outputs.iter().enumerate() {
+    for (index, (name, out)) in outputs.iter().enumerate() {
         let err = |message: String| NpzError::Output { index, message };
         let (descr, shape, data) = output_array(out).map_err(err)?;
         let ts: npyz::TypeStr = descr.parse().map_err(|e| err(format!("{e}")))?;
@@ -192,7 +198,7 @@ pub fn write_outputs(path: &Path, outputs: &[Output]) -> Result<(), NpzError> {
             .write_header_only()
             .map_err(|e| err(e.to_string()))?;
         npy.extend_from_slice(&data);
-        arrays.push((format!("out{index}.npy"), npy));
+        arrays.push((format!("{name}.npy"), npy));
     }
     let file = std::fs::File::create(path).map_err(|e| io(e.to_string()))?;
     let mut zip = zip::ZipWriter::new(file);

@@ -1,0 +1,150 @@
+/*
+ * llm_test.c: a C host drives an LLM through rvm.h alone, the way an engine does: the model's
+ * create_paged_kv_cache makes the cache, runtime functions found by name add the sequence and
+ * begin and end each step, embed/prefill/decode run the model, and greedy decoding picks the
+ * tokens. The tokens are compared with the expected ones; everything is freed (tests/llm.rs
+ * runs it under valgrind).
+ *
+ * usage: llm_test TINY_LLAMA.so PROMPT_IDS EXPECTED_IDS   (ids comma-separated)
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rvm.h"
+
+static const rvm_api *api;
+
+static int fail(const char *what) {
+  fprintf(stderr, "llm_test: %s: %s\n", what, api ? api->last_error() : "");
+  return 1;
+}
+
+static int parse_ids(const char *text, int32_t *ids, int cap) {
+  int n = 0;
+  for (const char *p = text; *p && n < cap;) {
+    ids[n++] = (int32_t)strtol(p, (char **)&p, 10);
+    if (*p == ',') p++;
+  }
+  return n;
+}
+
+/* A Shape value of n dims (owned by the caller). */
+static rvm_value shape(const int64_t *dims, int64_t n) {
+  rvm_value v = {0};
+  api->shape_new(dims, n, &v);
+  return v;
+}
+
+typedef struct {
+  rvm_vm *vm;
+  int32_t embed, prefill, decode;
+  rvm_value reshape, begin, end, kv;
+} llm;
+
+/* One step: embed `tokens`, view them as [rows, cols, hidden], run `fn` between begin and end
+ * forward for sequence 0; returns the argmax of the last row of logits (or -1). */
+static int32_t step(llm *m, int32_t fn, const int32_t *tokens, int64_t n, int64_t rows, int64_t cols) {
+  int32_t ids[64] __attribute__((aligned(64)));
+  memcpy(ids, tokens, sizeof(int32_t) * (size_t)n);
+  int64_t ids_shape[1] = {n};
+  DLTensor t = {ids, {kDLCPU, 0}, 1, {kDLInt, 32, 1}, ids_shape, NULL, 0};
+  rvm_value arg = {.type_index = kTVMFFIDLTensorPtr, .v_ptr = &t}, embeds = {0}, view = {0}, none = {0}, out = {0};
+  int32_t best = -1;
+  int64_t dims[3] = {rows, cols, 0}, seq = 0;
+  rvm_value new_shape = {0}, seq_ids = shape(&seq, 1), lengths = shape(&n, 1);
+  if (api->vm_call(m->vm, m->embed, &arg, 1, &embeds) != 0) goto done;
+  dims[2] = api->tensor_view(&embeds)->shape[1]; /* the hidden size: embed gives [n, hidden] */
+  new_shape = shape(dims, 3);
+  rvm_value reshape_args[2] = {embeds, new_shape};
+  if (api->function_call(&m->reshape, reshape_args, 2, &view) != 0) goto done;
+  rvm_value begin_args[3] = {m->kv, seq_ids, lengths};
+  if (api->function_call(&m->begin, begin_args, 3, &none) != 0) goto done;
+  rvm_value call_args[2] = {view, m->kv};
+  if (api->vm_call(m->vm, fn, call_args, 2, &out) != 0) goto done;
+  if (api->function_call(&m->end, &m->kv, 1, &none) != 0) goto done;
+  rvm_value logits = {0};
+  if (api->tuple_get(&out, 0, &logits) != 0) goto done;
+  const DLTensor *l = api->tensor_view(&logits);
+  int64_t vocab = l->shape[l->ndim - 1];
+  const float *v = (const float *)((const char *)l->data + l->byte_offset) + (rows * cols > 1 && fn == m->decode ? (rows - 1) * vocab : 0);
+  best = 0;
+  for (int64_t k = 1; k < vocab; k++)
+    if (v[k] > v[best]) best = (int32_t)k;
+done:
+  api->value_release(&embeds);
+  api->value_release(&view);
+  api->value_release(&out);
+  api->value_release(&new_shape);
+  api->value_release(&seq_ids);
+  api->value_release(&lengths);
+  return best;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 4) {
+    fprintf(stderr, "usage: llm_test TINY_LLAMA.so PROMPT_IDS EXPECTED_IDS\n");
+    return 2;
+  }
+  int32_t prompt[64], expected[64];
+  int n_prompt = parse_ids(argv[2], prompt, 64), n_expected = parse_ids(argv[3], expected, 64);
+  void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    fprintf(stderr, "dlopen: %s\n", dlerror());
+    return 1;
+  }
+  api = ((rvm_get_api_fn)dlsym(lib, "rvm_get_api"))(RVM_ABI_VERSION);
+  rvm_module *module = NULL;
+  llm m = {0};
+  int rc = 1;
+  if (api->module_open(&module) != 0) return fail("module_open");
+  if (api->vm_create(module, &m.vm) != 0) return fail("vm_create");
+  int32_t create;
+  if (api->function_find(module, "create_paged_kv_cache", &create) || api->function_find(module, "embed", &m.embed) ||
+      api->function_find(module, "prefill", &m.prefill) || api->function_find(module, "decode", &m.decode))
+    return fail("the LLM functions");
+  if (api->function_get("vm.builtin.reshape", &m.reshape) || api->function_get("vm.builtin.kv_state_begin_forward", &m.begin) ||
+      api->function_get("vm.builtin.kv_state_end_forward", &m.end))
+    return fail("runtime functions");
+  int64_t sizes[5] = {1, 128, 32, 16, 0};
+  rvm_value config[5];
+  for (int i = 0; i < 5; i++) config[i] = shape(&sizes[i], 1);
+  if (api->vm_call(m.vm, create, config, 5, &m.kv) != 0) {
+    fail("create_paged_kv_cache");
+    goto out;
+  }
+  rvm_value add = {0}, none = {0}, add_args[2] = {m.kv, {.type_index = kTVMFFIInt, .v_int64 = 0}};
+  if (api->function_get("vm.builtin.kv_state_add_sequence", &add) || api->function_call(&add, add_args, 2, &none)) {
+    fail("add_sequence");
+    api->value_release(&add);
+    goto out;
+  }
+  api->value_release(&add);
+  int32_t tokens[64];
+  int n = 0;
+  tokens[n++] = step(&m, m.prefill, prompt, n_prompt, 1, n_prompt);
+  while (n < n_expected && tokens[n - 1] >= 0) {
+    tokens[n] = step(&m, m.decode, &tokens[n - 1], 1, 1, 1);
+    n++;
+  }
+  rc = 0;
+  for (int i = 0; i < n_expected; i++) {
+    if (i >= n || tokens[i] != expected[i]) {
+      fprintf(stderr, "llm_test: token %d is %d, expected %d (%s)\n", i, i < n ? tokens[i] : -1, expected[i], api->last_error());
+      rc = 1;
+      break;
+    }
+  }
+out:
+  for (int i = 0; i < 5; i++) api->value_release(&config[i]);
+  api->value_release(&m.kv);
+  api->value_release(&m.reshape);
+  api->value_release(&m.begin);
+  api->value_release(&m.end);
+  api->vm_destroy(m.vm);
+  api->module_close(module);
+  dlclose(lib);
+  if (rc == 0) printf("llm_test: %d tokens as expected\n", n_expected);
+  return rc;
+}
