@@ -157,12 +157,35 @@ pub struct Options {
     pub native: NativeOptions,
     /// Kernels and weights of a script.
     pub script: ScriptInputs,
+    /// Link every optional runtime function (rvm_runtime.def) into the model, not only those
+    /// its bytecode calls and its kernels name: for hosts that call them by name.
+    pub all_runtime_functions: bool,
 }
 
 impl Options {
     pub fn mode(mode: ExecMode) -> Options {
-        Options { mode, native: NativeOptions::default(), script: ScriptInputs::default() }
+        Options {
+            mode,
+            native: NativeOptions::default(),
+            script: ScriptInputs::default(),
+            all_runtime_functions: false,
+        }
     }
+}
+
+/// The optional runtime functions a program's kernels name (a kernel that looks one up carries
+/// its name as a string), or all of them: their symbols, for the model object to refer to.
+fn runtime_references(kernels: &[KernelObject], all: bool) -> Vec<String> {
+    let contains = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).any(|w| w == needle);
+    codegen::builtins::all()
+        .iter()
+        .filter(|b| b.optional)
+        .filter(|b| {
+            let name = format!("{}\0", b.name);
+            all || kernels.iter().any(|k| contains(&k.bytes, name.as_bytes()))
+        })
+        .map(|b| b.symbol.clone())
+        .collect()
 }
 
 /// A program ready for code generation: the executable, the kernel objects it needs, and the
@@ -200,6 +223,7 @@ pub fn emit(program: &Program, options: &Options) -> Result<codegen::tables::Emi
             return Err(CompileError::NoSuchFunction(name.clone()));
         }
     }
+    let runtime_refs = runtime_references(&program.kernels, options.all_runtime_functions);
     Ok(codegen::emit_object(
         &program.exec,
         &symbols,
@@ -207,6 +231,7 @@ pub fn emit(program: &Program, options: &Options) -> Result<codegen::tables::Emi
         &options.native,
         &program.shape_funcs,
         &program.cuda,
+        &runtime_refs,
     )?)
 }
 

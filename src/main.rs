@@ -63,6 +63,11 @@ enum Command {
         /// bytecode instruction's code headed by a `; pc=N <instruction>` comment.
         #[arg(long, value_name = "FILE")]
         emit_clif: Option<PathBuf>,
+        /// Link every optional runtime function (sort, relax.run.*, the paged KV cache) into the
+        /// model, for hosts that call them by name; by default a model gets only those its
+        /// program calls and its kernels name.
+        #[arg(long)]
+        all_runtime_functions: bool,
     },
     /// Run a function of a compiled model on inputs from an .npz file.
     Run {
@@ -160,6 +165,7 @@ fn run(cli: Cli) -> Result<()> {
             keep_bytecode,
             no_specialize,
             emit_clif,
+            all_runtime_functions,
         } => {
             if emit_clif.is_some() && exec_mode != relaxc::codegen::ExecMode::Compiled {
                 anyhow::bail!("--emit-clif needs --exec-mode compiled: bytecode mode generates no CLIF");
@@ -172,7 +178,7 @@ fn run(cli: Cli) -> Result<()> {
                 emit_clif: emit_clif.is_some(),
             };
             let script = relaxc::compile::ScriptInputs { kernels, params, cuda_archs };
-            let options = relaxc::compile::Options { mode: exec_mode, native, script };
+            let options = relaxc::compile::Options { mode: exec_mode, native, script, all_runtime_functions };
             let report = relaxc::compile::compile_file_with(&input, &options, &output)
                 .with_context(|| format!("compiling {}", input.display()))?;
             if let Some(path) = &emit_clif {
@@ -209,7 +215,8 @@ fn run(cli: Cli) -> Result<()> {
             max_batch_size,
             vocab_size,
         } => {
-            let config = relaxc::host::llm::CacheConfig { max_batch_size, max_total_seq_len, prefill_chunk_size, page_size };
+            let config =
+                relaxc::host::llm::CacheConfig { max_batch_size, max_total_seq_len, prefill_chunk_size, page_size };
             let opts = GenerateOptions { prompt, max_new_tokens, logits, bench, config, vocab_size };
             generate(&model, &opts)
         }

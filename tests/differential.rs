@@ -201,7 +201,7 @@ fn mixed_case(fixture: &common::Fixture, case: &str, tag: &str, keep: Vec<String
     }
     let native =
         relaxc::codegen::native::NativeOptions { keep_bytecode: keep.iter().cloned().collect(), ..Default::default() };
-    let options = relaxc::compile::Options { mode: ExecMode::Compiled, native, script: Default::default() };
+    let options = relaxc::compile::Options { native, ..relaxc::compile::Options::mode(ExecMode::Compiled) };
     let so = common::build_with(&fixture.name, &fixture.tar(), &options, tag)?;
     let modes = relaxc::inspect::function_modes(&so)?.ok_or("no modes section")?;
     for (name, compiled) in &modes {

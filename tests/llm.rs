@@ -138,7 +138,11 @@ fn generate_matches(mode: ExecMode) {
     let stats = llm.vm_stats();
     let (allocations, fresh) = warm.expect("warm-up point");
     assert!(stats.storage_allocations > allocations, "decode steps take storage for their activations");
-    assert_eq!(stats.storage_allocations - stats.pool_hits, fresh, "no decode step after warm-up allocated new storage: {stats:?}");
+    assert_eq!(
+        stats.storage_allocations - stats.pool_hits,
+        fresh,
+        "no decode step after warm-up allocated new storage: {stats:?}"
+    );
 }
 
 #[test]
@@ -262,7 +266,11 @@ fn build_c_host(name: &str) -> PathBuf {
 }
 
 fn id_list(bytes: &[u8]) -> String {
-    bytes.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]).to_string()).collect::<Vec<_>>().join(",")
+    bytes
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]).to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// A C host runs prefill and decode through rvm.h alone and gets TVM's tokens; valgrind finds no
@@ -275,7 +283,12 @@ fn c_host_generates_tvms_tokens_under_valgrind() {
     for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
         let so = build(mode);
         let out = std::process::Command::new(&exe).arg(&so).arg(&prompt).arg(&tokens).output().expect("run llm_test");
-        assert!(out.status.success(), "llm_test ({}): {}", common::mode_name(mode), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "llm_test ({}): {}",
+            common::mode_name(mode),
+            String::from_utf8_lossy(&out.stderr)
+        );
         if std::process::Command::new("valgrind").arg("--version").output().is_err() {
             assert!(std::env::var_os("CI").is_none(), "valgrind is required in CI (.ci/run installs it)");
             eprintln!("SKIPPED: valgrind run of llm_test: valgrind is not installed");
@@ -290,7 +303,11 @@ fn c_host_generates_tvms_tokens_under_valgrind() {
             .output()
             .expect("valgrind");
         let text = String::from_utf8_lossy(&vg.stderr);
-        assert!(vg.status.success() && text.contains("ERROR SUMMARY: 0 errors"), "valgrind ({}):\n{text}", common::mode_name(mode));
+        assert!(
+            vg.status.success() && text.contains("ERROR SUMMARY: 0 errors"),
+            "valgrind ({}):\n{text}",
+            common::mode_name(mode)
+        );
     }
 }
 
@@ -302,7 +319,8 @@ fn generate_command_matches_tvm() {
     let tokens = id_list(&want["tokens"].2).replace(',', " ");
     for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
         let so = build(mode);
-        let logits = common::scratch_dir().join(format!("logits.{}.{}.npz", common::mode_name(mode), std::process::id()));
+        let logits =
+            common::scratch_dir().join(format!("logits.{}.{}.npz", common::mode_name(mode), std::process::id()));
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_relaxc"))
             .args(["generate"])
             .arg(&so)
@@ -324,15 +342,29 @@ fn generate_command_matches_tvm() {
 fn generate_command_rejects_bad_input_clearly() {
     let so = build(ExecMode::Bytecode);
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_relaxc")).arg("generate").arg(&so).args(args).output().expect("run");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_relaxc"))
+            .arg("generate")
+            .arg(&so)
+            .args(args)
+            .output()
+            .expect("run");
         assert!(!out.status.success(), "{args:?} should fail");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
     assert!(run(&["--prompt", "1,64"]).contains("token id 64 is outside the model's vocabulary (ids 0..63)"));
-    assert!(run(&["--prompt", "1,2", "--max-new-tokens", "10", "--max-total-seq-len", "8"]).contains("more than --max-total-seq-len 8"));
+    assert!(
+        run(&["--prompt", "1,2", "--max-new-tokens", "10", "--max-total-seq-len", "8"])
+            .contains("more than --max-total-seq-len 8")
+    );
     assert!(run(&["--prompt", "1", "--max-new-tokens", "0"]).contains("--max-new-tokens must be at least 1"));
-    let mlp = common::build("mlp_static", &common::fixtures_dir().join("mlp_static/m.tar"), ExecMode::Bytecode).expect("mlp");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_relaxc")).arg("generate").arg(&mlp).args(["--prompt", "1"]).output().expect("run");
+    let mlp =
+        common::build("mlp_static", &common::fixtures_dir().join("mlp_static/m.tar"), ExecMode::Bytecode).expect("mlp");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_relaxc"))
+        .arg("generate")
+        .arg(&mlp)
+        .args(["--prompt", "1"])
+        .output()
+        .expect("run");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("has no create_paged_kv_cache, embed, prefill, decode"), "{err}");
 }

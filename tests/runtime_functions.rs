@@ -10,9 +10,12 @@ use relaxc::codegen::ExecMode;
 use relaxc::host::ffi::{Any, DLDataType};
 use relaxc::host::{HostError, HostTensor, Input, Model, npz};
 
+/// A model with every runtime function linked in (its own program uses none of them).
 fn model(mode: ExecMode) -> Model {
     let fixture = common::fixtures_dir().join("mlp_static");
-    let so = common::build("mlp_static", &fixture.join("m.tar"), mode).expect("build");
+    let options = relaxc::compile::Options { all_runtime_functions: true, ..relaxc::compile::Options::mode(mode) };
+    let tag = format!("all-runtime.{}", common::mode_name(mode));
+    let so = common::build_with("mlp_static", &fixture.join("m.tar"), &options, &tag).expect("build");
     Model::load(&so).expect("load")
 }
 

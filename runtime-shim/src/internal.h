@@ -362,6 +362,7 @@ RVM_HIDDEN int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv *penv)
 #define RVM_BUILTIN(suffix, name, doc) \
   RVM_HIDDEN int rvm_builtin_##suffix(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result);
 #include "rvm_builtins.def"
+#include "rvm_runtime.def"
 #undef RVM_BUILTIN
 
 #endif /* RVM_INTERNAL_H */

@@ -6,8 +6,9 @@
  * TVMFFIEnvModLookupFromImports (TVM's sort/topk kernels call tvm.contrib.sort.*), and hosts that
  * call runtime functions (the KV cache's vm.builtin.kv_state_*) or register their own.
  *
- * The built-in entries are the rows of rvm_builtins.def, as immortal Function objects in static
- * storage. A host's functions are heap objects kept until the library is unloaded: kernels cache
+ * The built-in entries are the rows of rvm_builtins.def and rvm_runtime.def, as immortal
+ * Function objects in static storage. The optional runtime functions are referenced weakly: a
+ * model that links none of a file's functions has none of them, and they are absent here. A host's functions are heap objects kept until the library is unloaded: kernels cache
  * the handle a lookup returns for the life of the process (as TVM's do), so a replaced entry must
  * stay callable. One mutex guards the host list; built-in lookups take no lock.
  */
@@ -20,16 +21,24 @@
 /* Static objects are never freed: their count starts at one reference nobody releases. */
 static void immortal_deleter(void *self, int flags) { (void)self, (void)flags; }
 
+/* Weak references to the optional functions, so that this table does not link them in. */
+#define RVM_BUILTIN(suffix, name, doc) \
+  extern int rvm_builtin_##suffix(void *, const TVMFFIAny *, int32_t, TVMFFIAny *) __attribute__((weak));
+#include "rvm_runtime.def"
+#undef RVM_BUILTIN
+
 #define RVM_BUILTIN(suffix, name, doc)                                                                          \
   {{0x0000000100000001ull, kTVMFFIFunction, 0, immortal_deleter}, {rvm_builtin_##suffix, NULL}},
 static rvm_function builtin_functions[] = {
 #include "rvm_builtins.def"
+#include "rvm_runtime.def"
 };
 #undef RVM_BUILTIN
 
 #define RVM_BUILTIN(suffix, name, doc) name,
 static const char *const builtin_names[] = {
 #include "rvm_builtins.def"
+#include "rvm_runtime.def"
 };
 #undef RVM_BUILTIN
 
@@ -62,9 +71,10 @@ static void host_function_deleter(void *self, int flags) {
   if (flags & 2) free(h);
 }
 
+/* A built-in function by name; NULL when its file is not linked into this model. */
 static rvm_function *find_builtin(const char *name) {
   for (int i = 0; i < NUM_BUILTINS; i++)
-    if (strcmp(builtin_names[i], name) == 0) return &builtin_functions[i];
+    if (strcmp(builtin_names[i], name) == 0) return builtin_functions[i].cell.safe_call ? &builtin_functions[i] : NULL;
   return NULL;
 }
 

@@ -1,9 +1,12 @@
-//! The builtins the runtime shim provides, read from the shim's own table
-//! (`runtime-shim/include/rvm_builtins.def`) so that the compiler and the shim cannot disagree.
+//! The builtins and runtime functions the runtime shim provides, read from the shim's own tables
+//! (`runtime-shim/include/rvm_builtins.def`, the core, and `rvm_runtime.def`, the optional
+//! functions linked only into models that use them) so that the compiler and the shim cannot
+//! disagree.
 
 use std::sync::OnceLock;
 
-const TABLE: &str = include_str!("../../runtime-shim/include/rvm_builtins.def");
+const CORE: &str = include_str!("../../runtime-shim/include/rvm_builtins.def");
+const OPTIONAL: &str = include_str!("../../runtime-shim/include/rvm_runtime.def");
 
 #[derive(Clone, Debug)]
 pub struct Builtin {
@@ -12,12 +15,17 @@ pub struct Builtin {
     /// C symbol in the shim, e.g. `rvm_builtin_alloc_storage`.
     pub symbol: String,
     pub doc: &'static str,
+    /// In the optional archive: linked only into models that refer to it.
+    pub optional: bool,
 }
 
 /// Every builtin, in table order.
 pub fn all() -> &'static [Builtin] {
     static TABLE_PARSED: OnceLock<Vec<Builtin>> = OnceLock::new();
-    TABLE_PARSED.get_or_init(|| TABLE.lines().filter_map(parse_line).collect())
+    TABLE_PARSED.get_or_init(|| {
+        let core = CORE.lines().filter_map(|l| parse_line(l, false));
+        core.chain(OPTIONAL.lines().filter_map(|l| parse_line(l, true))).collect()
+    })
 }
 
 /// The builtin with this bytecode name.
@@ -26,13 +34,13 @@ pub fn find(name: &str) -> Option<&'static Builtin> {
 }
 
 /// `RVM_BUILTIN(suffix, "name", "doc")`
-fn parse_line(line: &'static str) -> Option<Builtin> {
+fn parse_line(line: &'static str, optional: bool) -> Option<Builtin> {
     let body = line.trim().strip_prefix("RVM_BUILTIN(")?.strip_suffix(')')?;
     let (suffix, rest) = body.split_once(',')?;
     let mut quoted = rest.split('"').skip(1).step_by(2);
     let name = quoted.next()?;
     let doc = quoted.next().unwrap_or("");
-    Some(Builtin { name, symbol: format!("rvm_builtin_{}", suffix.trim()), doc })
+    Some(Builtin { name, symbol: format!("rvm_builtin_{}", suffix.trim()), doc, optional })
 }
 
 #[cfg(test)]
@@ -63,5 +71,7 @@ mod tests {
             assert_eq!(b.symbol, format!("rvm_builtin_{name}"));
         }
         assert!(super::all().len() >= 26);
+        let kv = super::find("vm.builtin.kv_state_begin_forward").expect("KV cache function");
+        assert!(kv.optional && !super::find("vm.builtin.copy").expect("copy").optional);
     }
 }

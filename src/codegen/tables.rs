@@ -372,6 +372,26 @@ pub fn define_tables(
     Ok(())
 }
 
+/// A table of addresses of optional runtime functions the model needs beyond those its bytecode
+/// calls (kernels look them up by name): referring to them makes the linker take their files.
+fn define_runtime_refs(module: &mut ObjectModule, symbols: &[String]) -> Result<(), TablesError> {
+    if symbols.is_empty() {
+        return Ok(());
+    }
+    let sig = super::native::packed_signature(module);
+    let id = module.declare_data("rvm_model_runtime_refs", Linkage::Local, false, false)?;
+    let mut desc = DataDescription::new();
+    desc.define(vec![0u8; 8 * symbols.len()].into_boxed_slice());
+    desc.set_align(8);
+    for (i, sym) in symbols.iter().enumerate() {
+        let f = module.declare_function(sym, Linkage::Import, &sig)?;
+        let fref = module.declare_func_in_data(f, &mut desc);
+        desc.write_function_addr((8 * i) as u32, fref);
+    }
+    module.define_data(id, &desc)?;
+    Ok(())
+}
+
 fn dtype_bytes(d: crate::vm::DType) -> [u8; 4] {
     let l = d.lanes.to_le_bytes();
     [d.code, d.bits, l[0], l[1]]
@@ -395,8 +415,10 @@ pub fn emit_object(
     native_options: &super::native::NativeOptions,
     shape_funcs: &[super::shape_func::ShapeFunc],
     cuda: &[crate::cuda::CudaModule],
+    runtime_refs: &[String],
 ) -> Result<EmittedObject, TablesError> {
     let mut module = object_module("model")?;
+    define_runtime_refs(&mut module, runtime_refs)?;
     super::shape_func::define(&mut module, shape_funcs)?;
     let cuda_listing = super::cuda_tables::define(&mut module, cuda)?;
     let native = match mode {

@@ -8,8 +8,11 @@ use std::process::Command;
 
 use crate::tvm::KernelObject;
 
-/// The runtime shim, compiled by build.rs.
+/// The runtime shim's core, compiled by build.rs; every model links all of it.
 pub const SHIM_ARCHIVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/librvm_shim.a"));
+/// The optional runtime functions (rvm_runtime.def); the linker takes a file of it only when the
+/// model refers to one of its functions.
+pub const RUNTIME_ARCHIVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/librvm_runtime.a"));
 
 /// The only symbols a model exports.
 const VERSION_SCRIPT: &str = "{\n  global: rvm_get_api;\n  local: *;\n};\n";
@@ -39,6 +42,7 @@ pub fn link_shared(model_object: &[u8], kernels: &[KernelObject], out: &Path) ->
     };
     let model = write("model.o", model_object)?;
     let shim = write("librvm_shim.a", SHIM_ARCHIVE)?;
+    let runtime = write("librvm_runtime.a", RUNTIME_ARCHIVE)?;
     let script = write("exports.map", VERSION_SCRIPT.as_bytes())?;
     let mut kernel_paths = Vec::new();
     for (i, k) in kernels.iter().enumerate() {
@@ -47,7 +51,7 @@ pub fn link_shared(model_object: &[u8], kernels: &[KernelObject], out: &Path) ->
     let linker = linker();
     let mut cmd = Command::new(&linker);
     cmd.arg("-shared").arg("-o").arg(out).arg(&model).args(&kernel_paths);
-    cmd.arg("-Wl,--whole-archive").arg(&shim).arg("-Wl,--no-whole-archive");
+    cmd.arg("-Wl,--whole-archive").arg(&shim).arg("-Wl,--no-whole-archive").arg(&runtime);
     cmd.arg(format!("-Wl,--version-script={}", script.display()));
     cmd.args(["-Wl,--no-undefined", "-Wl,-z,noexecstack", "-Wl,-z,relro", "-Wl,-z,now", "-lm"]);
     let output = cmd.output().map_err(|source| LinkError::Spawn { linker: linker.clone(), source })?;
