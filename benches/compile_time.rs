@@ -97,7 +97,7 @@ fn main() {
                 let t0 = Instant::now();
                 let object = emit(&program, &Options::mode(mode)).expect("emit");
                 let t1 = Instant::now();
-                relaxc::link::link_shared(&object.bytes, &program.kernels, &so).expect("link");
+                relaxc::link::link_shared(&object, &program.kernels, &so).expect("link");
                 let t2 = Instant::now();
                 codegen.push((t1 - t0).as_secs_f64() * 1e3);
                 link.push((t2 - t1).as_secs_f64() * 1e3);
@@ -119,7 +119,7 @@ fn main() {
                     o.native.stack_tensors = stack_tensors;
                     let object = emit(&program, &o).expect("emit");
                     let path = dir.path().join(format!("variant{}{}.so", inline_builtins as u8, stack_tensors as u8));
-                    relaxc::link::link_shared(&object.bytes, &program.kernels, &path).expect("link");
+                    relaxc::link::link_shared(&object, &program.kernels, &path).expect("link");
                     time_calls(&Model::load(&path).expect("load"), &x)
                 };
                 specialization = Some((variant(false, false), variant(true, false), per_call));

@@ -253,13 +253,13 @@ pub fn compile_file_with(input: &Path, options: &Options, out: &Path) -> Result<
     };
     report.import = t.elapsed();
     let t = Instant::now();
-    let object = emit(&program, options)?;
+    let mut object = emit(&program, options)?;
     report.codegen = t.elapsed();
     report.object_bytes = object.bytes.len();
-    report.notes = object.notes;
-    report.clif = object.clif;
+    report.notes = std::mem::take(&mut object.notes);
+    report.clif = std::mem::take(&mut object.clif);
     let t = Instant::now();
-    link::link_shared(&object.bytes, &program.kernels, out)?;
+    link::link_shared(&object, &program.kernels, out)?;
     report.link = t.elapsed();
     Ok(report)
 }

@@ -22,13 +22,23 @@ fn tool(cmd: &str, args: &[&str], so: &std::path::Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A model exports the C API's entry point and one tvm-ffi entry per Relax function: no kernel,
+/// no runtime symbol (so models do not clash in one process).
 #[test]
-fn exports_only_the_c_api() {
-    let text = tool("nm", &["-D", "--defined-only"], &model());
-    let names: Vec<&str> = text.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();
-    assert!(names.contains(&"rvm_get_api"), "rvm_get_api missing:\n{text}");
-    let stray: Vec<&&str> = names.iter().filter(|n| !n.starts_with("rvm_")).collect();
-    assert!(stray.is_empty(), "symbols outside the C API are exported: {stray:?}");
+fn exports_only_the_c_api_and_tvm_ffi_entries() {
+    for (name, functions) in [("mlp_static", vec!["main"]), ("calls", vec!["helper", "main", "main_inner"])] {
+        let tar = common::fixtures_dir().join(name).join("m.tar");
+        for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+            let so = common::build(name, &tar, mode).expect("build");
+            let text = tool("nm", &["-D", "--defined-only"], &so);
+            let mut names: Vec<&str> = text.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();
+            names.sort();
+            let mut want: Vec<String> = functions.iter().map(|f| format!("__tvm_ffi_{f}")).collect();
+            want.push("rvm_get_api".into());
+            want.sort();
+            assert_eq!(names, want, "{name} ({})", common::mode_name(mode));
+        }
+    }
 }
 
 #[test]

@@ -292,7 +292,7 @@ fn to_device_round_trips_data() {
     let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(relaxc::codegen::ExecMode::Bytecode))
         .expect("emit");
     let so = common::scratch_dir().join(format!("to_device.{}.so", std::process::id()));
-    relaxc::link::link_shared(&object.bytes, &[], &so).expect("link");
+    relaxc::link::link_shared(&object, &[], &so).expect("link");
     let log = common::scratch_dir().join(format!("to_device.{}.log", std::process::id()));
     let _ = std::fs::remove_file(&log);
     let out_npz = common::scratch_dir().join(format!("to_device.{}.npz", std::process::id()));

@@ -144,7 +144,7 @@ fn random_models(seed: u64, count: usize) -> Result<&'static RandomModels, Strin
                     common::mode_name(mode),
                     std::process::id()
                 ));
-                relaxc::link::link_shared(&object.bytes, &program.kernels, &so).map_err(|e| e.to_string())?;
+                relaxc::link::link_shared(&object, &program.kernels, &so).map_err(|e| e.to_string())?;
                 models.push((mode, Model::load(&so).map_err(|e| e.to_string())?));
             }
             Ok(RandomModels { mains: batch.mains, models })

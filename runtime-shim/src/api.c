@@ -69,7 +69,7 @@ static int make_constant(const rvm_const_info *c, TVMFFIAny *out) {
   }
 }
 
-static int api_module_open(rvm_module **out) {
+int rvm_module_open(rvm_module **out) {
   rvm_error_clear();
   const rvm_program *p = &rvm_model_program;
   if (p->magic != RVM_PROGRAM_MAGIC)
@@ -112,7 +112,7 @@ static int api_module_open(rvm_module **out) {
   return 0;
 }
 
-static void api_module_close(rvm_module *m) {
+void rvm_module_close(rvm_module *m) {
   if (m) module_release(m);
 }
 
@@ -149,16 +149,13 @@ static int32_t api_function_arity(const rvm_module *m, int32_t index) {
 
 static bool has_cuda_kernels(void) { return &rvm_model_cuda != NULL && rvm_model_cuda.num_kernels > 0; }
 
-static void api_vm_destroy(rvm_vm *vm);
-
-static int api_vm_create_on(rvm_module *m, DLDevice device, rvm_vm **out);
 
 static int api_vm_create(rvm_module *m, rvm_vm **out) {
   DLDevice dev = {has_cuda_kernels() ? kDLCUDA : kDLCPU, 0};
-  return api_vm_create_on(m, dev, out);
+  return rvm_vm_create_on(m, dev, out);
 }
 
-static int api_vm_create_on(rvm_module *m, DLDevice device, rvm_vm **out) {
+int rvm_vm_create_on(rvm_module *m, DLDevice device, rvm_vm **out) {
   rvm_error_clear();
   if (device.device_type == kDLCPU && has_cuda_kernels())
     return rvm_raise("ValueError", "this model's kernels run on CUDA: create its VM on a CUDA device");
@@ -180,14 +177,14 @@ static int api_vm_create_on(rvm_module *m, DLDevice device, rvm_vm **out) {
   vm->func_pool = m->func_pool;
   if (device.device_type == kDLCUDA &&
       rvm_cuda_open(device.device_id, rvm_model_cuda.kernels, rvm_model_cuda.num_kernels, &vm->cuda)) {
-    api_vm_destroy(vm);
+    rvm_vm_destroy(vm);
     return -1;
   }
   *out = vm;
   return 0;
 }
 
-static void api_vm_destroy(rvm_vm *vm) {
+void rvm_vm_destroy(rvm_vm *vm) {
   if (!vm) return;
   rvm_frames_free(vm);
   rvm_cuda_close(vm->cuda);
@@ -281,6 +278,10 @@ static int call_with(rvm_vm *vm, const TVMFFIAny *callee, int64_t func, const rv
   rvm_allocator_leave(vm->allocator, previous);
   if (conv != inline_args) free(conv);
   return rc;
+}
+
+int rvm_vm_call_function(rvm_vm *vm, int64_t func, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  return call_with(vm, NULL, func, args, num_args, result);
 }
 
 static int api_vm_call(rvm_vm *vm, int32_t function, const rvm_value *args, int32_t num_args, rvm_value *result) {
@@ -440,14 +441,14 @@ static const rvm_api api_table = {
     .struct_size = sizeof(rvm_api),
     .last_error = api_last_error,
     .last_error_kind = api_last_error_kind,
-    .module_open = api_module_open,
-    .module_close = api_module_close,
+    .module_open = rvm_module_open,
+    .module_close = rvm_module_close,
     .module_info = api_module_info,
     .function_name = api_function_name,
     .function_find = api_function_find,
     .function_arity = api_function_arity,
     .vm_create = api_vm_create,
-    .vm_destroy = api_vm_destroy,
+    .vm_destroy = rvm_vm_destroy,
     .vm_call = api_vm_call,
     .vm_call_closure = api_vm_call_closure,
     .vm_stats = api_vm_stats,
@@ -462,7 +463,7 @@ static const rvm_api api_table = {
     .tuple_get = api_tuple_get,
     .tensor_view = api_tensor_view,
     .tensor_export = api_tensor_export,
-    .vm_create_on = api_vm_create_on,
+    .vm_create_on = rvm_vm_create_on,
     .tensor_to_host = api_tensor_to_host,
     .function_register = api_function_register,
     .function_get = api_function_get,

@@ -188,7 +188,7 @@ int rvm_builtin_check_func_info(void *self, const TVMFFIAny *args, int32_t n, TV
   if (need_args("vm.builtin.check_func_info", n, 2, 2)) return -1;
   char buf[1024];
   const char *ctx = arg_ctx(args, 1, buf, sizeof buf);
-  if (args[0].type_index != kTVMFFIFunction && args[0].type_index != RVM_TYPE_CLOSURE)
+  if (args[0].type_index != kTVMFFIFunction && args[0].type_index != rvm_type_closure)
     return rvm_raise("TypeError", "%s expect a Function but get %s", ctx, rvm_type_name(&args[0]));
   return 0;
 }
@@ -665,7 +665,7 @@ int rvm_builtin_to_device(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAn
 int rvm_builtin_make_closure(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
   (void)self;
   if (n < 1) return need_args("vm.builtin.make_closure", n, 1, 1);
-  if (args[0].type_index != RVM_TYPE_CLOSURE)
+  if (args[0].type_index != rvm_type_closure)
     return rvm_raise("TypeError", "vm.builtin.make_closure expects a Relax function, but got %s", rvm_type_name(&args[0]));
   const rvm_closure *base = (const rvm_closure *)args[0].v_obj;
   rvm_closure *c = rvm_closure_new(base->program, base->func_index, (n - 1) + base->num_captured);

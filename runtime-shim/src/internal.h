@@ -116,8 +116,13 @@ enum { RVM_ARG_REG = 0, RVM_ARG_IMM = 1, RVM_ARG_CONST = 2, RVM_ARG_FUNC = 3 };
  * equal-sized objects serves every tensor of up to this rank. */
 enum { RVM_CACHED_NDIM = 4 };
 
-/* Type indices of relaxc's own object kinds (dynamic range; never seen by TVM). */
-enum { RVM_TYPE_CLOSURE = 128, RVM_TYPE_STORAGE = 129, RVM_TYPE_KV_CACHE = 130 };
+/* Type indices of relaxc's own object kinds. Storage never leaves a VM: its index is fixed, far
+ * above any tvm-ffi allocates. Closures and KV caches can reach a tvm-ffi host (Python), which
+ * reads the index to pick a class: when libtvm_ffi is in the process their indices are
+ * registered with it (as relaxc.Closure and relaxc.PagedAttentionKVCache, object.c), else they
+ * are 128 and 130. */
+enum { RVM_TYPE_STORAGE = 0x7fff0000 };
+RVM_HIDDEN extern int32_t rvm_type_closure, rvm_type_kv_cache;
 
 typedef struct rvm_allocator rvm_allocator;
 typedef struct rvm_cuda rvm_cuda;
@@ -214,6 +219,8 @@ RVM_HIDDEN rvm_closure *rvm_closure_new(const rvm_program *program, int64_t func
                                         int64_t num_captured);
 /* The DLTensor of a Tensor object or DLTensorPtr value, or NULL. */
 RVM_HIDDEN DLTensor *rvm_as_dltensor(const TVMFFIAny *v);
+/* Whether a Tensor object was made by this runtime (and so is compact and 64-byte aligned). */
+RVM_HIDDEN bool rvm_is_own_tensor(const TVMFFIObject *obj);
 /* The dims of a Shape value, or NULL. */
 RVM_HIDDEN const TVMFFIShapeCell *rvm_as_shape(const TVMFFIAny *v);
 /* The bytes of a string value (RawStr, SmallStr or Str); false if it is not a string. */
@@ -281,6 +288,14 @@ struct rvm_vm {
   rvm_frame_chunk *frames; /* register stack: a list of chunks, never moved */
   int depth;
 };
+
+/* The C API's module and VM functions (api.c), for the other entry points (ffi_module.c). */
+RVM_HIDDEN int rvm_module_open(rvm_module **out);
+RVM_HIDDEN void rvm_module_close(rvm_module *module);
+RVM_HIDDEN int rvm_vm_create_on(rvm_module *module, DLDevice device, rvm_vm **out);
+RVM_HIDDEN void rvm_vm_destroy(rvm_vm *vm);
+/* vm_call for function-table entry `func`: DLTensorPtr arguments are checked and wrapped. */
+RVM_HIDDEN int rvm_vm_call_function(rvm_vm *vm, int64_t func, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result);
 
 /* The calls generated code makes into the shim (rvm_invoke, rvm_object_incref, ...). */
 #define RVM_CALL(ret, name, params, doc) RVM_HIDDEN ret name params;

@@ -229,7 +229,7 @@ int rvm_invoke_value(rvm_vm *vm, const TVMFFIAny *callee, const TVMFFIAny *args,
     const rvm_function *f = (const rvm_function *)callee->v_obj;
     return f->cell.safe_call((void *)f, args, num_args, result);
   }
-  if (callee->type_index != RVM_TYPE_CLOSURE)
+  if (callee->type_index != rvm_type_closure)
     return rvm_raise("TypeError", "expected a closure or function to call, but got %s", rvm_type_name(callee));
   const rvm_closure *c = (const rvm_closure *)callee->v_obj;
   if (!vm || c->program != vm->program)

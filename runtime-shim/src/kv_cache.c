@@ -157,7 +157,7 @@ static int arity(const char *fn, int32_t got, int32_t want) {
 }
 
 static int cache_arg(const char *fn, const TVMFFIAny *args, int32_t n, kv_cache **out) {
-  if (n < 1 || args[0].type_index != RVM_TYPE_KV_CACHE)
+  if (n < 1 || args[0].type_index != rvm_type_kv_cache)
     return rvm_raise("TypeError", "%s expects a PagedAttentionKVCache as its first argument, but got %s", fn,
                      n < 1 ? "nothing" : rvm_type_name(&args[0]));
   *out = (kv_cache *)args[0].v_obj;
@@ -533,7 +533,7 @@ int rvm_builtin_kv_create(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAn
     return rvm_raise("InternalError", "Check failed: (args.size() == 28 || args.size() == 29) is false: Invalid number of KV cache constructor args: %d", n);
   kv_cache *c = calloc(1, sizeof(*c));
   if (!c) return rvm_raise("MemoryError", "KV cache: out of memory");
-  rvm_object_init(&c->header, RVM_TYPE_KV_CACHE, kv_cache_deleter);
+  rvm_object_init(&c->header, rvm_type_kv_cache, kv_cache_deleter);
   if (parse_config(c, args) || parse_kernels(c, args) || allocate(c, &args[12])) {
     rvm_object_decref(&c->header);
     return -1;

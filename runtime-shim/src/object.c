@@ -6,11 +6,31 @@
  * count, one weak reference held by all strong ones together; relaxc never hands out weak
  * references, so the last strong release frees the object.
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <stdio.h>
 
 #include "internal.h"
+
+int32_t rvm_type_closure = 128, rvm_type_kv_cache = 130;
+
+typedef int32_t (*type_index_fn)(const TVMFFIByteArray *key, int32_t static_index, int32_t depth, int32_t child_slots,
+                                 int32_t can_overflow, int32_t parent);
+
+/* Under tvm-ffi (libtvm_ffi loaded globally, as Python loads it), take type indices from its
+ * registry, so that the closures and caches a model returns do not pass for some other type. */
+__attribute__((constructor)) static void register_types_with_tvm_ffi(void) {
+  type_index_fn get_or_alloc = (type_index_fn)dlsym(RTLD_DEFAULT, "TVMFFITypeGetOrAllocIndex");
+  if (!get_or_alloc) return;
+  const TVMFFIByteArray closure = {"relaxc.Closure", 14}, cache = {"relaxc.PagedAttentionKVCache", 28};
+  int32_t c = get_or_alloc(&closure, -1, 1, 0, 0, kTVMFFIObject), k = get_or_alloc(&cache, -1, 1, 0, 0, kTVMFFIObject);
+  if (c >= 128 && k >= 128 && c != k) {
+    rvm_type_closure = c;
+    rvm_type_kv_cache = k;
+  }
+}
 
 #define RVM_STRONG_ONE 1ull
 #define RVM_FRESH_COUNT 0x0000000100000001ull
@@ -77,10 +97,11 @@ const char *rvm_type_name(const TVMFFIAny *v) {
     case kTVMFFITensor: return "ffi.Tensor";
     case kTVMFFIArray: return "ffi.Array";
     case kTVMFFIMap: return "ffi.Map";
-    case RVM_TYPE_CLOSURE: return "relax.vm.Closure";
     case RVM_TYPE_STORAGE: return "vm.Storage";
-    case RVM_TYPE_KV_CACHE: return "relax.vm.PagedAttentionKVCache";
-    default: return "Object";
+    default:
+      if (v->type_index == rvm_type_closure) return "relax.vm.Closure";
+      if (v->type_index == rvm_type_kv_cache) return "relax.vm.PagedAttentionKVCache";
+      return "Object";
   }
 }
 
@@ -156,6 +177,8 @@ static void tensor_deleter(void *self, int flags) {
   if (flags & 2) free(t);
 }
 
+bool rvm_is_own_tensor(const TVMFFIObject *obj) { return obj->deleter == tensor_deleter; }
+
 rvm_tensor *rvm_tensor_new(void *data, DLDevice dev, int32_t ndim, DLDataType dtype,
                            const int64_t *shape, uint64_t byte_offset, TVMFFIObject *owner) {
   return rvm_tensor_new_in(NULL, data, dev, ndim, dtype, shape, byte_offset, owner);
@@ -199,7 +222,7 @@ static void closure_deleter(void *self, int flags) {
 rvm_closure *rvm_closure_new(const rvm_program *program, int64_t func_index, int64_t num_captured) {
   rvm_closure *c = object_alloc(sizeof(rvm_closure) + sizeof(TVMFFIAny) * (size_t)num_captured);
   if (!c) return NULL;
-  rvm_object_init(&c->header, RVM_TYPE_CLOSURE, closure_deleter);
+  rvm_object_init(&c->header, rvm_type_closure, closure_deleter);
   c->program = program;
   c->func_index = func_index;
   c->num_captured = num_captured;

@@ -4,6 +4,7 @@
 pub mod builtins;
 pub mod clif_text;
 pub mod cuda_tables;
+pub mod ffi_entries;
 pub mod native;
 pub mod shape_func;
 pub mod tables;

@@ -664,7 +664,7 @@ impl Lowering<'_> {
 /// Offsets compiled code reads inside shim objects; checked against the C layouts by
 /// tests/artifact.rs.
 pub mod layout {
-    pub const STORAGE_TYPE_INDEX: i64 = 129;
+    pub const STORAGE_TYPE_INDEX: i64 = 0x7fff_0000;
     pub const STORAGE_DATA: i32 = 24;
     pub const STORAGE_NBYTES: i32 = 32;
     pub const STORAGE_DEVICE: i32 = 40;

@@ -400,6 +400,8 @@ fn dtype_bytes(d: crate::vm::DType) -> [u8; 4] {
 /// What the model object holds and how each Relax function runs.
 pub struct EmittedObject {
     pub bytes: Vec<u8>,
+    /// The symbols the shared object exports besides `rvm_get_api`: the tvm-ffi entry points.
+    pub exports: Vec<String>,
     /// Relax functions left as bytecode in compiled mode, with the reason.
     pub notes: Vec<(String, String)>,
     /// The native functions' CLIF with `; pc=N` comments, when asked for.
@@ -419,6 +421,11 @@ pub fn emit_object(
 ) -> Result<EmittedObject, TablesError> {
     let mut module = object_module("model")?;
     define_runtime_refs(&mut module, runtime_refs)?;
+    let mut taken: BTreeSet<String> = symbols.iter().flatten().cloned().collect();
+    taken.extend(shape_funcs.iter().map(|f| format!("{}{}", crate::tvm::KERNEL_PREFIX, f.name)));
+    taken
+        .extend(cuda.iter().flat_map(|m| m.kernels.iter().map(|k| format!("{}{}", crate::tvm::KERNEL_PREFIX, k.name))));
+    let ffi = super::ffi_entries::define(&mut module, exec, &taken)?;
     super::shape_func::define(&mut module, shape_funcs)?;
     let cuda_listing = super::cuda_tables::define(&mut module, cuda)?;
     let native = match mode {
@@ -444,5 +451,7 @@ pub fn emit_object(
         product.object.append_section_data(section, &data, 8);
     }
     let bytes = product.emit().map_err(|e| TablesError::Object(e.to_string()))?;
-    Ok(EmittedObject { bytes, notes: native.notes, clif: native.clif })
+    let mut notes = native.notes;
+    notes.extend(ffi.skipped.into_iter().map(|(f, why)| (f, format!("no tvm-ffi entry point: {why}"))));
+    Ok(EmittedObject { bytes, exports: ffi.symbols, notes, clif: native.clif })
 }

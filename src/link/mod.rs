@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::codegen::tables::EmittedObject;
 use crate::tvm::KernelObject;
 
 /// The runtime shim's core, compiled by build.rs; every model links all of it.
@@ -14,8 +15,16 @@ pub const SHIM_ARCHIVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/librvm
 /// model refers to one of its functions.
 pub const RUNTIME_ARCHIVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/librvm_runtime.a"));
 
-/// The only symbols a model exports.
-const VERSION_SCRIPT: &str = "{\n  global: rvm_get_api;\n  local: *;\n};\n";
+/// The version script: a model exports the C API's entry point and its tvm-ffi entry points,
+/// nothing else (kernels and the runtime stay local, so many models load in one process).
+fn version_script(exports: &[String]) -> String {
+    let mut s = String::from("{\n  global:\n    rvm_get_api;\n");
+    for e in exports {
+        s.push_str(&format!("    {e};\n"));
+    }
+    s.push_str("  local: *;\n};\n");
+    s
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
@@ -32,8 +41,9 @@ pub fn linker() -> String {
     std::env::var("CC").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "cc".to_string())
 }
 
-/// Links `model_object` with `kernels` and the shim into `out`.
-pub fn link_shared(model_object: &[u8], kernels: &[KernelObject], out: &Path) -> Result<(), LinkError> {
+/// Links the model object with `kernels` and the shim into `out`.
+pub fn link_shared(object: &EmittedObject, kernels: &[KernelObject], out: &Path) -> Result<(), LinkError> {
+    let model_object = &object.bytes;
     let dir = tempfile::tempdir().map_err(|source| LinkError::Io { path: "temporary directory".into(), source })?;
     let write = |name: &str, bytes: &[u8]| -> Result<PathBuf, LinkError> {
         let path = dir.path().join(name);
@@ -43,7 +53,7 @@ pub fn link_shared(model_object: &[u8], kernels: &[KernelObject], out: &Path) ->
     let model = write("model.o", model_object)?;
     let shim = write("librvm_shim.a", SHIM_ARCHIVE)?;
     let runtime = write("librvm_runtime.a", RUNTIME_ARCHIVE)?;
-    let script = write("exports.map", VERSION_SCRIPT.as_bytes())?;
+    let script = write("exports.map", version_script(&object.exports).as_bytes())?;
     let mut kernel_paths = Vec::new();
     for (i, k) in kernels.iter().enumerate() {
         kernel_paths.push(write(&format!("kernels{i}.o"), &k.bytes)?);
