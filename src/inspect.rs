@@ -36,6 +36,12 @@ fn model_section(path: &Path, name: &str) -> Result<Option<Vec<u8>>, InspectErro
     Ok(Some(section.data().map_err(|e| read_err(e.to_string()))?.to_vec()))
 }
 
+/// What built a model, as its identity section says ("relaxc 0.1.0 c-api 2"), if it has one.
+pub fn identity(path: &Path) -> Option<String> {
+    let bytes = model_section(path, crate::codegen::tables::layout::IDENTITY_SECTION).ok()??;
+    Some(String::from_utf8_lossy(&bytes).into_owned())
+}
+
 /// How each Relax function of a built model runs: (name, compiled natively?).
 pub fn function_modes(path: &Path) -> Result<Option<Vec<(String, bool)>>, InspectError> {
     Ok(model_section(path, MODES_SECTION)?.map(|data| {

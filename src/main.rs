@@ -63,6 +63,11 @@ enum Command {
         /// bytecode instruction's code headed by a `; pc=N <instruction>` comment.
         #[arg(long, value_name = "FILE")]
         emit_clif: Option<PathBuf>,
+        /// Build a model whose every Call (kernel, builtin, Relax function) reports to an
+        /// instrument hook (TVM's set_instrument; `relaxc run --profile` and `--trace` use it),
+        /// in both modes. Without it the model has no trace of instrumentation.
+        #[arg(long)]
+        instrument: bool,
         /// Link every optional runtime function (sort, relax.run.*, the paged KV cache) into the
         /// model, for hosts that call them by name; by default a model gets only those its
         /// program calls and its kernels name.
@@ -94,6 +99,15 @@ enum Command {
         /// Where to run: cpu, or cuda[:N] for a model with CUDA kernels (default: the model's).
         #[arg(long, value_name = "DEVICE")]
         device: Option<String>,
+        /// After a warm-up call, profile N calls (default 10) and print a table per callee: calls,
+        /// total and mean time, share of the call time, and the VM's own overhead (call time
+        /// minus time in kernels). The model must be built with `relaxc compile --instrument`.
+        #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "10")]
+        profile: Option<usize>,
+        /// Write the profiled calls as a Chrome trace-event file (open it in ui.perfetto.dev or
+        /// chrome://tracing): one slice per call of each callee. Implies --profile.
+        #[arg(long, value_name = "FILE.json")]
+        trace: Option<PathBuf>,
     },
     /// Generate tokens with an LLM (TVM nn / MLC export convention) on relaxc's paged KV cache.
     ///
@@ -166,6 +180,7 @@ fn run(cli: Cli) -> Result<()> {
             no_specialize,
             emit_clif,
             all_runtime_functions,
+            instrument,
         } => {
             if emit_clif.is_some() && exec_mode != relaxc::codegen::ExecMode::Compiled {
                 anyhow::bail!("--emit-clif needs --exec-mode compiled: bytecode mode generates no CLIF");
@@ -176,6 +191,7 @@ fn run(cli: Cli) -> Result<()> {
                 inline_builtins: !no_specialize,
                 stack_tensors: !no_specialize,
                 emit_clif: emit_clif.is_some(),
+                instrument,
             };
             let script = relaxc::compile::ScriptInputs { kernels, params, cuda_archs };
             let options = relaxc::compile::Options { mode: exec_mode, native, script, all_runtime_functions };
@@ -198,9 +214,10 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Run { model, func, inputs, outputs, expect, bench, stats, device } => {
+        Command::Run { model, func, inputs, outputs, expect, bench, stats, device, profile, trace } => {
             let device = device.map(|d| parse_device(&d)).transpose()?;
-            let opts = RunOptions { func, inputs, outputs, expect, bench, stats, device };
+            let profile = profile.or(trace.as_ref().map(|_| 10));
+            let opts = RunOptions { func, inputs, outputs, expect, bench, stats, device, profile, trace };
             run_model(&model, &opts)
         }
         Command::Generate {
@@ -262,6 +279,8 @@ fn parse_device(s: &str) -> Result<(i32, i32)> {
 
 struct RunOptions {
     device: Option<(i32, i32)>,
+    profile: Option<usize>,
+    trace: Option<PathBuf>,
     func: String,
     inputs: Option<PathBuf>,
     outputs: Option<PathBuf>,
@@ -271,7 +290,7 @@ struct RunOptions {
 }
 
 fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
-    let RunOptions { func, inputs, outputs, expect, bench, stats, device } = opts;
+    let RunOptions { func, inputs, outputs, expect, bench, stats, device, profile, trace } = opts;
     let (func, bench, stats) = (func.as_str(), *bench, *stats);
     let model = Model::load(path)?;
     let f = model.find(func).with_context(|| format!("available functions: {}", model.functions().join(", ")))?;
@@ -304,6 +323,9 @@ fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
                 println!("out{i}: {}", describe(o));
             }
         }
+    }
+    if let Some(n) = profile {
+        profile_calls(&model, &mut vm, f, func, &args, *n, trace.as_deref())?;
     }
     if let Some(n) = bench {
         if n == 0 {
@@ -422,6 +444,86 @@ fn generate(path: &Path, opts: &GenerateOptions) -> Result<()> {
             data,
         };
         npz::write_named(out, &[("logits".to_string(), &array)])?;
+    }
+    Ok(())
+}
+
+/// Profiles `n` calls of `f` through the instrument hook and prints the per-callee table.
+fn profile_calls(
+    model: &Model,
+    vm: &mut relaxc::host::Vm,
+    f: i32,
+    func: &str,
+    args: &[relaxc::host::Input],
+    n: usize,
+    trace: Option<&Path>,
+) -> Result<()> {
+    use relaxc::host::profile::{Kind, Profiler, hook, trace_json};
+    if n == 0 {
+        bail!("--profile needs at least one call");
+    }
+    if !model.instrumented() {
+        bail!("the model was built without --instrument: rebuild it with `relaxc compile --instrument` to profile it");
+    }
+    let prepared = vm.prepare(args)?;
+    drop(vm.call_prepared(f, &prepared)?); // warm-up, not profiled
+    let mut profiler = Profiler::new(trace.is_some());
+    let mut calls = Vec::new();
+    // SAFETY: hook is a safe call; the profiler outlives the calls (the hook is cleared below).
+    unsafe { vm.set_instrument(Some(hook), profiler.as_self()) }?;
+    let mut result = Ok(());
+    for _ in 0..n {
+        let start = Instant::now();
+        let r = vm.call_prepared(f, &prepared);
+        let end = Instant::now();
+        match r {
+            Ok(v) => drop(v),
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+        calls.push((format!("{func} (call)"), profiler.since_origin(start), end - start));
+    }
+    // SAFETY: clearing the hook.
+    unsafe { vm.set_instrument(None, std::ptr::null_mut()) }?;
+    result.with_context(|| format!("calling {func}"))?;
+    profiler.finish();
+    let total: std::time::Duration = calls.iter().map(|c| c.2).sum();
+    let us = |d: std::time::Duration| d.as_secs_f64() * 1e6;
+    println!("profile of {func}: {n} calls, {:.1} us in all, {:.2} us per call", us(total), us(total) / n as f64);
+    println!("| callee | kind | calls | total (us) | mean (us) | share of call time |");
+    println!("|---|---|---|---|---|---|");
+    for (name, s) in profiler.sorted() {
+        println!(
+            "| {name} | {} | {} | {:.2} | {:.3} | {:.1}% |",
+            s.kind.name(),
+            s.calls,
+            us(s.total),
+            us(s.total) / s.calls as f64,
+            100.0 * us(s.total) / us(total).max(1e-9)
+        );
+    }
+    let kernels = profiler.kernel_time();
+    let overhead = total.saturating_sub(kernels);
+    println!(
+        "kernels: {:.2} us; VM overhead (call time - kernel time, builtins and the hook included): {:.2} us ({:.1}%)",
+        us(kernels),
+        us(overhead),
+        100.0 * us(overhead) / us(total).max(1e-9)
+    );
+    let functions = profiler.stats.values().filter(|s| s.kind == Kind::Function).count();
+    if functions > 0 {
+        println!("(Relax functions' times include their callees'; kernel time counts each kernel once.)");
+    }
+    if let Some(path) = trace {
+        let events = profiler.events.as_deref().unwrap_or(&[]);
+        std::fs::write(path, trace_json(events, &calls)).with_context(|| format!("writing {}", path.display()))?;
+        println!(
+            "trace: {} slices in {} (open it in ui.perfetto.dev or chrome://tracing)",
+            events.len() + calls.len(),
+            path.display()
+        );
     }
     Ok(())
 }

@@ -152,6 +152,7 @@ fn shared_layouts_agree_between_c_and_rust() {
         ("program.consts", layout::PROG_CONSTS),
         ("program.instr_offset", layout::PROG_INSTR_OFFSET),
         ("program.instr_data", layout::PROG_INSTR_DATA),
+        ("api.abi_version", layout::C_API_VERSION as usize),
         ("program.magic_value_low32", (layout::PROGRAM_MAGIC & 0xffff_ffff) as usize),
         ("storage.data", relaxc::codegen::native::layout::STORAGE_DATA as usize),
         ("storage.nbytes", relaxc::codegen::native::layout::STORAGE_NBYTES as usize),

@@ -76,3 +76,26 @@ fn a_model_built_by_an_older_relaxc_still_runs() {
     let err = model.function("vm.builtin.copy").err().expect("no registry in ABI 1");
     assert!(err.to_string().contains("speaks ABI version 1"), "{err}");
 }
+
+/// A library built by a relaxc whose C API this one does not speak is refused, naming what built
+/// it (simulated: a library whose rvm_get_api answers no version, with an identity section).
+#[test]
+fn a_model_from_an_incompatible_relaxc_is_refused_by_version() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("future.c");
+    std::fs::write(
+        &src,
+        "const void *rvm_get_api(unsigned v) { (void)v; return 0; }\n\
+         __attribute__((section(\".rvm_identity\"), used)) static const char id[] = \"relaxc 9.0.0 c-api 7\";\n",
+    )
+    .expect("write");
+    let so = dir.path().join("future.so");
+    let status =
+        Command::new(relaxc::link::linker()).args(["-shared", "-fPIC", "-o"]).arg(&so).arg(&src).status().expect("cc");
+    assert!(status.success());
+    let out = relaxc().arg("run").arg(&so).output().expect("run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("built by relaxc 9.0.0 c-api 7"), "{err}");
+    assert!(err.contains("C API versions 1..=2"), "{err}");
+}

@@ -48,6 +48,7 @@ typedef struct rvm_module_info {
   const char *target_triple;
   uint64_t executable_hash;
   int32_t num_functions; /* Relax functions callable through the API */
+  int32_t instrumented;  /* built with --instrument: vm_set_instrument works (ABI version 2) */
 } rvm_module_info;
 
 /* Counters of one VM, reset by vm_reset_stats. */
@@ -155,6 +156,17 @@ typedef struct rvm_api {
   /* For a registered function that fails: records the error (kind e.g. "ValueError"; both
    * strings copied) for the caller, then the function returns -1. */
   void (*error_set)(const char *kind, const char *message);
+
+  /* Sets the instrument hook of a VM (NULL clears it); the model must be built with
+   * `relaxc compile --instrument`. As TVM's VM set_instrument: the hook is called before and
+   * after every Call instruction (kernel, builtin or Relax function), in bytecode and compiled
+   * code alike, with arguments (callee, name, before, result, call arguments...): callee is the
+   * Function or closure, name a string, before a bool, result None before the call and the
+   * call's result after it, DataType arguments given as strings. All are borrowed. Returning
+   * Int 1 from the "before" call skips the Call (its result is None, no "after" call); a
+   * non-zero status fails the call with the hook's error. `self` is passed to every call and
+   * stays the host's. */
+  int (*vm_set_instrument)(rvm_vm *vm, TVMFFISafeCallType hook, void *self);
 } rvm_api;
 
 typedef const rvm_api *(*rvm_get_api_fn)(uint32_t abi_version);

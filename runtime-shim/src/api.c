@@ -119,7 +119,8 @@ void rvm_module_close(rvm_module *m) {
 static int api_module_info(const rvm_module *m, rvm_module_info *out) {
   const rvm_program *p = m->program;
   out->abi_version = RVM_ABI_VERSION;
-  out->exec_mode = p->exec_mode;
+  out->exec_mode = p->exec_mode & 0xffu;
+  out->instrumented = (p->exec_mode & RVM_PROGRAM_INSTRUMENTED) != 0;
   out->compiler_version = p->compiler_version;
   out->target_triple = p->target_triple;
   out->executable_hash = p->executable_hash;
@@ -436,6 +437,16 @@ static void api_error_set(const char *kind, const char *message) {
   TVMFFIErrorSetRaisedFromCStr(kind ? kind : "RuntimeError", message ? message : "");
 }
 
+static int api_vm_set_instrument(rvm_vm *vm, TVMFFISafeCallType hook, void *self) {
+  rvm_error_clear();
+  if (!vm) return rvm_raise("ValueError", "vm_set_instrument: the VM is NULL");
+  if (hook && !(vm->program->exec_mode & RVM_PROGRAM_INSTRUMENTED))
+    return rvm_raise("ValueError", "this model was built without --instrument: rebuild it with `relaxc compile --instrument` to set a hook");
+  vm->instrument = hook;
+  vm->instrument_self = hook ? self : NULL;
+  return 0;
+}
+
 static const rvm_api api_table = {
     .abi_version = RVM_ABI_VERSION,
     .struct_size = sizeof(rvm_api),
@@ -469,6 +480,7 @@ static const rvm_api api_table = {
     .function_get = api_function_get,
     .function_call = api_function_call,
     .error_set = api_error_set,
+    .vm_set_instrument = api_vm_set_instrument,
 };
 
 __attribute__((visibility("default"))) const rvm_api *rvm_get_api(uint32_t abi_version) {

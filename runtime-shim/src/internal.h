@@ -27,6 +27,10 @@
 
 enum { RVM_FUNC_PACKED = 0, RVM_FUNC_BYTECODE = 1, RVM_FUNC_COMPILED = 2 };
 
+/* rvm_program.exec_mode: 0 bytecode, 1 compiled, plus this flag for a model built with
+ * --instrument, whose every Call goes through rvm_instrumented_call. */
+#define RVM_PROGRAM_INSTRUMENTED 0x100u
+
 /* A compiled Relax function: works on the register file of the frame its caller set up (the
  * arguments in regs[0..num_args)) and moves its result into *result. */
 typedef int (*rvm_compiled_fn)(rvm_vm *vm, TVMFFIAny *regs, TVMFFIAny *result, const TVMFFIAny *consts,
@@ -287,6 +291,8 @@ struct rvm_vm {
   rvm_allocator *allocator;
   rvm_frame_chunk *frames; /* register stack: a list of chunks, never moved */
   int depth;
+  TVMFFISafeCallType instrument; /* the hook of an instrumented model, or NULL */
+  void *instrument_self;
 };
 
 /* The C API's module and VM functions (api.c), for the other entry points (ffi_module.c). */

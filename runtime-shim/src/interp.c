@@ -89,7 +89,11 @@ static int arity_error(const rvm_func_info *fi, int32_t got) {
                    fi->num_args, names, got);
 }
 
-static int run_bytecode(rvm_vm *vm, const rvm_func_info *fi, TVMFFIAny *regs, TVMFFIAny *result) {
+/* The interpreter loop, made twice: plain, and for instrumented models, where every Call reports
+ * to the VM's hook (instrument.c). The flag is a constant in each copy, so the plain loop pays
+ * nothing for instrumentation. */
+static inline __attribute__((always_inline)) int interpret(rvm_vm *vm, const rvm_func_info *fi, TVMFFIAny *regs,
+                                                            TVMFFIAny *result, const bool instrumented) {
   const rvm_program *prog = vm->program;
   const int64_t *offsets = prog->instr_offset, *data = prog->instr_data;
   const rvm_func_info *funcs = prog->funcs;
@@ -139,7 +143,9 @@ static int run_bytecode(rvm_vm *vm, const rvm_func_info *fi, TVMFFIAny *regs, TV
         }
         TVMFFIAny ret = {0};
         const rvm_func_info *target = &funcs[callee];
-        int rc = target->kind == RVM_FUNC_PACKED ? target->packed(NULL, argv, n, &ret) : rvm_invoke(vm, callee, argv, n, &ret);
+        int rc = instrumented                        ? rvm_instrumented_call(vm, callee, argv, n, &ret)
+                 : target->kind == RVM_FUNC_PACKED ? target->packed(NULL, argv, n, &ret)
+                                                   : rvm_invoke(vm, callee, argv, n, &ret);
         if (argv != inline_args) free(argv);
         if (rc != 0) {
           rvm_error_locate(fi->name, pc - fi->start_instr, target->name);
@@ -179,6 +185,11 @@ static int run_bytecode(rvm_vm *vm, const rvm_func_info *fi, TVMFFIAny *regs, TV
         return -1;
     }
   }
+}
+
+static int run_bytecode(rvm_vm *vm, const rvm_func_info *fi, TVMFFIAny *regs, TVMFFIAny *result) {
+  if (__builtin_expect(vm->program->exec_mode & RVM_PROGRAM_INSTRUMENTED, 0)) return interpret(vm, fi, regs, result, true);
+  return interpret(vm, fi, regs, result, false);
 }
 
 int rvm_invoke(rvm_vm *vm, int64_t func, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {

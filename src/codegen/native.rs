@@ -97,6 +97,7 @@ pub struct NativeResult {
 
 struct Shim {
     alloc_tensor_into: FuncId,
+    instrumented_call: FuncId,
     invoke: FuncId,
     fail: FuncId,
     bad_cond: FuncId,
@@ -115,6 +116,7 @@ fn declare_shim(module: &mut ObjectModule) -> Result<Shim, TablesError> {
     };
     Ok(Shim {
         alloc_tensor_into: declare("rvm_alloc_tensor_into")?,
+        instrumented_call: declare("rvm_instrumented_call")?,
         invoke: declare("rvm_invoke")?,
         fail: declare("rvm_compiled_fail")?,
         bad_cond: declare("rvm_compiled_bad_cond")?,
@@ -149,11 +151,21 @@ pub struct NativeOptions {
     pub stack_tensors: bool,
     /// Keep each function's CLIF as text, with `; pc=N` comments, in [`NativeResult::clif`].
     pub emit_clif: bool,
+    /// Every Call reports to the VM's instrument hook (`--instrument`): calls go through the
+    /// shim's `rvm_instrumented_call`, nothing is inlined or built on the stack. In bytecode mode
+    /// the flag marks the program so that the interpreter does the same.
+    pub instrument: bool,
 }
 
 impl Default for NativeOptions {
     fn default() -> NativeOptions {
-        NativeOptions { keep_bytecode: HashSet::new(), inline_builtins: true, stack_tensors: true, emit_clif: false }
+        NativeOptions {
+            keep_bytecode: HashSet::new(),
+            inline_builtins: true,
+            stack_tensors: true,
+            emit_clif: false,
+            instrument: false,
+        }
     }
 }
 
@@ -328,7 +340,7 @@ impl Lowering<'_> {
             }
         }
 
-        let sites = if self.options.stack_tensors {
+        let sites = if self.options.stack_tensors && !self.options.instrument {
             stack_tensor_sites(self.exec, self.symbols, instrs, &leader)
         } else {
             HashMap::new()
@@ -517,7 +529,8 @@ impl Lowering<'_> {
     }
 
     fn call(&mut self, b: &mut FunctionBuilder, env: &Env, pc: i64, dst: i64, callee: i64, args: &[Arg]) {
-        match (self.builtin(callee).filter(|_| self.options.inline_builtins), args) {
+        let inline = self.options.inline_builtins && !self.options.instrument;
+        match (self.builtin(callee).filter(|_| inline), args) {
             // Inlined: drop what dst holds.
             (Some("vm.builtin.null_value"), []) => {
                 if dst < VOID_REG {
@@ -547,6 +560,11 @@ impl Lowering<'_> {
         b.ins().store(flags(), zero, env.ret, 0);
         let nargs = b.ins().iconst(types::I32, args.len() as i64);
         let call = match &self.packed[callee as usize] {
+            _ if self.options.instrument => {
+                let fref = self.callee(self.shim.instrumented_call, b);
+                let index = b.ins().iconst(types::I64, callee);
+                b.ins().call(fref, &[env.vm, index, env.argv, nargs, env.ret])
+            }
             Some(id) if self.symbols[callee as usize].is_some() => {
                 let fref = self.callee(*id, b);
                 let null = b.ins().iconst(types::I64, 0);

@@ -52,12 +52,19 @@ pub mod layout {
     pub const PROG_NUM_INSTRS: usize = 72;
     pub const PROG_INSTR_OFFSET: usize = 80;
     pub const PROG_INSTR_DATA: usize = 88;
+    /// The program's instrumented flag in its exec_mode word (`RVM_PROGRAM_INSTRUMENTED`).
+    pub const PROGRAM_INSTRUMENTED: u32 = 0x100;
     /// Symbol of the program tables (hidden; read by the shim).
     pub const PROGRAM_SYMBOL: &str = "rvm_model_program";
     /// Non-allocated section holding the serialized executable, for `relaxc inspect`.
     pub const EXEC_SECTION: &str = ".rvm_exec";
     /// Non-allocated section listing how each Relax function runs ("name\tcompiled" lines).
     pub const MODES_SECTION: &str = ".rvm_modes";
+    /// Non-allocated section naming what built the model ("relaxc <version> c-api <N>"), read by
+    /// hosts that find no C API version they speak.
+    pub const IDENTITY_SECTION: &str = ".rvm_identity";
+    /// The C API version the runtime of this relaxc speaks (`RVM_ABI_VERSION` in rvm.h).
+    pub const C_API_VERSION: u32 = 2;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -204,6 +211,7 @@ pub fn define_tables(
     symbols: &[Option<String>],
     compiled: &[Option<FuncId>],
     mode: ExecMode,
+    instrument: bool,
 ) -> Result<(), TablesError> {
     use layout::*;
     let mut rodata = Blob::new(); // pointer-free read-only data: strings, shapes, code
@@ -308,7 +316,8 @@ pub fn define_tables(
     tables.zeros(PROGRAM_SIZE);
     tables.put_at(prog + PROG_MAGIC, &PROGRAM_MAGIC.to_le_bytes());
     tables.put_at(prog + PROG_ABI, &PROGRAM_VERSION.to_le_bytes());
-    let mode_word: u32 = if mode == ExecMode::Compiled { 1 } else { 0 };
+    let mode_word: u32 =
+        if mode == ExecMode::Compiled { 1 } else { 0 } | if instrument { PROGRAM_INSTRUMENTED } else { 0 };
     tables.put_at(prog + PROG_EXEC_MODE, &mode_word.to_le_bytes());
     tables.data_relocs.push((prog + PROG_COMPILER_VERSION, rodata_id, version));
     tables.data_relocs.push((prog + PROG_TRIPLE, rodata_id, triple));
@@ -432,7 +441,7 @@ pub fn emit_object(
         ExecMode::Compiled => super::native::compile_functions(&mut module, exec, symbols, native_options)?,
         ExecMode::Bytecode => Default::default(),
     };
-    define_tables(&mut module, exec, symbols, &native.compiled, mode)?;
+    define_tables(&mut module, exec, symbols, &native.compiled, mode, native_options.instrument)?;
     let modes: String = exec
         .funcs
         .iter()
@@ -443,6 +452,8 @@ pub fn emit_object(
     let mut product = module.finish();
     let mut sections =
         vec![(layout::EXEC_SECTION, write_executable(exec)), (layout::MODES_SECTION, modes.into_bytes())];
+    let identity = format!("relaxc {} c-api {}", env!("CARGO_PKG_VERSION"), layout::C_API_VERSION);
+    sections.push((layout::IDENTITY_SECTION, identity.into_bytes()));
     if !cuda_listing.is_empty() {
         sections.push((super::cuda_tables::layout::LISTING_SECTION, cuda_listing.into_bytes()));
     }

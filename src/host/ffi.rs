@@ -16,6 +16,7 @@ pub const TYPE_OPAQUE_PTR: i32 = 4;
 pub const TYPE_DATA_TYPE: i32 = 5;
 pub const TYPE_DLTENSOR_PTR: i32 = 7;
 pub const TYPE_STATIC_OBJECT_BEGIN: i32 = 64;
+pub const TYPE_FUNCTION: i32 = 68;
 pub const TYPE_SHAPE: i32 = 69;
 pub const TYPE_TENSOR: i32 = 70;
 pub const TYPE_ARRAY: i32 = 71;
@@ -80,6 +81,7 @@ pub struct ModuleInfo {
     pub target_triple: *const c_char,
     pub executable_hash: u64,
     pub num_functions: i32,
+    pub instrumented: i32,
 }
 
 #[repr(C)]
@@ -142,6 +144,7 @@ pub struct ApiV2 {
     pub function_get: unsafe extern "C" fn(name: *const c_char, out: *mut Any) -> c_int,
     pub function_call: unsafe extern "C" fn(f: *const Any, args: *const Any, n: i32, result: *mut Any) -> c_int,
     pub error_set: unsafe extern "C" fn(kind: *const c_char, message: *const c_char),
+    pub vm_set_instrument: unsafe extern "C" fn(vm: *mut Vm, hook: Option<SafeCall>, self_: *mut c_void) -> c_int,
 }
 
 /// The TVM-FFI safe-call signature.

@@ -4,6 +4,7 @@
 pub mod ffi;
 pub mod llm;
 pub mod npz;
+pub mod profile;
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ffi::{CStr, CString, c_void};
@@ -176,10 +177,12 @@ impl Model {
             }
         }
         let Some((api, abi_version)) = found else {
+            let built_by = crate::inspect::identity(path).unwrap_or_else(|| "an unknown relaxc".to_string());
             return Err(HostError::NotAModel {
                 path: shown,
                 message: format!(
-                    "it speaks none of the ABI versions {}..={} this relaxc knows (built by an incompatible relaxc?)",
+                    "it was built by {built_by}, whose C API this relaxc {} (C API versions {}..={}) does not speak; rebuild it with this relaxc",
+                    env!("CARGO_PKG_VERSION"),
                     ffi::ABI_VERSION_MIN,
                     ffi::ABI_VERSION
                 ),
@@ -220,6 +223,22 @@ impl Model {
         HostError::Call { kind, message }
     }
 
+    /// Whether the model was built with `--instrument` (so a hook can be set).
+    pub fn instrumented(&self) -> bool {
+        let mut info = ffi::ModuleInfo {
+            abi_version: 0,
+            exec_mode: 0,
+            compiler_version: std::ptr::null(),
+            target_triple: std::ptr::null(),
+            executable_hash: 0,
+            num_functions: 0,
+            instrumented: 0,
+        };
+        // SAFETY: module is open; info is a valid out-pointer.
+        unsafe { (self.api().module_info)(self.module, &mut info) };
+        self.abi_version >= 2 && info.instrumented != 0
+    }
+
     pub fn info(&self) -> (u32, String, String, u64) {
         let mut info = ffi::ModuleInfo {
             abi_version: 0,
@@ -228,6 +247,7 @@ impl Model {
             target_triple: std::ptr::null(),
             executable_hash: 0,
             num_functions: 0,
+            instrumented: 0,
         };
         // SAFETY: module is open; info is a valid out-pointer.
         unsafe { (self.api().module_info)(self.module, &mut info) };
@@ -437,6 +457,19 @@ impl<'m> Vm<'m> {
             return Err(self.model.error());
         }
         Ok(Value { api, any: out })
+    }
+
+    /// Sets (or, with None, clears) the VM's instrument hook; see rvm.h's vm_set_instrument.
+    ///
+    /// # Safety
+    /// `hook` must follow the safe-call convention and `self_` stay valid while it is set.
+    pub unsafe fn set_instrument(&mut self, hook: Option<ffi::SafeCall>, self_: *mut c_void) -> Result<(), HostError> {
+        let api = self.model.api_v2()?;
+        // SAFETY: as the caller promised; the VM is valid.
+        if unsafe { (api.vm_set_instrument)(self.vm, hook, self_) } != 0 {
+            return Err(self.model.error());
+        }
+        Ok(())
     }
 
     /// Calls function `f` with values the caller keeps alive for the call.

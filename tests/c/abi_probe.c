@@ -28,6 +28,7 @@ int main(void) {
   P("program.consts", offsetof(rvm_program, consts));
   P("program.instr_offset", offsetof(rvm_program, instr_offset));
   P("program.instr_data", offsetof(rvm_program, instr_data));
+  P("api.abi_version", RVM_ABI_VERSION);
   P("program.magic_value_low32", RVM_PROGRAM_MAGIC & 0xffffffffu);
   P("storage.data", offsetof(rvm_storage, data));
   P("storage.nbytes", offsetof(rvm_storage, nbytes));
