@@ -44,7 +44,38 @@ fn archive(files: &[PathBuf], name: &str) {
     shim_build().files(hot).opt_level(2).objects(&cold_objects).compile(name);
 }
 
+/// Writes `shim_sources.rs` into OUT_DIR: every file of the shim (sources, headers, tables) and
+/// the build's file lists, so that relaxc can build the shim for another target at run time.
+fn embed_sources() {
+    let mut entries = Vec::new();
+    for dir in ["runtime-shim/include", "runtime-shim/src"] {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .expect("shim directory")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "c" || x == "h" || x == "def"))
+            .collect();
+        files.sort();
+        for f in files {
+            let name = f.file_name().expect("name").to_string_lossy().into_owned();
+            let absolute = std::fs::canonicalize(&f).expect("canonical path");
+            entries.push(format!("    ({name:?}, {dir:?}, include_str!({:?})),", absolute.display().to_string()));
+        }
+    }
+    let list = |xs: &[&str]| xs.iter().map(|x| format!("{x:?}")).collect::<Vec<_>>().join(", ");
+    let code = format!(
+        "/// (file name, directory, contents) of every shim file.\npub const SHIM_FILES: &[(&str, &str, &str)] = &[\n{}\n];\n\
+         /// Files built for size rather than speed.\npub const SHIM_COLD: &[&str] = &[{}];\n\
+         /// Files of the optional archive.\npub const SHIM_OPTIONAL: &[&str] = &[{}];\n",
+        entries.join("\n"),
+        list(COLD),
+        list(OPTIONAL)
+    );
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("shim_sources.rs");
+    std::fs::write(out, code).expect("write shim_sources.rs");
+}
+
 fn main() {
+    embed_sources();
     let src = Path::new("runtime-shim/src");
     let mut files: Vec<PathBuf> = std::fs::read_dir(src)
         .expect("runtime-shim/src")

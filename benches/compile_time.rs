@@ -77,6 +77,42 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// chain_1000 compiled-mode compile+link for aarch64 beside the same for the host: the program
+/// built with ExecBuilder over each CPU's chain_100 kernels (TVM's exports for both).
+fn cross_build_times(root: &Path, dir: &Path) {
+    let target = relaxc::target::Target::parse("aarch64-unknown-linux-gnu").expect("target");
+    if relaxc::target::toolchain(&target).is_err() {
+        println!("\n(aarch64 build time skipped: no aarch64 toolchain; see README, Building for a board)");
+        return;
+    }
+    let mut rows = Vec::new();
+    for (label, tar, t) in [
+        ("host", root.join("fixtures/tvm/chain_100/m.tar"), relaxc::target::Target::host()),
+        ("aarch64", root.join("fixtures/tvm-cross/aarch64/chain_100/m.tar"), target.clone()),
+    ] {
+        let kernels = relaxc::compile::load_tvm_export_for(&tar, &t).expect("chain_100 export").kernels;
+        let program = chain(1000, kernels);
+        let mut options = Options::mode(ExecMode::Compiled);
+        options.target = t.clone();
+        let so = dir.join(format!("cross.{label}.so"));
+        // once to fill the shim cache, then five timed builds
+        relaxc::link::link_shared_for(&emit(&program, &options).expect("emit"), &program.kernels, &so, &t)
+            .expect("link");
+        let mut total = Vec::new();
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            let object = emit(&program, &options).expect("emit");
+            relaxc::link::link_shared_for(&object, &program.kernels, &so, &t).expect("link");
+            total.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        rows.push((label, median(total)));
+    }
+    println!("\nchain_1000 (ExecBuilder over chain_100's kernels), compiled mode, compile+link (ms), median of 5:");
+    for (label, ms) in &rows {
+        println!("  {label}: {ms:.1}");
+    }
+}
+
 fn main() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let base = load_tvm_export(&root.join("fixtures/tvm/chain_1000/m.tar")).expect("chain_1000 fixture");
@@ -133,6 +169,7 @@ fn main() {
             );
         }
     }
+    cross_build_times(root, dir.path());
     if let Some((plain, inlined, all)) = specialization {
         println!(
             "\nchain_1000 compiled, per call: {plain:.2} us calling every builtin; {inlined:.2} us with null_value and \

@@ -36,6 +36,12 @@ pub enum CompileError {
     Asm { path: String, source: crate::vm::asm::AsmError },
     #[error("cannot read {path}: {source}")]
     Read { path: String, source: std::io::Error },
+    #[error(transparent)]
+    Target(#[from] crate::target::TargetError),
+    #[error(
+        "{member} holds code for {found}, but the model is being built for {target} (--target): export the model for {target} (relax.build with target={{\"kind\": \"llvm\", \"mtriple\": \"{gnu}\"}}) or build with --target for {found}"
+    )]
+    WrongArchitecture { member: String, found: String, target: String, gnu: String },
 }
 
 /// Inputs of a script compile besides the script itself.
@@ -47,6 +53,8 @@ pub struct ScriptInputs {
     pub params: Option<std::path::PathBuf>,
     /// CUDA architectures to build CUBINs for (`--cuda-arch`; default sm_80 and sm_90).
     pub cuda_archs: Vec<u32>,
+    /// The CPU the kernels are built for.
+    pub target: Option<crate::target::Target>,
 }
 
 /// Parses, converts and lowers a TVMScript program, and builds its kernels.
@@ -73,7 +81,13 @@ pub fn load_script(path: &Path, inputs: &ScriptInputs) -> Result<Program, Compil
 /// Builds the `--kernels` sources: C with clang, CUDA with NVRTC.
 fn build_kernels(inputs: &ScriptInputs) -> Result<(Vec<KernelObject>, Vec<crate::cuda::CudaModule>), CompileError> {
     let (cu, c): (Vec<_>, Vec<_>) = inputs.kernels.iter().partition(|k| k.extension().is_some_and(|e| e == "cu"));
-    let kernels = c.iter().map(|k| crate::kernels::compile_c(k)).collect::<Result<Vec<_>, _>>()?;
+    let target = inputs.target.clone().unwrap_or_else(crate::target::Target::host);
+    let kernels = if c.is_empty() {
+        Vec::new()
+    } else {
+        let tc = crate::target::toolchain(&target)?;
+        c.iter().map(|k| crate::kernels::compile_c(k, &tc)).collect::<Result<Vec<_>, _>>()?
+    };
     let mut cuda = Vec::new();
     if !cu.is_empty() {
         let nvrtc = crate::cuda::nvrtc::Nvrtc::load().map_err(crate::cuda::CudaError::from)?;
@@ -160,6 +174,8 @@ pub struct Options {
     /// Link every optional runtime function (rvm_runtime.def) into the model, not only those
     /// its bytecode calls and its kernels name: for hosts that call them by name.
     pub all_runtime_functions: bool,
+    /// The CPU the model is for (`--target`; the host by default).
+    pub target: crate::target::Target,
 }
 
 impl Options {
@@ -169,6 +185,7 @@ impl Options {
             native: NativeOptions::default(),
             script: ScriptInputs::default(),
             all_runtime_functions: false,
+            target: crate::target::Target::host(),
         }
     }
 }
@@ -200,8 +217,25 @@ pub struct Program {
 
 /// Loads a TVM export (`.tar`) and verifies it.
 pub fn load_tvm_export(input: &Path) -> Result<Program, CompileError> {
+    load_tvm_export_for(input, &crate::target::Target::host())
+}
+
+/// Loads a TVM export built for `target` (its kernel objects must be for that CPU).
+pub fn load_tvm_export_for(input: &Path, target: &crate::target::Target) -> Result<Program, CompileError> {
     let export = tvm::import_tar(input)?;
     verify(&export.exec)?;
+    for k in &export.kernels {
+        if let Some(machine) = crate::target::elf_machine_of(&k.bytes)
+            && machine != target.elf_machine()
+        {
+            return Err(CompileError::WrongArchitecture {
+                member: k.name.clone(),
+                found: crate::target::machine_name(machine),
+                target: target.to_string(),
+                gnu: target.gnu_triple().to_string(),
+            });
+        }
+    }
     Ok(Program { exec: export.exec, kernels: export.kernels, shape_funcs: Vec::new(), cuda: Vec::new() })
 }
 
@@ -224,15 +258,16 @@ pub fn emit(program: &Program, options: &Options) -> Result<codegen::tables::Emi
         }
     }
     let runtime_refs = runtime_references(&program.kernels, options.all_runtime_functions);
-    Ok(codegen::emit_object(
-        &program.exec,
-        &symbols,
-        options.mode,
-        &options.native,
-        &program.shape_funcs,
-        &program.cuda,
-        &runtime_refs,
-    )?)
+    Ok(codegen::emit_object(&codegen::tables::ObjectInputs {
+        exec: &program.exec,
+        symbols: &symbols,
+        mode: options.mode,
+        native: &options.native,
+        shape_funcs: &program.shape_funcs,
+        cuda: &program.cuda,
+        runtime_refs: &runtime_refs,
+        target: &options.target.triple,
+    })?)
 }
 
 /// Compiles `input` into the shared object `out`.
@@ -244,12 +279,14 @@ pub fn compile_file(input: &Path, mode: ExecMode, out: &Path) -> Result<CompileR
 pub fn compile_file_with(input: &Path, options: &Options, out: &Path) -> Result<CompileReport, CompileError> {
     let mut report = CompileReport::default();
     let t = Instant::now();
+    let mut script = options.script.clone();
+    script.target = Some(options.target.clone());
     let program = if input.extension().is_some_and(|e| e == "py") {
-        load_script(input, &options.script)?
+        load_script(input, &script)?
     } else if input.extension().is_some_and(|e| e == "rvmasm") {
-        load_asm(input, &options.script)?
+        load_asm(input, &script)?
     } else {
-        load_tvm_export(input)?
+        load_tvm_export_for(input, &options.target)?
     };
     report.import = t.elapsed();
     let t = Instant::now();
@@ -259,7 +296,7 @@ pub fn compile_file_with(input: &Path, options: &Options, out: &Path) -> Result<
     report.notes = std::mem::take(&mut object.notes);
     report.clif = std::mem::take(&mut object.clif);
     let t = Instant::now();
-    link::link_shared(&object, &program.kernels, out)?;
+    link::link_shared_for(&object, &program.kernels, out, &options.target)?;
     report.link = t.elapsed();
     Ok(report)
 }

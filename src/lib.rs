@@ -14,6 +14,7 @@ pub mod kernels;
 pub mod link;
 pub mod lower;
 pub mod script;
+pub mod target;
 pub mod tvm;
 pub mod vm;
 pub mod weights;

@@ -63,6 +63,12 @@ enum Command {
         /// bytecode instruction's code headed by a `; pc=N <instruction>` comment.
         #[arg(long, value_name = "FILE")]
         emit_clif: Option<PathBuf>,
+        /// The CPU to build for, as a target triple: aarch64-unknown-linux-gnu,
+        /// riscv64gc-unknown-linux-gnu or x86_64-unknown-linux-gnu (default: this machine).
+        /// Native code, the runtime, kernels and the link are all built for it; the C toolchain
+        /// is $CC_<triple>, $RELAXC_CC, clang --target, or Debian's cross gcc.
+        #[arg(long, value_name = "TRIPLE")]
+        target: Option<String>,
         /// Build a model whose every Call (kernel, builtin, Relax function) reports to an
         /// instrument hook (TVM's set_instrument; `relaxc run --profile` and `--trace` use it),
         /// in both modes. Without it the model has no trace of instrumentation.
@@ -181,6 +187,7 @@ fn run(cli: Cli) -> Result<()> {
             emit_clif,
             all_runtime_functions,
             instrument,
+            target,
         } => {
             if emit_clif.is_some() && exec_mode != relaxc::codegen::ExecMode::Compiled {
                 anyhow::bail!("--emit-clif needs --exec-mode compiled: bytecode mode generates no CLIF");
@@ -193,8 +200,12 @@ fn run(cli: Cli) -> Result<()> {
                 emit_clif: emit_clif.is_some(),
                 instrument,
             };
-            let script = relaxc::compile::ScriptInputs { kernels, params, cuda_archs };
-            let options = relaxc::compile::Options { mode: exec_mode, native, script, all_runtime_functions };
+            let target = match target {
+                Some(t) => relaxc::target::Target::parse(&t)?,
+                None => relaxc::target::Target::host(),
+            };
+            let script = relaxc::compile::ScriptInputs { kernels, params, cuda_archs, target: Some(target.clone()) };
+            let options = relaxc::compile::Options { mode: exec_mode, native, script, all_runtime_functions, target };
             let report = relaxc::compile::compile_file_with(&input, &options, &output)
                 .with_context(|| format!("compiling {}", input.display()))?;
             if let Some(path) = &emit_clif {
@@ -256,6 +267,9 @@ fn run(cli: Cli) -> Result<()> {
                     println!("  {line}");
                 }
             }
+            if let Some(identity) = relaxc::inspect::identity(&input) {
+                println!("Built by: {identity}");
+            }
             if let Some(modes) = relaxc::inspect::function_modes(&input)? {
                 println!("Execution:");
                 for (name, compiled) in modes {
@@ -290,6 +304,9 @@ struct RunOptions {
 }
 
 fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
+    if let Some(target) = relaxc::host::foreign::foreign_target(path) {
+        return run_foreign(path, &target, opts);
+    }
     let RunOptions { func, inputs, outputs, expect, bench, stats, device, profile, trace } = opts;
     let (func, bench, stats) = (func.as_str(), *bench, *stats);
     let model = Model::load(path)?;
@@ -445,6 +462,41 @@ fn generate(path: &Path, opts: &GenerateOptions) -> Result<()> {
         };
         npz::write_named(out, &[("logits".to_string(), &array)])?;
     }
+    Ok(())
+}
+
+/// `relaxc run` for a model built for another CPU: the same options and outputs, the call made by
+/// a runner under qemu user mode.
+fn run_foreign(path: &Path, target: &relaxc::target::Target, opts: &RunOptions) -> Result<()> {
+    if opts.device.is_some() || opts.profile.is_some() {
+        bail!("--device and --profile are not available for a {target} model run under qemu");
+    }
+    if opts.bench == Some(0) {
+        bail!("--bench needs at least one call");
+    }
+    let args = match opts.inputs.as_deref() {
+        Some(p) => npz::read_inputs(p)?,
+        None => Vec::new(),
+    };
+    let run = relaxc::host::foreign::run(path, target, &opts.func, &args, opts.bench.unwrap_or(0), opts.stats)
+        .with_context(|| format!("calling {}", opts.func))?;
+    print!(
+        "{}",
+        run.stdout.lines().filter(|l| l.starts_with("storage:")).map(|l| format!("{l}\n")).collect::<String>()
+    );
+    if let Some(want) = &opts.expect {
+        check_expected(&run.outputs, want)?;
+        println!("results match {} bit for bit", want.display());
+    }
+    match opts.outputs.as_deref() {
+        Some(p) => npz::write_outputs(p, &run.outputs)?,
+        None => {
+            for (i, o) in run.outputs.iter().enumerate() {
+                println!("out{i}: {}", describe(o));
+            }
+        }
+    }
+    print!("{}", run.stdout.lines().filter(|l| l.contains("median")).map(|l| format!("{l}\n")).collect::<String>());
     Ok(())
 }
 

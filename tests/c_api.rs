@@ -75,7 +75,8 @@ fn valgrind(exe: &Path, args: &[&Path], what: &str) {
 fn random_programs_under_valgrind() {
     let batch = common::random::generate(7, 300);
     relaxc::vm::verify(&batch.exec).expect("valid programs");
-    let kernels = relaxc::kernels::compile_c(&common::root().join("tests/kernels/random_kernels.c")).expect("kernels");
+    let kernels =
+        relaxc::kernels::compile_c_host(&common::root().join("tests/kernels/random_kernels.c")).expect("kernels");
     let program = relaxc::compile::Program {
         exec: batch.exec,
         kernels: vec![kernels],

@@ -127,7 +127,7 @@ fn random_models(seed: u64, count: usize) -> Result<&'static RandomModels, Strin
         .get_or_init(|| {
             let batch = common::random::generate(seed, count);
             relaxc::vm::verify(&batch.exec).map_err(|e| format!("the generator made an invalid program: {e}"))?;
-            let kernels = relaxc::kernels::compile_c(&common::root().join("tests/kernels/random_kernels.c"))
+            let kernels = relaxc::kernels::compile_c_host(&common::root().join("tests/kernels/random_kernels.c"))
                 .map_err(|e| e.to_string())?;
             let program = relaxc::compile::Program {
                 exec: batch.exec,

@@ -102,12 +102,12 @@ impl From<ModuleError> for TablesError {
     }
 }
 
-/// Makes the Cranelift object module for the host.
-pub fn object_module(name: &str) -> Result<ObjectModule, TablesError> {
+/// Makes the Cranelift object module for a target.
+pub fn object_module(name: &str, triple: &target_lexicon::Triple) -> Result<ObjectModule, TablesError> {
     let mut flags = settings::builder();
     flags.set("is_pic", "true").map_err(|e| TablesError::Isa(e.to_string()))?;
     flags.set("opt_level", "speed").map_err(|e| TablesError::Isa(e.to_string()))?;
-    let isa = isa::lookup(target_lexicon::Triple::host())
+    let isa = isa::lookup(triple.clone())
         .map_err(|e| TablesError::Isa(e.to_string()))?
         .finish(settings::Flags::new(flags))
         .map_err(|e| TablesError::Isa(e.to_string()))?;
@@ -212,6 +212,7 @@ pub fn define_tables(
     compiled: &[Option<FuncId>],
     mode: ExecMode,
     instrument: bool,
+    target: &target_lexicon::Triple,
 ) -> Result<(), TablesError> {
     use layout::*;
     let mut rodata = Blob::new(); // pointer-free read-only data: strings, shapes, code
@@ -222,7 +223,7 @@ pub fn define_tables(
     // Strings and arrays first, so the tables can point at them.
     let func_names: Vec<usize> = exec.funcs.iter().map(|f| rodata.cstr(&f.name)).collect();
     let version = rodata.cstr(env!("CARGO_PKG_VERSION"));
-    let triple = rodata.cstr(&target_lexicon::Triple::host().to_string());
+    let triple = rodata.cstr(&target.to_string());
     rodata.align(8);
     let instr_offset = rodata.put(&exec.instr_offset.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>());
     let instr_data = rodata.put(&exec.instr_data.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<_>>());
@@ -417,18 +418,26 @@ pub struct EmittedObject {
     pub clif: String,
 }
 
-/// Emits the whole model object for `exec`: the tables, native code in compiled mode, and the
-/// serialized executable plus each function's mode in non-allocated sections for `relaxc inspect`.
-pub fn emit_object(
-    exec: &Executable,
-    symbols: &[Option<String>],
-    mode: ExecMode,
-    native_options: &super::native::NativeOptions,
-    shape_funcs: &[super::shape_func::ShapeFunc],
-    cuda: &[crate::cuda::CudaModule],
-    runtime_refs: &[String],
-) -> Result<EmittedObject, TablesError> {
-    let mut module = object_module("model")?;
+/// What the model object is made from.
+pub struct ObjectInputs<'a> {
+    pub exec: &'a Executable,
+    /// The symbol bound to each packed function-table entry.
+    pub symbols: &'a [Option<String>],
+    pub mode: ExecMode,
+    pub native: &'a super::native::NativeOptions,
+    pub shape_funcs: &'a [super::shape_func::ShapeFunc],
+    pub cuda: &'a [crate::cuda::CudaModule],
+    /// Optional runtime functions to refer to (so that the link takes their files).
+    pub runtime_refs: &'a [String],
+    pub target: &'a target_lexicon::Triple,
+}
+
+/// Emits the whole model object: the tables, native code in compiled mode, the tvm-ffi entry
+/// points, and the serialized executable plus each function's mode and the model's identity in
+/// non-allocated sections for `relaxc inspect`.
+pub fn emit_object(inputs: &ObjectInputs) -> Result<EmittedObject, TablesError> {
+    let ObjectInputs { exec, symbols, mode, native: native_options, shape_funcs, cuda, runtime_refs, target } = *inputs;
+    let mut module = object_module("model", target)?;
     define_runtime_refs(&mut module, runtime_refs)?;
     let mut taken: BTreeSet<String> = symbols.iter().flatten().cloned().collect();
     taken.extend(shape_funcs.iter().map(|f| format!("{}{}", crate::tvm::KERNEL_PREFIX, f.name)));
@@ -441,7 +450,7 @@ pub fn emit_object(
         ExecMode::Compiled => super::native::compile_functions(&mut module, exec, symbols, native_options)?,
         ExecMode::Bytecode => Default::default(),
     };
-    define_tables(&mut module, exec, symbols, &native.compiled, mode, native_options.instrument)?;
+    define_tables(&mut module, exec, symbols, &native.compiled, mode, native_options.instrument, target)?;
     let modes: String = exec
         .funcs
         .iter()
@@ -452,7 +461,7 @@ pub fn emit_object(
     let mut product = module.finish();
     let mut sections =
         vec![(layout::EXEC_SECTION, write_executable(exec)), (layout::MODES_SECTION, modes.into_bytes())];
-    let identity = format!("relaxc {} c-api {}", env!("CARGO_PKG_VERSION"), layout::C_API_VERSION);
+    let identity = format!("relaxc {} c-api {} target {target}", env!("CARGO_PKG_VERSION"), layout::C_API_VERSION);
     sections.push((layout::IDENTITY_SECTION, identity.into_bytes()));
     if !cuda_listing.is_empty() {
         sections.push((super::cuda_tables::layout::LISTING_SECTION, cuda_listing.into_bytes()));

@@ -2,6 +2,7 @@
 //! `dlopen`, `rvm_get_api`, one module, VMs, calls. Used by `relaxc run` and the tests.
 
 pub mod ffi;
+pub mod foreign;
 pub mod llm;
 pub mod npz;
 pub mod profile;

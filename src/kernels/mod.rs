@@ -3,7 +3,6 @@
 //! to the sources' build, so no install is needed) and export `__tvm_ffi_<name>`.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::tvm::{ImportError, KernelObject};
 
@@ -22,25 +21,26 @@ pub enum KernelError {
     Object(#[from] ImportError),
 }
 
-/// The C compiler for kernels: $CC, else clang if installed, else cc.
-pub fn c_compiler() -> String {
-    if let Some(cc) = std::env::var("CC").ok().filter(|s| !s.trim().is_empty()) {
-        return cc;
-    }
-    let has_clang = Command::new("clang").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-    if has_clang { "clang".into() } else { "cc".into() }
+/// Compiles one C kernel source into a relocatable object for the host.
+pub fn compile_c_host(source: &Path) -> Result<KernelObject, KernelError> {
+    let tc = crate::target::toolchain(&crate::target::Target::host())
+        .map_err(|e| KernelError::Compile { source_file: source.display().to_string(), stderr: e.to_string() })?;
+    compile_c(source, &tc)
 }
 
-/// Compiles one C kernel source into a relocatable object.
-pub fn compile_c(source: &Path) -> Result<KernelObject, KernelError> {
+/// Compiles one C kernel source into a relocatable object with a target's toolchain. Floating
+/// point contraction is off, so that the same C gives the same bits on every CPU (aarch64 and
+/// riscv64 compilers fuse multiply-adds by default; x86-64 without FMA cannot).
+pub fn compile_c(source: &Path, tc: &crate::target::Toolchain) -> Result<KernelObject, KernelError> {
     let dir = tempfile::tempdir().map_err(|source| KernelError::Io { path: "temporary directory".into(), source })?;
     let header = dir.path().join("rvm_kernel.h");
     std::fs::write(&header, KERNEL_HEADER)
         .map_err(|source| KernelError::Io { path: header.display().to_string(), source })?;
     let object: PathBuf = dir.path().join("kernel.o");
-    let compiler = c_compiler();
-    let out = Command::new(&compiler)
-        .args(["-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", "-Wall", "-c"])
+    let compiler = tc.program.clone();
+    let out = tc
+        .command()
+        .args(["-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", "-ffp-contract=off", "-Wall", "-c"])
         .arg("-I")
         .arg(dir.path())
         .arg(source)

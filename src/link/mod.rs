@@ -4,7 +4,6 @@
 //! process without clashing.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use crate::codegen::tables::EmittedObject;
 use crate::tvm::KernelObject;
@@ -34,15 +33,38 @@ pub enum LinkError {
     Spawn { linker: String, source: std::io::Error },
     #[error("the link failed ({linker} {status}):\n{stderr}")]
     Failed { linker: String, status: String, stderr: String },
+    #[error(transparent)]
+    Target(#[from] crate::target::TargetError),
 }
 
-/// The C compiler driver used to link: $CC, else `cc`.
+/// The C compiler driver used to link for the host: $CC, else `cc`.
 pub fn linker() -> String {
     std::env::var("CC").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "cc".to_string())
 }
 
-/// Links the model object with `kernels` and the shim into `out`.
+/// Links the model object with `kernels` and the shim into `out`, for the host.
 pub fn link_shared(object: &EmittedObject, kernels: &[KernelObject], out: &Path) -> Result<(), LinkError> {
+    link_shared_for(object, kernels, out, &crate::target::Target::host())
+}
+
+/// Links the model object with `kernels` and the target's shim into `out` with the target's
+/// toolchain.
+pub fn link_shared_for(
+    object: &EmittedObject,
+    kernels: &[KernelObject],
+    out: &Path,
+    target: &crate::target::Target,
+) -> Result<(), LinkError> {
+    let (tc, archives) = if target.is_host() {
+        let tc = crate::target::Toolchain { program: linker(), args: Vec::new() };
+        let archives =
+            crate::target::shim::ShimArchives { core: SHIM_ARCHIVE.to_vec(), runtime: RUNTIME_ARCHIVE.to_vec() };
+        (tc, archives)
+    } else {
+        let tc = crate::target::toolchain(target)?;
+        let archives = crate::target::shim::archives(target, &tc)?;
+        (tc, archives)
+    };
     let model_object = &object.bytes;
     let dir = tempfile::tempdir().map_err(|source| LinkError::Io { path: "temporary directory".into(), source })?;
     let write = |name: &str, bytes: &[u8]| -> Result<PathBuf, LinkError> {
@@ -51,15 +73,15 @@ pub fn link_shared(object: &EmittedObject, kernels: &[KernelObject], out: &Path)
         Ok(path)
     };
     let model = write("model.o", model_object)?;
-    let shim = write("librvm_shim.a", SHIM_ARCHIVE)?;
-    let runtime = write("librvm_runtime.a", RUNTIME_ARCHIVE)?;
+    let shim = write("librvm_shim.a", &archives.core)?;
+    let runtime = write("librvm_runtime.a", &archives.runtime)?;
     let script = write("exports.map", version_script(&object.exports).as_bytes())?;
     let mut kernel_paths = Vec::new();
     for (i, k) in kernels.iter().enumerate() {
         kernel_paths.push(write(&format!("kernels{i}.o"), &k.bytes)?);
     }
-    let linker = linker();
-    let mut cmd = Command::new(&linker);
+    let linker = tc.program.clone();
+    let mut cmd = tc.command();
     cmd.arg("-shared").arg("-o").arg(out).arg(&model).args(&kernel_paths);
     cmd.arg("-Wl,--whole-archive").arg(&shim).arg("-Wl,--no-whole-archive").arg(&runtime);
     cmd.arg(format!("-Wl,--version-script={}", script.display()));
