@@ -14,23 +14,7 @@ fn fixture_tar(name: &str) -> PathBuf {
 }
 
 fn build_host() -> PathBuf {
-    build_c("api_test")
-}
-
-fn build_c(name: &str) -> PathBuf {
-    let exe = common::scratch_dir().join(format!("{name}.{}", std::process::id()));
-    let status = Command::new(relaxc::link::linker())
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
-        .arg("-I")
-        .arg(common::root().join("runtime-shim/include"))
-        .arg(common::root().join(format!("tests/c/{name}.c")))
-        .arg("-o")
-        .arg(&exe)
-        .arg("-ldl")
-        .status()
-        .expect("run the C compiler");
-    assert!(status.success(), "{name}.c does not build");
-    exe
+    common::build_c_host("api_test")
 }
 
 fn models(mode: ExecMode) -> (PathBuf, PathBuf) {
@@ -83,7 +67,7 @@ fn random_programs_under_valgrind() {
         shape_funcs: Vec::new(),
         cuda: Vec::new(),
     };
-    let exe = build_c("run_programs");
+    let exe = common::build_c_host("run_programs");
     for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
         let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(mode)).expect("emit");
         let name = format!("random_vg.{}.{}.so", common::mode_name(mode), std::process::id());
@@ -99,7 +83,7 @@ fn random_programs_under_valgrind() {
 /// A C host registers a function; the model's kernel calls it by name (both modes, valgrind).
 #[test]
 fn host_registered_function_called_by_a_kernel_under_valgrind() {
-    let exe = build_c("registry_test");
+    let exe = common::build_c_host("registry_test");
     let dir = common::root().join("tests/host_call");
     for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
         let mut options = relaxc::compile::Options::mode(mode);

@@ -249,22 +249,6 @@ fn sliding_window_caches_are_refused_at_creation() {
     expect_error(vm.call(create, &args).map(|v| v.to_output()), "does not support sliding windows");
 }
 
-fn build_c_host(name: &str) -> PathBuf {
-    let exe = common::scratch_dir().join(format!("{name}.{}", std::process::id()));
-    let status = std::process::Command::new(relaxc::link::linker())
-        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
-        .arg("-I")
-        .arg(common::root().join("runtime-shim/include"))
-        .arg(common::root().join(format!("tests/c/{name}.c")))
-        .arg("-o")
-        .arg(&exe)
-        .arg("-ldl")
-        .status()
-        .expect("run the C compiler");
-    assert!(status.success(), "{name}.c does not build");
-    exe
-}
-
 fn id_list(bytes: &[u8]) -> String {
     bytes
         .chunks_exact(4)
@@ -277,7 +261,7 @@ fn id_list(bytes: &[u8]) -> String {
 /// leak and no invalid access.
 #[test]
 fn c_host_generates_tvms_tokens_under_valgrind() {
-    let exe = build_c_host("llm_test");
+    let exe = common::build_c_host("llm_test");
     let want = npz::read_arrays(&fixture().join("generate.npz")).expect("generate.npz");
     let (prompt, tokens) = (id_list(&want["prompt"].2), id_list(&want["tokens"].2));
     for mode in [ExecMode::Bytecode, ExecMode::Compiled] {

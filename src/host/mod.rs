@@ -224,8 +224,7 @@ impl Model {
         HostError::Call { kind, message }
     }
 
-    /// Whether the model was built with `--instrument` (so a hook can be set).
-    pub fn instrumented(&self) -> bool {
+    fn raw_info(&self) -> ffi::ModuleInfo {
         let mut info = ffi::ModuleInfo {
             abi_version: 0,
             exec_mode: 0,
@@ -237,21 +236,17 @@ impl Model {
         };
         // SAFETY: module is open; info is a valid out-pointer.
         unsafe { (self.api().module_info)(self.module, &mut info) };
-        self.abi_version >= 2 && info.instrumented != 0
+        info
     }
 
+    /// Whether the model was built with `--instrument` (so a hook can be set).
+    pub fn instrumented(&self) -> bool {
+        self.abi_version >= 2 && self.raw_info().instrumented != 0
+    }
+
+    /// Execution mode, compiler version, target triple and executable hash the model reports.
     pub fn info(&self) -> (u32, String, String, u64) {
-        let mut info = ffi::ModuleInfo {
-            abi_version: 0,
-            exec_mode: 0,
-            compiler_version: std::ptr::null(),
-            target_triple: std::ptr::null(),
-            executable_hash: 0,
-            num_functions: 0,
-            instrumented: 0,
-        };
-        // SAFETY: module is open; info is a valid out-pointer.
-        unsafe { (self.api().module_info)(self.module, &mut info) };
+        let info = self.raw_info();
         (info.exec_mode, cstr(info.compiler_version), cstr(info.target_triple), info.executable_hash)
     }
 

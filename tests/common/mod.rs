@@ -158,3 +158,20 @@ pub fn check_error(err: &HostError, expected: &Path) -> Result<(), String> {
     }
     Ok(())
 }
+
+/// Builds `tests/c/NAME.c`, a C host of the model API, with the project's warning flags.
+pub fn build_c_host(name: &str) -> PathBuf {
+    let exe = scratch_dir().join(format!("{name}.{}", std::process::id()));
+    let status = std::process::Command::new(relaxc::link::linker())
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
+        .arg("-I")
+        .arg(root().join("runtime-shim/include"))
+        .arg(root().join(format!("tests/c/{name}.c")))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-ldl")
+        .status()
+        .expect("run the C compiler");
+    assert!(status.success(), "{name}.c does not build");
+    exe
+}
