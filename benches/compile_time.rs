@@ -7,13 +7,13 @@
 use std::path::Path;
 use std::time::Instant;
 
+use relaxc::abi::DLDataType;
 use relaxc::codegen::ExecMode;
 use relaxc::compile::{Options, Program, emit, load_tvm_export};
-use relaxc::host::ffi::DLDataType;
 use relaxc::host::{HostTensor, Input, Model};
 use relaxc::vm::{Arg, Constant, DType, ExecBuilder, Instr, VM_REG, VOID_REG};
 
-fn chain(n: usize, kernels: Vec<relaxc::tvm::KernelObject>) -> Program {
+fn chain(n: usize, kernels: Vec<relaxc::kernel_object::KernelObject>) -> Program {
     let mut b = ExecBuilder::new();
     let f32c = b.constant(Constant::DataType(DType::F32));
     let ctx = b.constant(Constant::Str(
@@ -55,7 +55,8 @@ fn chain(n: usize, kernels: Vec<relaxc::tvm::KernelObject>) -> Program {
     }
     b.emit(Instr::Ret { result: prev });
     b.end_function(next);
-    Program { exec: b.build(), kernels, shape_funcs: Vec::new(), cuda: Vec::new() }
+    let exec = relaxc::vm::Verified::new(b.build()).expect("valid chain");
+    Program { exec, kernels, shape_funcs: Vec::new(), cuda: Vec::new() }
 }
 
 /// Median microseconds per call over 200 calls.
@@ -96,13 +97,13 @@ fn cross_build_times(root: &Path, dir: &Path) {
         options.target = t.clone();
         let so = dir.join(format!("cross.{label}.so"));
         // once to fill the shim cache, then five timed builds
-        relaxc::link::link_shared_for(&emit(&program, &options).expect("emit"), &program.kernels, &so, &t)
+        relaxc::link::link_shared_for(&emit(&program, &options).expect("emit").link_inputs(&program.kernels), &so, &t)
             .expect("link");
         let mut total = Vec::new();
         for _ in 0..5 {
             let t0 = Instant::now();
             let object = emit(&program, &options).expect("emit");
-            relaxc::link::link_shared_for(&object, &program.kernels, &so, &t).expect("link");
+            relaxc::link::link_shared_for(&object.link_inputs(&program.kernels), &so, &t).expect("link");
             total.push(t0.elapsed().as_secs_f64() * 1e3);
         }
         rows.push((label, median(total)));
@@ -125,7 +126,6 @@ fn main() {
         ("chain_1000 (TVM export)", load_tvm_export(&root.join("fixtures/tvm/chain_1000/m.tar")).expect("chain_1000")),
         ("chain_10000 (built)", chain(10000, base.kernels.clone())),
     ] {
-        relaxc::vm::verify(&program.exec).expect("valid chain");
         for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
             let so = dir.path().join("m.so");
             let (mut codegen, mut link, mut total) = (Vec::new(), Vec::new(), Vec::new());
@@ -133,7 +133,7 @@ fn main() {
                 let t0 = Instant::now();
                 let object = emit(&program, &Options::mode(mode)).expect("emit");
                 let t1 = Instant::now();
-                relaxc::link::link_shared(&object, &program.kernels, &so).expect("link");
+                relaxc::link::link_shared(&object.link_inputs(&program.kernels), &so).expect("link");
                 let t2 = Instant::now();
                 codegen.push((t1 - t0).as_secs_f64() * 1e3);
                 link.push((t2 - t1).as_secs_f64() * 1e3);
@@ -155,7 +155,7 @@ fn main() {
                     o.native.stack_tensors = stack_tensors;
                     let object = emit(&program, &o).expect("emit");
                     let path = dir.path().join(format!("variant{}{}.so", inline_builtins as u8, stack_tensors as u8));
-                    relaxc::link::link_shared(&object, &program.kernels, &path).expect("link");
+                    relaxc::link::link_shared(&object.link_inputs(&program.kernels), &path).expect("link");
                     time_calls(&Model::load(&path).expect("load"), &x)
                 };
                 specialization = Some((variant(false, false), variant(true, false), per_call));

@@ -5,11 +5,13 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use crate::codegen::native::NativeOptions;
-use crate::codegen::shape_func::ShapeFunc;
-use crate::codegen::{self, ExecMode, TablesError};
+
+use crate::codegen::{self, CodegenError, ExecMode};
+use crate::ir::ShapeFunc;
+use crate::kernel_object::{KernelObject, kernel_symbol};
 use crate::link::{self, LinkError};
-use crate::tvm::{self, ImportError, KernelObject};
-use crate::vm::{Executable, VerifyError, verify};
+use crate::tvm::{self, ImportError};
+use crate::vm::{Verified, VerifyError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CompileError {
@@ -18,7 +20,7 @@ pub enum CompileError {
     #[error("the executable is malformed: {0}")]
     Verify(#[from] VerifyError),
     #[error(transparent)]
-    Tables(#[from] TablesError),
+    Tables(#[from] CodegenError),
     #[error(transparent)]
     Link(#[from] LinkError),
     #[error("--keep-bytecode {0}: the program has no Relax function of that name")]
@@ -70,12 +72,12 @@ pub fn load_script(path: &Path, inputs: &ScriptInputs) -> Result<Program, Compil
     let stmts = crate::script::parser::parse(&src).map_err(render)?;
     let module = crate::script::convert::convert(&stmts, &weights).map_err(render)?;
     let lowered = crate::lower::lower(&module).map_err(render)?;
-    verify(&lowered.exec)?;
+    let exec = Verified::new(lowered.exec)?;
     let (kernels, cuda) = build_kernels(inputs)?;
     let mut available: BTreeSet<String> = kernels.iter().flat_map(|k| k.kernels.iter().cloned()).collect();
     available.extend(cuda.iter().flat_map(|m| m.kernels.iter().map(|k| k.name.clone())));
     check_kernels(&module, &available, &inputs.kernels).map_err(render)?;
-    Ok(Program { exec: lowered.exec, kernels, shape_funcs: lowered.shape_funcs, cuda })
+    Ok(Program { exec, kernels, shape_funcs: lowered.shape_funcs, cuda })
 }
 
 /// Builds the `--kernels` sources: C with clang, CUDA with NVRTC.
@@ -105,7 +107,7 @@ pub fn load_asm(path: &Path, inputs: &ScriptInputs) -> Result<Program, CompileEr
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| CompileError::Read { path: shown.clone(), source })?;
     let exec = crate::vm::asm::assemble(&text).map_err(|e| CompileError::Asm { path: shown, source: e })?;
-    verify(&exec)?;
+    let exec = Verified::new(exec)?;
     let (kernels, cuda) = build_kernels(inputs)?;
     Ok(Program { exec, kernels, shape_funcs: Vec::new(), cuda })
 }
@@ -135,10 +137,10 @@ fn check_kernels(
     let listed = sources.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
     for func in &module.functions {
         walk(&func.body, &mut |name, span| {
-            if available.contains(name) || crate::codegen::builtins::find(name).is_some() {
+            if available.contains(name) || crate::codegen::shim::find_builtin(name).is_some() {
                 return Ok(());
             }
-            let symbol = format!("{}{name}", crate::tvm::KERNEL_PREFIX);
+            let symbol = kernel_symbol(name);
             let why = if sources.is_empty() {
                 format!("no --kernels source was given to define {symbol}")
             } else {
@@ -194,7 +196,7 @@ impl Options {
 /// its name as a string), or all of them: their symbols, for the model object to refer to.
 fn runtime_references(kernels: &[KernelObject], all: bool) -> Vec<String> {
     let contains = |hay: &[u8], needle: &[u8]| hay.windows(needle.len()).any(|w| w == needle);
-    codegen::builtins::all()
+    codegen::shim::builtins()
         .iter()
         .filter(|b| b.optional)
         .filter(|b| {
@@ -205,10 +207,10 @@ fn runtime_references(kernels: &[KernelObject], all: bool) -> Vec<String> {
         .collect()
 }
 
-/// A program ready for code generation: the executable, the kernel objects it needs, and the
-/// shape functions relaxc generates for it.
+/// A program ready for code generation: the verified executable, the kernel objects it needs,
+/// and the shape functions relaxc generates for it.
 pub struct Program {
-    pub exec: Executable,
+    pub exec: Verified,
     pub kernels: Vec<KernelObject>,
     pub shape_funcs: Vec<ShapeFunc>,
     /// CUDA modules built from `.cu` kernel sources.
@@ -223,7 +225,6 @@ pub fn load_tvm_export(input: &Path) -> Result<Program, CompileError> {
 /// Loads a TVM export built for `target` (its kernel objects must be for that CPU).
 pub fn load_tvm_export_for(input: &Path, target: &crate::target::Target) -> Result<Program, CompileError> {
     let export = tvm::import_tar(input)?;
-    verify(&export.exec)?;
     for k in &export.kernels {
         if let Some(machine) = crate::target::elf_machine_of(&k.bytes)
             && machine != target.elf_machine()
@@ -236,13 +237,16 @@ pub fn load_tvm_export_for(input: &Path, target: &crate::target::Target) -> Resu
             });
         }
     }
-    Ok(Program { exec: export.exec, kernels: export.kernels, shape_funcs: Vec::new(), cuda: Vec::new() })
+    Ok(Program {
+        exec: Verified::new(export.exec)?,
+        kernels: export.kernels,
+        shape_funcs: Vec::new(),
+        cuda: Vec::new(),
+    })
 }
 
 /// Emits the model object for a program.
-pub fn emit(program: &Program, options: &Options) -> Result<codegen::tables::EmittedObject, CompileError> {
-    // Code generation relies on a verified executable (indices in range, jumps inside).
-    verify(&program.exec)?;
+pub fn emit(program: &Program, options: &Options) -> Result<codegen::EmittedObject, CompileError> {
     let mut available: BTreeSet<String> = program.kernels.iter().flat_map(|k| k.kernels.iter().cloned()).collect();
     available.extend(program.shape_funcs.iter().map(|f| f.name.clone()));
     available.extend(program.cuda.iter().flat_map(|m| m.kernels.iter().map(|k| k.name.clone())));
@@ -251,14 +255,14 @@ pub fn emit(program: &Program, options: &Options) -> Result<codegen::tables::Emi
     } else {
         program.kernels.iter().map(|k| k.name.as_str()).collect::<Vec<_>>().join(", ")
     };
-    let symbols = codegen::tables::bind_packed_functions(&program.exec, &available, &objects)?;
+    let symbols = codegen::bind_packed_functions(&program.exec, &available, &objects)?;
     for name in &options.native.keep_bytecode {
         if !program.exec.funcs.iter().any(|f| &f.name == name && f.kind != crate::vm::FuncKind::Packed) {
             return Err(CompileError::NoSuchFunction(name.clone()));
         }
     }
     let runtime_refs = runtime_references(&program.kernels, options.all_runtime_functions);
-    Ok(codegen::emit_object(&codegen::tables::ObjectInputs {
+    Ok(codegen::emit_object(&codegen::ObjectInputs {
         exec: &program.exec,
         symbols: &symbols,
         mode: options.mode,
@@ -296,7 +300,7 @@ pub fn compile_file_with(input: &Path, options: &Options, out: &Path) -> Result<
     report.notes = std::mem::take(&mut object.notes);
     report.clif = std::mem::take(&mut object.clif);
     let t = Instant::now();
-    link::link_shared_for(&object, &program.kernels, out, &options.target)?;
+    link::link_shared_for(&object.link_inputs(&program.kernels), out, &options.target)?;
     report.link = t.elapsed();
     Ok(report)
 }

@@ -5,9 +5,10 @@ use std::path::Path;
 
 use object::{Object, ObjectSection};
 
-use crate::codegen::tables::layout::{EXEC_SECTION, MODES_SECTION};
-use crate::tvm::{self, ImportError, executable};
+use crate::abi::{EXEC_SECTION, MODES_SECTION};
+use crate::tvm::{self, ImportError};
 use crate::vm::Executable;
+use crate::vm::format;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InspectError {
@@ -20,7 +21,7 @@ pub enum InspectError {
     #[error("{path} has no {EXEC_SECTION} section: not a model built by relaxc")]
     NotAModel { path: String },
     #[error("{path}: the embedded executable is corrupt: {source}")]
-    Corrupt { path: String, source: executable::FormatError },
+    Corrupt { path: String, source: format::FormatError },
 }
 
 /// The bytes of section `name` of a built model; Ok(None) for a non-ELF file or a missing section.
@@ -38,7 +39,7 @@ fn model_section(path: &Path, name: &str) -> Result<Option<Vec<u8>>, InspectErro
 
 /// What built a model, as its identity section says ("relaxc 0.1.0 c-api 2"), if it has one.
 pub fn identity(path: &Path) -> Option<String> {
-    let bytes = model_section(path, crate::codegen::tables::layout::IDENTITY_SECTION).ok()??;
+    let bytes = model_section(path, crate::abi::IDENTITY_SECTION).ok()??;
     Some(String::from_utf8_lossy(&bytes).into_owned())
 }
 
@@ -55,7 +56,7 @@ pub fn function_modes(path: &Path) -> Result<Option<Vec<(String, bool)>>, Inspec
 
 /// The CUDA kernels and images embedded in a built model, as listed at build time.
 pub fn cuda_listing(path: &Path) -> Result<Option<String>, InspectError> {
-    let section = crate::codegen::cuda_tables::layout::LISTING_SECTION;
+    let section = crate::abi::CUDA_LISTING_SECTION;
     Ok(model_section(path, section)?.map(|data| String::from_utf8_lossy(&data).into_owned()))
 }
 
@@ -76,5 +77,5 @@ pub fn load_executable(path: &Path) -> Result<Executable, InspectError> {
         return Ok(tvm::import_tar(path)?.exec);
     }
     let data = model_section(path, EXEC_SECTION)?.ok_or(InspectError::NotAModel { path: shown.clone() })?;
-    executable::read_executable(&data).map_err(|source| InspectError::Corrupt { path: shown, source })
+    format::read_executable(&data).map_err(|source| InspectError::Corrupt { path: shown, source })
 }

@@ -4,12 +4,14 @@
 //! which is verified, turned into tables (and native code) by `codegen`, and linked with its
 //! kernels and the C runtime shim by `link`. `host` loads a built model to run it.
 
+pub mod abi;
 pub mod codegen;
 pub mod compile;
 pub mod cuda;
 pub mod host;
 pub mod inspect;
 pub mod ir;
+pub mod kernel_object;
 pub mod kernels;
 pub mod link;
 pub mod lower;

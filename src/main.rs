@@ -456,7 +456,7 @@ fn generate(path: &Path, opts: &GenerateOptions) -> Result<()> {
     if let Some(out) = &opts.logits {
         let data: Vec<u8> = run.logits.iter().flat_map(|v| v.to_le_bytes()).collect();
         let array = relaxc::host::Output::Tensor {
-            dtype: relaxc::host::ffi::DLDataType { code: 2, bits: 32, lanes: 1 },
+            dtype: relaxc::abi::DLDataType { code: 2, bits: 32, lanes: 1 },
             shape: vec![run.tokens.len() as i64, run.vocab as i64],
             data,
         };

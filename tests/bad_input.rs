@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 
 use relaxc::codegen::ExecMode;
 use relaxc::compile::{compile_file, load_tvm_export};
-use relaxc::tvm::{self, executable};
+use relaxc::tvm;
+use relaxc::vm::format;
 use relaxc::vm::{Arg, ExecBuilder, Instr, VOID_REG, verify};
 
 fn fixture(name: &str) -> PathBuf {
@@ -113,7 +114,7 @@ fn missing_kernel_is_named_at_compile_time() {
 
 /// A TVM-shaped export of `exec` with no kernels (devc.c + lib0.c, as TVM writes when there is no TIR).
 fn export_without_kernels(name: &str, exec: &relaxc::vm::Executable) -> PathBuf {
-    let blob = tvm::write_library_blob(&executable::write_executable(exec));
+    let blob = tvm::write_library_blob(&format::write_executable(exec));
     let bytes: Vec<String> = blob.iter().map(|b| format!("0x{b:02x}")).collect();
     let devc = format!("const unsigned char __tvm_ffi__library_bin[{}] = {{{}}};\n", blob.len(), bytes.join(","));
     write_tar(name, &[("devc.c".to_string(), devc.into_bytes()), ("lib0.c".to_string(), b";".to_vec())])
@@ -191,7 +192,7 @@ fn mutated_executables_never_panic() {
                 break;
             }
         }
-        let Ok(exec) = executable::read_executable(&bytes) else {
+        let Ok(exec) = format::read_executable(&bytes) else {
             continue;
         };
         parsed += 1;
@@ -200,7 +201,7 @@ fn mutated_executables_never_panic() {
         let _ = exec.stats();
         if verify(&exec).is_ok() {
             verified += 1;
-            let _ = relaxc::codegen::tables::bind_packed_functions(&exec, &Default::default(), "none");
+            let _ = relaxc::codegen::bind_packed_functions(&exec, &Default::default(), "none");
         }
     }
     eprintln!("mutated {count} executables: {parsed} still parsed, {verified} still verified; none panicked");

@@ -62,7 +62,7 @@ fn random_programs_under_valgrind() {
     let kernels =
         relaxc::kernels::compile_c_host(&common::root().join("tests/kernels/random_kernels.c")).expect("kernels");
     let program = relaxc::compile::Program {
-        exec: batch.exec,
+        exec: relaxc::vm::Verified::new(batch.exec).expect("valid programs"),
         kernels: vec![kernels],
         shape_funcs: Vec::new(),
         cuda: Vec::new(),
@@ -72,7 +72,7 @@ fn random_programs_under_valgrind() {
         let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(mode)).expect("emit");
         let name = format!("random_vg.{}.{}.so", common::mode_name(mode), std::process::id());
         let so = common::scratch_dir().join(name);
-        relaxc::link::link_shared(&object, &program.kernels, &so).expect("link");
+        relaxc::link::link_shared(&object.link_inputs(&program.kernels), &so).expect("link");
         let out = Command::new(&exe).arg(&so).output().expect("run_programs");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success() && text.contains("600 calls"), "{text}");

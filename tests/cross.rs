@@ -123,12 +123,12 @@ fn random_programs(target: &Target, count: usize) -> Result<(), Failed> {
     let tc = relaxc::target::toolchain(target).map_err(|e| e.to_string())?;
     let cross_kernels = relaxc::kernels::compile_c(&kernels_src, &tc).map_err(|e| e.to_string())?;
     let x: Vec<u8> = [0.5f32, -1.25, 2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-    let dtype = relaxc::host::ffi::DLDataType { code: 2, bits: 32, lanes: 1 };
+    let dtype = relaxc::abi::DLDataType { code: 2, bits: 32, lanes: 1 };
     let inputs =
         [relaxc::host::Input::Tensor(relaxc::host::HostTensor::new(dtype, vec![4], &x)), relaxc::host::Input::Int(2)];
     // Native reference (bytecode).
     let native = relaxc::compile::Program {
-        exec: batch.exec.clone(),
+        exec: relaxc::vm::Verified::new(batch.exec.clone()).map_err(|e| e.to_string())?,
         kernels: vec![native_kernels],
         shape_funcs: Vec::new(),
         cuda: Vec::new(),
@@ -136,7 +136,7 @@ fn random_programs(target: &Target, count: usize) -> Result<(), Failed> {
     let object = relaxc::compile::emit(&native, &relaxc::compile::Options::mode(ExecMode::Bytecode))
         .map_err(|e| e.to_string())?;
     let so = common::scratch_dir().join(format!("random_native.{}.so", std::process::id()));
-    relaxc::link::link_shared(&object, &native.kernels, &so).map_err(|e| e.to_string())?;
+    relaxc::link::link_shared(&object.link_inputs(&native.kernels), &so).map_err(|e| e.to_string())?;
     let model = relaxc::host::Model::load(&so)?;
     let mut want = Vec::new();
     for name in &batch.mains {
@@ -148,7 +148,7 @@ fn random_programs(target: &Target, count: usize) -> Result<(), Failed> {
         want.push((name.clone(), r));
     }
     let program = relaxc::compile::Program {
-        exec: batch.exec,
+        exec: relaxc::vm::Verified::new(batch.exec).map_err(|e| e.to_string())?,
         kernels: vec![cross_kernels],
         shape_funcs: Vec::new(),
         cuda: Vec::new(),
@@ -163,7 +163,7 @@ fn random_programs(target: &Target, count: usize) -> Result<(), Failed> {
             common::mode_name(mode),
             std::process::id()
         ));
-        relaxc::link::link_shared_for(&object, &program.kernels, &so, target).map_err(|e| e.to_string())?;
+        relaxc::link::link_shared_for(&object.link_inputs(&program.kernels), &so, target).map_err(|e| e.to_string())?;
         let got = relaxc::host::foreign::run_all(&so, target, &inputs)?;
         let got: Vec<_> = got.into_iter().filter(|(n, _)| batch.mains.contains(n)).collect();
         if got.len() != want.len() {

@@ -288,11 +288,16 @@ fn to_device_round_trips_data() {
     b.emit(Instr::Ret { result: 3 });
     b.end_function(4);
     let cuda = vec![cuda::build(&nvrtc, &common::root().join("cuda/vadd.cu"), &[80]).expect("vadd.cu")];
-    let program = relaxc::compile::Program { exec: b.build(), kernels: Vec::new(), shape_funcs: Vec::new(), cuda };
+    let program = relaxc::compile::Program {
+        exec: relaxc::vm::Verified::new(b.build()).expect("valid"),
+        kernels: Vec::new(),
+        shape_funcs: Vec::new(),
+        cuda,
+    };
     let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(relaxc::codegen::ExecMode::Bytecode))
         .expect("emit");
     let so = common::scratch_dir().join(format!("to_device.{}.so", std::process::id()));
-    relaxc::link::link_shared(&object, &[], &so).expect("link");
+    relaxc::link::link_shared(&object.link_inputs(&[]), &so).expect("link");
     let log = common::scratch_dir().join(format!("to_device.{}.log", std::process::id()));
     let _ = std::fs::remove_file(&log);
     let out_npz = common::scratch_dir().join(format!("to_device.{}.npz", std::process::id()));

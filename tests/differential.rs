@@ -7,8 +7,8 @@ mod common;
 use std::sync::OnceLock;
 
 use libtest_mimic::{Arguments, Failed, Trial};
+use relaxc::abi::DLDataType;
 use relaxc::codegen::ExecMode;
-use relaxc::host::ffi::DLDataType;
 use relaxc::host::{HostTensor, Input, Model, Output, npz};
 
 fn run_case(fixture: &common::Fixture, case: &str, ok: bool, mode: ExecMode) -> Result<(), Failed> {
@@ -130,7 +130,7 @@ fn random_models(seed: u64, count: usize) -> Result<&'static RandomModels, Strin
             let kernels = relaxc::kernels::compile_c_host(&common::root().join("tests/kernels/random_kernels.c"))
                 .map_err(|e| e.to_string())?;
             let program = relaxc::compile::Program {
-                exec: batch.exec,
+                exec: relaxc::vm::Verified::new(batch.exec).map_err(|e| e.to_string())?,
                 kernels: vec![kernels],
                 shape_funcs: Vec::new(),
                 cuda: Vec::new(),
@@ -144,7 +144,7 @@ fn random_models(seed: u64, count: usize) -> Result<&'static RandomModels, Strin
                     common::mode_name(mode),
                     std::process::id()
                 ));
-                relaxc::link::link_shared(&object, &program.kernels, &so).map_err(|e| e.to_string())?;
+                relaxc::link::link_shared(&object.link_inputs(&program.kernels), &so).map_err(|e| e.to_string())?;
                 models.push((mode, Model::load(&so).map_err(|e| e.to_string())?));
             }
             Ok(RandomModels { mains: batch.mains, models })

@@ -4,7 +4,8 @@
 
 mod common;
 
-use relaxc::tvm::{self, executable};
+use relaxc::tvm;
+use relaxc::vm::format;
 use relaxc::vm::{Arg, Executable, Instr, VM_REG, VOID_REG};
 
 #[test]
@@ -13,7 +14,7 @@ fn writer_reproduces_tvm_bytes_for_every_fixture() {
     assert!(fixtures.len() >= 10, "fixtures missing");
     for f in fixtures {
         let export = tvm::import_tar(&f.tar()).unwrap_or_else(|e| panic!("{}: {e}", f.name));
-        let written = executable::write_executable(&export.exec);
+        let written = format::write_executable(&export.exec);
         assert!(written == export.exec_bytes, "{}: written executable differs from TVM's bytes", f.name);
     }
 }
@@ -94,11 +95,11 @@ fn float_and_every_constant_kind_round_trip() {
     b.end_function(1);
     let exec = b.build();
     assert_eq!(exec.constants.len(), consts.len());
-    let back: Executable = executable::read_executable(&executable::write_executable(&exec)).expect("reads back");
-    assert_eq!(executable::write_executable(&back), executable::write_executable(&exec));
+    let back: Executable = format::read_executable(&format::write_executable(&exec)).expect("reads back");
+    assert_eq!(format::write_executable(&back), format::write_executable(&exec));
     let text = relaxc::vm::asm::disassemble(&exec);
     let assembled = relaxc::vm::asm::assemble(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    assert_eq!(executable::write_executable(&assembled), executable::write_executable(&exec), "{text}");
+    assert_eq!(format::write_executable(&assembled), format::write_executable(&exec), "{text}");
     assert!(
         exec.stats().contains("NaN, float32x4, bool, shapetupl], shapetuple[7, 8], float16, [2, 2], scalar]"),
         "{}",
@@ -115,7 +116,7 @@ fn text_form_round_trips_to_identical_bytes() {
         let text = disassemble(exec);
         let back = assemble(&text).unwrap_or_else(|e| panic!("{name}: {e}\n{text}"));
         assert!(
-            executable::write_executable(&back) == executable::write_executable(exec),
+            format::write_executable(&back) == format::write_executable(exec),
             "{name}: the text form does not reassemble to the same bytes\n{text}"
         );
         assert_eq!(disassemble(&back), text, "{name}: second disassembly differs");
@@ -190,8 +191,8 @@ fn mutated_text_never_panics() {
 /// goto) compiles, and runs to the same results and the same errors in both modes.
 #[test]
 fn hand_written_text_runs_in_both_modes() {
+    use relaxc::abi::DLDataType;
     use relaxc::codegen::ExecMode;
-    use relaxc::host::ffi::DLDataType;
     use relaxc::host::{HostTensor, Input, Model, Output};
     let source = common::root().join("fixtures/asm/loop.rvmasm");
     let x: Vec<u8> = [1.0f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();

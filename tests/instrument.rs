@@ -7,8 +7,8 @@ mod common;
 use std::ffi::{CStr, c_void};
 use std::process::Command;
 
+use relaxc::abi::Any;
 use relaxc::codegen::ExecMode;
-use relaxc::host::ffi::Any;
 use relaxc::host::{HostError, Model, Output, npz};
 
 fn build(name: &str, mode: ExecMode, instrument: bool) -> std::path::PathBuf {

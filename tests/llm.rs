@@ -221,7 +221,7 @@ fn bad_input_is_a_clear_error_not_a_crash() {
     // The wrong arity, and the wrong first argument.
     expect_error(llm.state("kv_state_fork_sequence", &[0, 1]), "Expected 4 but got 3 arguments");
     let popn = model.function("vm.builtin.kv_state_popn").expect("popn");
-    let r = model.call_function(&popn, &[relaxc::host::ffi::Any::int(0), relaxc::host::ffi::Any::int(1)]);
+    let r = model.call_function(&popn, &[relaxc::abi::Any::int(0), relaxc::abi::Any::int(1)]);
     expect_error(r.map(|v| v.to_output()), "expects a PagedAttentionKVCache");
 }
 
@@ -229,7 +229,7 @@ fn llm_call(
     model: &Model,
     f: &relaxc::host::Value,
     llm: &Llm,
-    rest: &[relaxc::host::ffi::Any],
+    rest: &[relaxc::abi::Any],
 ) -> Result<relaxc::host::Output, HostError> {
     // The cache is the first argument of every state function.
     let kv = llm.state_handle();

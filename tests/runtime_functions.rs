@@ -6,8 +6,8 @@ mod common;
 
 use std::process::Command;
 
+use relaxc::abi::{Any, DLDataType};
 use relaxc::codegen::ExecMode;
-use relaxc::host::ffi::{Any, DLDataType};
 use relaxc::host::{HostError, HostTensor, Input, Model, npz};
 
 /// A model with every runtime function linked in (its own program uses none of them).

@@ -10,8 +10,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
     let Ok(exec) = relaxc::vm::asm::assemble(text) else { return };
     if relaxc::vm::verify(&exec).is_ok() {
-        let bytes = relaxc::tvm::executable::write_executable(&exec);
-        let back = relaxc::tvm::executable::read_executable(&bytes).expect("a verified executable reads back");
-        assert_eq!(relaxc::tvm::executable::write_executable(&back), bytes);
+        let bytes = relaxc::vm::format::write_executable(&exec);
+        let back = relaxc::vm::format::read_executable(&bytes).expect("a verified executable reads back");
+        assert_eq!(relaxc::vm::format::write_executable(&back), bytes);
     }
 });

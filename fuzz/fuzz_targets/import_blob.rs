@@ -6,7 +6,7 @@
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    for exec in [relaxc::tvm::executable_from_blob("fuzz", data).ok(), relaxc::tvm::executable::read_executable(data).ok()]
+    for exec in [relaxc::tvm::executable_from_blob("fuzz", data).ok(), relaxc::vm::format::read_executable(data).ok()]
         .into_iter()
         .flatten()
     {

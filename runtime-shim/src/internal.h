@@ -380,7 +380,7 @@ typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv *penv, void *
 RVM_HIDDEN int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void *cdata, int num_task);
 RVM_HIDDEN int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv *penv);
 
-#define RVM_BUILTIN(suffix, name, doc) \
+#define RVM_BUILTIN(suffix, name, properties, doc) \
   RVM_HIDDEN int rvm_builtin_##suffix(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result);
 #include "rvm_builtins.def"
 #include "rvm_runtime.def"

@@ -22,12 +22,12 @@
 static void immortal_deleter(void *self, int flags) { (void)self, (void)flags; }
 
 /* Weak references to the optional functions, so that this table does not link them in. */
-#define RVM_BUILTIN(suffix, name, doc) \
+#define RVM_BUILTIN(suffix, name, properties, doc) \
   extern int rvm_builtin_##suffix(void *, const TVMFFIAny *, int32_t, TVMFFIAny *) __attribute__((weak));
 #include "rvm_runtime.def"
 #undef RVM_BUILTIN
 
-#define RVM_BUILTIN(suffix, name, doc)                                                                          \
+#define RVM_BUILTIN(suffix, name, properties, doc) \
   {{0x0000000100000001ull, kTVMFFIFunction, 0, immortal_deleter}, {rvm_builtin_##suffix, NULL}},
 static rvm_function builtin_functions[] = {
 #include "rvm_builtins.def"
@@ -35,7 +35,7 @@ static rvm_function builtin_functions[] = {
 };
 #undef RVM_BUILTIN
 
-#define RVM_BUILTIN(suffix, name, doc) name,
+#define RVM_BUILTIN(suffix, name, properties, doc) name,
 static const char *const builtin_names[] = {
 #include "rvm_builtins.def"
 #include "rvm_runtime.def"

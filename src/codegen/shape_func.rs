@@ -4,40 +4,33 @@
 //! Division uses floor semantics, like TVM's `floordiv`/`floormod`; a zero divisor at run time is
 //! an error, not a trap.
 
+use std::mem::{offset_of, size_of};
+
 use cranelift_codegen::ir::condcodes::IntCC;
-use cranelift_codegen::ir::{AbiParam, InstBuilder, MemFlagsData, Value, types};
+use cranelift_codegen::ir::{InstBuilder, MemFlagsData, Value, types};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
 use cranelift_module::{FuncId, Linkage, Module};
 use cranelift_object::ObjectModule;
 
-use super::TablesError;
-use crate::ir::{BinOp, PrimExpr};
+use super::CodegenError;
+use crate::abi::{ANY_PAYLOAD, DLTensor, TENSOR_DLTENSOR};
+use crate::ir::{BinOp, ShapeFunc, SlotExpr};
+use crate::kernel_object::kernel_symbol;
 
-/// Heap slots computed from other slots. Expressions use variables named `s<slot>`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct ShapeFunc {
-    /// Packed-function name; the symbol is `__tvm_ffi_<name>`.
-    pub name: String,
-    pub assignments: Vec<(usize, PrimExpr)>,
-}
-
-/// The slot a `s<k>` variable reads.
-fn slot_of(var: &str) -> usize {
-    var.strip_prefix('s').and_then(|k| k.parse().ok()).expect("shape function variables are s<slot>")
+/// Byte offset of heap slot `slot` (the heap is an int64 tensor).
+fn slot_offset(slot: usize) -> i32 {
+    (slot * size_of::<i64>()) as i32
 }
 
 /// Defines each shape function in the module (local symbols).
-pub fn define(module: &mut ObjectModule, funcs: &[ShapeFunc]) -> Result<Vec<FuncId>, TablesError> {
-    let sig = super::native::packed_signature(module);
-    let mut div_sig = module.make_signature();
-    div_sig.params.push(AbiParam::new(types::I64));
-    div_sig.returns.push(AbiParam::new(types::I32));
-    let div_error = module.declare_function("rvm_shape_division_by_zero", Linkage::Import, &div_sig)?;
+pub fn define(module: &mut ObjectModule, funcs: &[ShapeFunc]) -> Result<Vec<FuncId>, CodegenError> {
+    let sig = super::shim::packed_signature(module);
+    let div_error = super::shim::declare_call(module, "rvm_shape_division_by_zero")?;
     let mut ctx = module.make_context();
     let mut fctx = FunctionBuilderContext::new();
     let mut ids = Vec::new();
     for f in funcs {
-        let id = module.declare_function(&format!("{}{}", crate::tvm::KERNEL_PREFIX, f.name), Linkage::Local, &sig)?;
+        let id = module.declare_function(&kernel_symbol(&f.name), Linkage::Local, &sig)?;
         ctx.func.signature = sig.clone();
         let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
         let entry = b.create_block();
@@ -45,14 +38,14 @@ pub fn define(module: &mut ObjectModule, funcs: &[ShapeFunc]) -> Result<Vec<Func
         b.switch_to_block(entry);
         let args = b.block_params(entry)[1];
         let flags = MemFlagsData::trusted();
-        // args[0] is the heap: a Tensor object (its DLTensor follows the 24-byte header).
-        let obj = b.ins().load(types::I64, flags, args, 8);
-        let heap = b.ins().load(types::I64, flags, obj, 24);
+        // args[0] is the heap: a Tensor object.
+        let obj = b.ins().load(types::I64, flags, args, ANY_PAYLOAD);
+        let heap = b.ins().load(types::I64, flags, obj, TENSOR_DLTENSOR + offset_of!(DLTensor, data) as i32);
         let fail = module.declare_func_in_func(div_error, b.func);
         b.func.dfg.ext_funcs[fail].colocated = true;
         for (slot, expr) in &f.assignments {
             let v = emit(&mut b, heap, expr, *slot, fail);
-            b.ins().store(flags, v, heap, (*slot * 8) as i32);
+            b.ins().store(flags, v, heap, slot_offset(*slot));
         }
         let zero = b.ins().iconst(types::I32, 0);
         b.ins().return_(&[zero]);
@@ -68,14 +61,14 @@ pub fn define(module: &mut ObjectModule, funcs: &[ShapeFunc]) -> Result<Vec<Func
 fn emit(
     b: &mut FunctionBuilder,
     heap: Value,
-    e: &PrimExpr,
+    e: &SlotExpr,
     slot: usize,
     fail: cranelift_codegen::ir::FuncRef,
 ) -> Value {
     match e {
-        PrimExpr::Int(v) => b.ins().iconst(types::I64, *v),
-        PrimExpr::Var(v) => b.ins().load(types::I64, MemFlagsData::trusted(), heap, (slot_of(v) * 8) as i32),
-        PrimExpr::Bin(op, x, y) => {
+        SlotExpr::Int(v) => b.ins().iconst(types::I64, *v),
+        SlotExpr::Slot(k) => b.ins().load(types::I64, MemFlagsData::trusted(), heap, slot_offset(*k)),
+        SlotExpr::Bin(op, x, y) => {
             let (x, y) = (emit(b, heap, x, slot, fail), emit(b, heap, y, slot, fail));
             match op {
                 BinOp::Add => b.ins().iadd(x, y),

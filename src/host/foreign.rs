@@ -5,8 +5,8 @@
 use std::path::Path;
 use std::process::Command;
 
-use super::ffi::DLDataType;
 use super::{HostError, Input, Output};
+use crate::abi::DLDataType;
 use crate::target::{Target, TargetError, elf_machine_of};
 
 /// The target of a model file when it is not this machine's CPU.

@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
-use super::ffi::{Any, TYPE_ARRAY, TYPE_TENSOR};
 use super::{HostError, HostTensor, Input, Model, Output, Value, Vm};
+use crate::abi::{Any, TYPE_ARRAY, TYPE_TENSOR};
 
 /// The functions the TVM nn / MLC export convention gives an LLM module.
 pub const REQUIRED_FUNCTIONS: [&str; 4] = ["create_paged_kv_cache", "embed", "prefill", "decode"];
@@ -120,7 +120,7 @@ impl<'m> Llm<'m> {
     }
 
     /// The VM's storage counters (to show a decode step allocates nothing).
-    pub fn vm_stats(&self) -> super::ffi::VmStats {
+    pub fn vm_stats(&self) -> crate::abi::VmStats {
         self.vm.stats()
     }
 
@@ -183,7 +183,7 @@ impl<'m> Llm<'m> {
         self.check_tokens(tokens)?;
         let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
         let ids = [Input::Tensor(HostTensor::new(
-            super::ffi::DLDataType { code: 0, bits: 32, lanes: 1 },
+            crate::abi::DLDataType { code: 0, bits: 32, lanes: 1 },
             vec![tokens.len() as i64],
             &bytes,
         ))];
@@ -219,7 +219,7 @@ impl<'m> Llm<'m> {
 /// The embedding width, from embedding one token (0) once.
 fn hidden_size(vm: &mut Vm, embed: i32) -> Result<i64, HostError> {
     let bytes = 0i32.to_le_bytes();
-    let ids = [Input::Tensor(HostTensor::new(super::ffi::DLDataType { code: 0, bits: 32, lanes: 1 }, vec![1], &bytes))];
+    let ids = [Input::Tensor(HostTensor::new(crate::abi::DLDataType { code: 0, bits: 32, lanes: 1 }, vec![1], &bytes))];
     match vm.call(embed, &ids)?.to_output() {
         Output::Tensor { shape, .. } if shape.len() == 2 => Ok(shape[1]),
         other => Err(HostError::Value(format!("embed returned {other:?}, expected an [n, hidden] tensor"))),

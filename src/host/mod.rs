@@ -1,7 +1,6 @@
 //! Loading a built model `.so` into this process through its C API, the way any C host does:
 //! `dlopen`, `rvm_get_api`, one module, VMs, calls. Used by `relaxc run` and the tests.
 
-pub mod ffi;
 pub mod foreign;
 pub mod llm;
 pub mod npz;
@@ -11,7 +10,7 @@ use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ffi::{CStr, CString, c_void};
 use std::path::Path;
 
-use ffi::{Any, Api, DLDataType, DLDevice, DLTensor};
+use crate::abi::{self, Any, Api, DLDataType, DLDevice, DLTensor};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -114,7 +113,7 @@ pub struct Model {
     api: *const Api,
     /// The ABI version the library answered for (2 gives the registry as well).
     abi_version: u32,
-    module: *mut ffi::Module,
+    module: *mut abi::Module,
     _lib: libloading::Library,
 }
 
@@ -165,11 +164,11 @@ impl Model {
         let lib = unsafe { libloading::Library::new(path) }
             .map_err(|e| HostError::Load { path: shown.clone(), message: error_chain(&e) })?;
         // SAFETY: the symbol's type is fixed by rvm.h.
-        let get: libloading::Symbol<ffi::GetApi> = unsafe { lib.get(b"rvm_get_api\0") }
+        let get: libloading::Symbol<abi::GetApi> = unsafe { lib.get(b"rvm_get_api\0") }
             .map_err(|e| HostError::NotAModel { path: shown.clone(), message: e.to_string() })?;
         // SAFETY: calling the documented entry point.
         let mut found = None;
-        for version in (ffi::ABI_VERSION_MIN..=ffi::ABI_VERSION).rev() {
+        for version in (abi::ABI_VERSION_MIN..=abi::ABI_VERSION).rev() {
             // SAFETY: calling the documented entry point.
             let api = unsafe { get(version) };
             if !api.is_null() {
@@ -184,8 +183,8 @@ impl Model {
                 message: format!(
                     "it was built by {built_by}, whose C API this relaxc {} (C API versions {}..={}) does not speak; rebuild it with this relaxc",
                     env!("CARGO_PKG_VERSION"),
-                    ffi::ABI_VERSION_MIN,
-                    ffi::ABI_VERSION
+                    abi::ABI_VERSION_MIN,
+                    abi::ABI_VERSION
                 ),
             });
         };
@@ -206,16 +205,16 @@ impl Model {
     }
 
     /// The version-2 table, or an error naming the older version the library speaks.
-    fn api_v2(&self) -> Result<&ffi::ApiV2, HostError> {
+    fn api_v2(&self) -> Result<&abi::ApiV2, HostError> {
         let size = self.api().struct_size as usize;
-        if self.abi_version < 2 || size < std::mem::size_of::<ffi::ApiV2>() {
+        if self.abi_version < 2 || size < std::mem::size_of::<abi::ApiV2>() {
             return Err(HostError::Value(format!(
                 "this model speaks ABI version {} (built by an older relaxc): it has no runtime-function registry; rebuild it",
                 self.abi_version
             )));
         }
         // SAFETY: the library answered version 2 with a table of at least this size.
-        Ok(unsafe { &*(self.api as *const ffi::ApiV2) })
+        Ok(unsafe { &*(self.api as *const abi::ApiV2) })
     }
 
     fn error(&self) -> HostError {
@@ -224,8 +223,8 @@ impl Model {
         HostError::Call { kind, message }
     }
 
-    fn raw_info(&self) -> ffi::ModuleInfo {
-        let mut info = ffi::ModuleInfo {
+    fn raw_info(&self) -> abi::ModuleInfo {
+        let mut info = abi::ModuleInfo {
             abi_version: 0,
             exec_mode: 0,
             compiler_version: std::ptr::null(),
@@ -349,7 +348,7 @@ impl Model {
     pub unsafe fn register_function(
         &self,
         name: &str,
-        f: ffi::SafeCall,
+        f: abi::SafeCall,
         self_: *mut c_void,
         override_: bool,
     ) -> Result<(), HostError> {
@@ -392,7 +391,7 @@ impl Drop for Model {
 /// A VM on a model (one thread at a time).
 pub struct Vm<'m> {
     model: &'m Model,
-    vm: *mut ffi::Vm,
+    vm: *mut abi::Vm,
 }
 
 /// Arguments converted for one call, kept alive until it returns.
@@ -459,7 +458,7 @@ impl<'m> Vm<'m> {
     ///
     /// # Safety
     /// `hook` must follow the safe-call convention and `self_` stay valid while it is set.
-    pub unsafe fn set_instrument(&mut self, hook: Option<ffi::SafeCall>, self_: *mut c_void) -> Result<(), HostError> {
+    pub unsafe fn set_instrument(&mut self, hook: Option<abi::SafeCall>, self_: *mut c_void) -> Result<(), HostError> {
         let api = self.model.api_v2()?;
         // SAFETY: as the caller promised; the VM is valid.
         if unsafe { (api.vm_set_instrument)(self.vm, hook, self_) } != 0 {
@@ -480,8 +479,8 @@ impl<'m> Vm<'m> {
         Ok(Value { api, any: out })
     }
 
-    pub fn stats(&self) -> ffi::VmStats {
-        let mut s = ffi::VmStats::default();
+    pub fn stats(&self) -> abi::VmStats {
+        let mut s = abi::VmStats::default();
         // SAFETY: valid VM and out-pointer.
         unsafe { (self.model.api().vm_stats)(self.vm, &mut s) };
         s
@@ -527,10 +526,10 @@ impl Drop for Value<'_> {
 
 fn to_output(api: &Api, any: &Any) -> Output {
     match any.type_index {
-        ffi::TYPE_INT => Output::Int(any.payload as i64),
-        ffi::TYPE_BOOL => Output::Bool(any.payload != 0),
-        ffi::TYPE_FLOAT => Output::Float(f64::from_bits(any.payload)),
-        ffi::TYPE_TENSOR | ffi::TYPE_DLTENSOR_PTR => {
+        abi::TYPE_INT => Output::Int(any.payload as i64),
+        abi::TYPE_BOOL => Output::Bool(any.payload != 0),
+        abi::TYPE_FLOAT => Output::Float(f64::from_bits(any.payload)),
+        abi::TYPE_TENSOR | abi::TYPE_DLTENSOR_PTR => {
             // SAFETY: the value is a tensor, so the view is a valid DLTensor.
             let t = unsafe { &*(api.tensor_view)(any) };
             if t.device.device_type != 1 {
@@ -560,13 +559,13 @@ fn to_output(api: &Api, any: &Any) -> Output {
             };
             Output::Tensor { dtype: t.dtype, shape, data }
         }
-        ffi::TYPE_SHAPE => {
+        abi::TYPE_SHAPE => {
             let (mut dims, mut n) = (std::ptr::null(), 0i64);
             // SAFETY: the value is a Shape.
             unsafe { (api.shape_view)(any, &mut dims, &mut n) };
             Output::Shape((0..n as usize).map(|i| unsafe { *dims.add(i) }).collect())
         }
-        ffi::TYPE_ARRAY => {
+        abi::TYPE_ARRAY => {
             // SAFETY: the value is a tuple.
             let n = unsafe { (api.tuple_size)(any) };
             Output::Tuple(

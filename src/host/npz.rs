@@ -8,8 +8,8 @@ use std::path::Path;
 
 use npyz::{TypeChar, WriterBuilder};
 
-use super::ffi::DLDataType;
 use super::{HostTensor, Input, Output};
+use crate::abi::DLDataType;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NpzError {

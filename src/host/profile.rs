@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::ffi::{CStr, c_void};
 use std::time::{Duration, Instant};
 
-use super::ffi::{Any, TYPE_FUNCTION};
+use crate::abi::{Any, TYPE_FUNCTION};
 
 /// What a callee is: a kernel, a runtime builtin, or a Relax function (whose time includes its
 /// own callees').

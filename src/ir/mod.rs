@@ -16,6 +16,25 @@ pub enum PrimExpr {
     Bin(BinOp, Box<PrimExpr>, Box<PrimExpr>),
 }
 
+/// Shape arithmetic over the slots of a function's shape heap (int64), as a shape function
+/// computes it at run time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SlotExpr {
+    Int(i64),
+    Slot(usize),
+    Bin(BinOp, Box<SlotExpr>, Box<SlotExpr>),
+}
+
+/// A shape function: heap slots computed from other slots, called as a kernel (TVM compiles its
+/// `shape_func` the same way).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ShapeFunc {
+    /// Packed-function name; the symbol is `__tvm_ffi_<name>`.
+    pub name: String,
+    /// (slot, value) in the order they are computed.
+    pub assignments: Vec<(usize, SlotExpr)>,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum BinOp {
     Add,

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::tvm::{ImportError, KernelObject};
+use crate::kernel_object::{KernelObject, KernelObjectError};
 
 /// The kernel ABI header, embedded so that relaxc can build kernels anywhere.
 pub const KERNEL_HEADER: &str = include_str!("../../runtime-shim/include/rvm_kernel.h");
@@ -18,7 +18,7 @@ pub enum KernelError {
     #[error("{source_file}: the C compiler failed:\n{stderr}")]
     Compile { source_file: String, stderr: String },
     #[error(transparent)]
-    Object(#[from] ImportError),
+    Object(#[from] KernelObjectError),
 }
 
 /// Compiles one C kernel source into a relocatable object for the host.

@@ -5,14 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::codegen::tables::EmittedObject;
-use crate::tvm::KernelObject;
-
-/// The runtime shim's core, compiled by build.rs; every model links all of it.
-pub const SHIM_ARCHIVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/librvm_shim.a"));
-/// The optional runtime functions (rvm_runtime.def); the linker takes a file of it only when the
-/// model refers to one of its functions.
-pub const RUNTIME_ARCHIVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/librvm_runtime.a"));
+use crate::kernel_object::KernelObject;
+use crate::target::{Target, Toolchain};
 
 /// The version script: a model exports the C API's entry point and its tvm-ffi entry points,
 /// nothing else (kernels and the runtime stay local, so many models load in one process).
@@ -42,30 +36,30 @@ pub fn linker() -> String {
     std::env::var("CC").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "cc".to_string())
 }
 
-/// Links the model object with `kernels` and the shim into `out`, for the host.
-pub fn link_shared(object: &EmittedObject, kernels: &[KernelObject], out: &Path) -> Result<(), LinkError> {
-    link_shared_for(object, kernels, out, &crate::target::Target::host())
+/// What the link makes a model of besides the shim.
+pub struct LinkInputs<'a> {
+    /// The model object (relaxc's code generation output).
+    pub object: &'a [u8],
+    /// Symbols the `.so` exports besides `rvm_get_api`.
+    pub exports: &'a [String],
+    pub kernels: &'a [KernelObject],
 }
 
-/// Links the model object with `kernels` and the target's shim into `out` with the target's
-/// toolchain.
-pub fn link_shared_for(
-    object: &EmittedObject,
-    kernels: &[KernelObject],
-    out: &Path,
-    target: &crate::target::Target,
-) -> Result<(), LinkError> {
-    let (tc, archives) = if target.is_host() {
-        let tc = crate::target::Toolchain { program: linker(), args: Vec::new() };
-        let archives =
-            crate::target::shim::ShimArchives { core: SHIM_ARCHIVE.to_vec(), runtime: RUNTIME_ARCHIVE.to_vec() };
-        (tc, archives)
+/// Links a model for the host into `out`.
+pub fn link_shared(inputs: &LinkInputs, out: &Path) -> Result<(), LinkError> {
+    link_shared_for(inputs, out, &Target::host())
+}
+
+/// Links a model for `target` into `out`, with the target's toolchain and its build of the
+/// shim.
+pub fn link_shared_for(inputs: &LinkInputs, out: &Path, target: &Target) -> Result<(), LinkError> {
+    let tc = if target.is_host() {
+        Toolchain { program: linker(), args: Vec::new() }
     } else {
-        let tc = crate::target::toolchain(target)?;
-        let archives = crate::target::shim::archives(target, &tc)?;
-        (tc, archives)
+        crate::target::toolchain(target)?
     };
-    let model_object = &object.bytes;
+    let archives = crate::target::shim::archives(target, &tc)?;
+    let LinkInputs { object: model_object, exports, kernels } = *inputs;
     let dir = tempfile::tempdir().map_err(|source| LinkError::Io { path: "temporary directory".into(), source })?;
     let write = |name: &str, bytes: &[u8]| -> Result<PathBuf, LinkError> {
         let path = dir.path().join(name);
@@ -75,7 +69,7 @@ pub fn link_shared_for(
     let model = write("model.o", model_object)?;
     let shim = write("librvm_shim.a", &archives.core)?;
     let runtime = write("librvm_runtime.a", &archives.runtime)?;
-    let script = write("exports.map", version_script(&object.exports).as_bytes())?;
+    let script = write("exports.map", version_script(exports).as_bytes())?;
     let mut kernel_paths = Vec::new();
     for (i, k) in kernels.iter().enumerate() {
         kernel_paths.push(write(&format!("kernels{i}.o"), &k.bytes)?);

@@ -16,8 +16,7 @@ mod shapes;
 
 use std::collections::{HashMap, HashSet};
 
-use crate::codegen::shape_func::ShapeFunc;
-use crate::ir::{Atom, Block, Function, Module, Op, PrimExpr, StructInfo, VarId};
+use crate::ir::{Atom, Block, Function, Module, Op, PrimExpr, ShapeFunc, StructInfo, VarId};
 use crate::script::{Span, SyntaxError};
 use crate::vm::{Arg, Constant, DType, ExecBuilder, Executable, Instr, VM_REG, VOID_REG};
 use shapes::{Dim, ShapeHeap};

@@ -4,8 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::codegen::shape_func::ShapeFunc;
-use crate::ir::PrimExpr;
+use crate::ir::{PrimExpr, ShapeFunc, SlotExpr};
 
 #[derive(Default)]
 pub struct ShapeHeap {
@@ -88,12 +87,12 @@ impl ShapeHeap {
         Some(name)
     }
 
-    /// e with variables and computed sub-expressions replaced by `s<slot>` reads.
-    fn in_slots(&self, e: &PrimExpr) -> PrimExpr {
+    /// e over heap slots: variables become reads of their slots.
+    fn in_slots(&self, e: &PrimExpr) -> SlotExpr {
         match e {
-            PrimExpr::Int(_) => e.clone(),
-            PrimExpr::Var(_) => PrimExpr::Var(format!("s{}", self.slots[e])),
-            PrimExpr::Bin(op, a, b) => PrimExpr::Bin(*op, Box::new(self.in_slots(a)), Box::new(self.in_slots(b))),
+            PrimExpr::Int(v) => SlotExpr::Int(*v),
+            PrimExpr::Var(_) => SlotExpr::Slot(self.slots[e]),
+            PrimExpr::Bin(op, a, b) => SlotExpr::Bin(*op, Box::new(self.in_slots(a)), Box::new(self.in_slots(b))),
         }
     }
 }

@@ -81,13 +81,16 @@ fn cached(
     Ok(dir)
 }
 
+/// The runtime shim's core built for the host by build.rs; every model links all of it.
+pub const HOST_SHIM_ARCHIVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/librvm_shim.a"));
+/// The optional runtime functions (rvm_runtime.def) built for the host; the linker takes a file
+/// of it only when the model refers to one of its functions.
+pub const HOST_RUNTIME_ARCHIVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/librvm_runtime.a"));
+
 /// The shim's archives for `target` (the embedded host build for the host).
 pub fn archives(target: &Target, tc: &Toolchain) -> Result<ShimArchives, TargetError> {
     if target.is_host() {
-        return Ok(ShimArchives {
-            core: crate::link::SHIM_ARCHIVE.to_vec(),
-            runtime: crate::link::RUNTIME_ARCHIVE.to_vec(),
-        });
+        return Ok(ShimArchives { core: HOST_SHIM_ARCHIVE.to_vec(), runtime: HOST_RUNTIME_ARCHIVE.to_vec() });
     }
     let sources: Vec<&[u8]> = SHIM_FILES.iter().map(|(_, _, text)| text.as_bytes()).collect();
     let dir = cached("runtime shim", target, tc, &sources, |work| build_shim(tc, work))?;

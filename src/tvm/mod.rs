@@ -1,20 +1,16 @@
 //! Importing what TVM 0.27's `export_library("m.tar")` writes: `devc.o` (or `devc.c`) carries
 //! the library blob with the `relax.VMExecutable`, `lib0.o` the LLVM-built kernels.
 
-pub mod executable;
-
-use std::collections::BTreeSet;
 use std::io::Read;
 use std::path::Path;
 
 use object::{Object, ObjectSection, ObjectSymbol};
 
+use crate::kernel_object::{KernelObject, KernelObjectError};
+use crate::vm::format::{self, FormatError, Reader};
 use crate::vm::{Executable, FuncKind};
-use executable::{FormatError, Reader};
 
 const LIBRARY_BIN: &str = "__tvm_ffi__library_bin";
-/// Prefix of every kernel entry point in a TVM library.
-pub const KERNEL_PREFIX: &str = "__tvm_ffi_";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
@@ -26,6 +22,8 @@ pub enum ImportError {
     MissingMember { path: String, member: String },
     #[error("{member}: not a usable object file: {message}")]
     Object { member: String, message: String },
+    #[error(transparent)]
+    KernelObject(#[from] KernelObjectError),
     #[error("{member} has no symbol {LIBRARY_BIN} (not a TVM library?)")]
     NoLibraryBlob { member: String },
     #[error("library blob in {member}: {source}")]
@@ -39,35 +37,6 @@ pub enum ImportError {
     CompiledModeExport { functions: String },
     #[error("the library holds a {kind} module, which relaxc cannot run (CPU-only export expected)")]
     UnsupportedModule { kind: String },
-}
-
-/// A relocatable object holding kernels, with the kernel entry points it defines.
-#[derive(Clone, Debug)]
-pub struct KernelObject {
-    pub name: String,
-    pub bytes: Vec<u8>,
-    pub kernels: BTreeSet<String>,
-}
-
-impl KernelObject {
-    /// Reads an ELF relocatable and lists the `__tvm_ffi_<name>` entry points it defines.
-    pub fn parse(name: &str, bytes: Vec<u8>) -> Result<KernelObject, ImportError> {
-        let err = |message: String| ImportError::Object { member: name.to_string(), message };
-        let file = object::File::parse(&*bytes).map_err(|e| err(e.to_string()))?;
-        if file.kind() != object::ObjectKind::Relocatable {
-            return Err(err(format!("expected a relocatable object, found {:?}", file.kind())));
-        }
-        let mut kernels = BTreeSet::new();
-        for sym in file.symbols() {
-            if sym.is_undefined() || !sym.is_global() {
-                continue;
-            }
-            if let Some(k) = sym.name().ok().and_then(|n| n.strip_prefix(KERNEL_PREFIX)) {
-                kernels.insert(k.to_string());
-            }
-        }
-        Ok(KernelObject { name: name.to_string(), bytes, kernels })
-    }
 }
 
 /// What a TVM export holds.
@@ -190,8 +159,7 @@ fn library_blob_from_c(bytes: &[u8]) -> Result<Vec<u8>, ImportError> {
 /// Parses the library blob and returns its `relax.VMExecutable`.
 pub fn executable_from_blob(member: &str, blob: &[u8]) -> Result<Executable, ImportError> {
     let payload = executable_payload(member, blob)?;
-    executable::read_executable(payload)
-        .map_err(|source| ImportError::Executable { member: member.to_string(), source })
+    format::read_executable(payload).map_err(|source| ImportError::Executable { member: member.to_string(), source })
 }
 
 /// The raw `relax.VMExecutable` payload inside a library blob.

@@ -4,11 +4,12 @@
 
 pub mod asm;
 mod builder;
+pub mod format;
 mod text;
 mod verify;
 
 pub use builder::ExecBuilder;
-pub use verify::{VerifyError, verify};
+pub use verify::{Verified, VerifyError, verify};
 
 use std::fmt;
 

@@ -23,6 +23,31 @@ fn location(function: &Option<String>, pc: Option<i64>) -> String {
     }
 }
 
+/// An executable the verifier accepted. Only [`Verified::new`] makes one, so whatever takes a
+/// `Verified` (code generation) never sees an unchecked program and never checks it again.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Verified(Executable);
+
+impl Verified {
+    /// Verifies `exec`.
+    pub fn new(exec: Executable) -> Result<Verified, VerifyError> {
+        verify(&exec)?;
+        Ok(Verified(exec))
+    }
+
+    pub fn into_inner(self) -> Executable {
+        self.0
+    }
+}
+
+impl std::ops::Deref for Verified {
+    type Target = Executable;
+    fn deref(&self) -> &Executable {
+        &self.0
+    }
+}
+
+/// Checks `exec` (see the module's opening); [`Verified::new`] keeps the result.
 pub fn verify(exec: &Executable) -> Result<(), VerifyError> {
     let fail = |function: Option<&str>, pc: Option<i64>, message: String| VerifyError {
         function: function.map(str::to_string),

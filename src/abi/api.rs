@@ -1,96 +1,58 @@
-//! Rust mirror of `runtime-shim/include/rvm.h` (ABI version 2). The layout is checked against
-//! the C header by a test that compiles a probe (tests/artifact.rs).
+//! The public C API of every model (`runtime-shim/include/rvm.h`): the versioned table of
+//! functions `rvm_get_api` returns, and the structs it fills in.
 
 use std::ffi::{c_char, c_int, c_void};
+use std::mem::offset_of;
 
-/// The newest version this host speaks.
+use super::{Any, DLDevice, DLTensor, c_struct};
+
+/// The newest C API version (`RVM_ABI_VERSION`): what this relaxc's runtime speaks and its
+/// hosts ask for.
 pub const ABI_VERSION: u32 = 2;
-/// The oldest version this host still loads (without the registry).
+/// The oldest version hosts still load (without the registry).
 pub const ABI_VERSION_MIN: u32 = 1;
 
-pub const TYPE_NONE: i32 = 0;
-pub const TYPE_INT: i32 = 1;
-pub const TYPE_BOOL: i32 = 2;
-pub const TYPE_FLOAT: i32 = 3;
-pub const TYPE_OPAQUE_PTR: i32 = 4;
-pub const TYPE_DATA_TYPE: i32 = 5;
-pub const TYPE_DLTENSOR_PTR: i32 = 7;
-pub const TYPE_STATIC_OBJECT_BEGIN: i32 = 64;
-pub const TYPE_FUNCTION: i32 = 68;
-pub const TYPE_SHAPE: i32 = 69;
-pub const TYPE_TENSOR: i32 = 70;
-pub const TYPE_ARRAY: i32 = 71;
-
-/// TVMFFIAny: type index, padding, and an 8-byte payload.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Any {
-    pub type_index: i32,
-    pub zero_padding: u32,
-    pub payload: u64,
+pub(super) fn constants() -> Vec<(&'static str, u64)> {
+    vec![("RVM_ABI_VERSION", ABI_VERSION as u64)]
 }
 
-impl Any {
-    pub fn int(v: i64) -> Any {
-        Any { type_index: TYPE_INT, zero_padding: 0, payload: v as u64 }
-    }
-    pub fn float(v: f64) -> Any {
-        Any { type_index: TYPE_FLOAT, zero_padding: 0, payload: v.to_bits() }
-    }
-    pub fn dltensor(t: *const DLTensor) -> Any {
-        Any { type_index: TYPE_DLTENSOR_PTR, zero_padding: 0, payload: t as u64 }
-    }
-    pub fn is_object(&self) -> bool {
-        self.type_index >= TYPE_STATIC_OBJECT_BEGIN
+c_struct! {
+    /// What `module_info` reports.
+    #[derive(Debug)]
+    pub struct ModuleInfo = "rvm_module_info" {
+        pub abi_version: u32,
+        pub exec_mode: u32,
+        pub compiler_version: *const c_char,
+        pub target_triple: *const c_char,
+        pub executable_hash: u64,
+        pub num_functions: i32,
+        pub instrumented: i32,
     }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DLDevice {
-    pub device_type: i32,
-    pub device_id: i32,
+impl Default for ModuleInfo {
+    fn default() -> ModuleInfo {
+        ModuleInfo {
+            abi_version: 0,
+            exec_mode: 0,
+            compiler_version: std::ptr::null(),
+            target_triple: std::ptr::null(),
+            executable_hash: 0,
+            num_functions: 0,
+            instrumented: 0,
+        }
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DLDataType {
-    pub code: u8,
-    pub bits: u8,
-    pub lanes: u16,
-}
-
-#[repr(C)]
-#[derive(Debug)]
-pub struct DLTensor {
-    pub data: *mut c_void,
-    pub device: DLDevice,
-    pub ndim: i32,
-    pub dtype: DLDataType,
-    pub shape: *mut i64,
-    pub strides: *mut i64,
-    pub byte_offset: u64,
-}
-
-#[repr(C)]
-#[derive(Debug)]
-pub struct ModuleInfo {
-    pub abi_version: u32,
-    pub exec_mode: u32,
-    pub compiler_version: *const c_char,
-    pub target_triple: *const c_char,
-    pub executable_hash: u64,
-    pub num_functions: i32,
-    pub instrumented: i32,
-}
-
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub struct VmStats {
-    pub live_storage_bytes: u64,
-    pub peak_storage_bytes: u64,
-    pub storage_allocations: u64,
-    pub pool_hits: u64,
+c_struct! {
+    /// Counters of one VM.
+    #[derive(Debug, Default, Clone, Copy)]
+    pub struct VmStats = "rvm_vm_stats" {
+        pub live_storage_bytes: u64,
+        pub peak_storage_bytes: u64,
+        pub storage_allocations: u64,
+        pub pool_hits: u64,
+    }
 }
 
 pub type Module = c_void;
@@ -151,3 +113,47 @@ pub struct ApiV2 {
 pub type SafeCall = unsafe extern "C" fn(self_: *mut c_void, args: *const Any, n: i32, result: *mut Any) -> c_int;
 
 pub type GetApi = unsafe extern "C" fn(abi_version: u32) -> *const Api;
+
+impl super::CStruct for ApiV2 {
+    const C_NAME: &'static str = "rvm_api";
+    fn fields() -> Vec<(&'static str, usize)> {
+        macro_rules! at {
+            ($($f:ident),*) => { vec![$((stringify!($f), offset_of!(Api, $f))),*] };
+        }
+        let mut fields = at!(
+            abi_version,
+            struct_size,
+            last_error,
+            last_error_kind,
+            module_open,
+            module_close,
+            module_info,
+            function_name,
+            function_find,
+            function_arity,
+            vm_create,
+            vm_destroy,
+            vm_call,
+            vm_call_closure,
+            vm_stats,
+            vm_reset_stats,
+            value_release,
+            value_retain,
+            value_type_name,
+            shape_new,
+            shape_view,
+            tuple_new,
+            tuple_size,
+            tuple_get,
+            tensor_view,
+            tensor_export,
+            vm_create_on,
+            tensor_to_host
+        );
+        macro_rules! at2 {
+            ($($f:ident),*) => { vec![$((stringify!($f), offset_of!(ApiV2, $f))),*] };
+        }
+        fields.extend(at2!(function_register, function_get, function_call, error_set, vm_set_instrument));
+        fields
+    }
+}

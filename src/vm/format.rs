@@ -3,7 +3,7 @@
 //! checked against the bytes left before anything is allocated, and every error names the
 //! section and the byte offset.
 
-use crate::vm::{Constant, DType, Executable, FuncInfo, FuncKind, TensorConst};
+use super::{Constant, DType, Executable, FuncInfo, FuncKind, TensorConst};
 
 pub const MAGIC_V1: u64 = 0xD225DE2F4214151D;
 pub const MAGIC_V2: u64 = 0xD225DE2F4214151E;

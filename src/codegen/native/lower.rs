@@ -1,0 +1,529 @@
+//! Lowering one Relax function (or one chunk of it) to Cranelift IR on the register file. A
+//! Call stages its arguments in a stack array and calls its target directly (kernels and
+//! builtins by symbol; Relax functions through `rvm_invoke`); Goto/If become branches; every
+//! failing call branches to one error block that records the function and pc, exactly as the
+//! interpreter reports them. Builtins the shim marks RVM_INLINED are written inline, and tensors
+//! `stack_tensors` proves short-lived are built in the native frame; anything the fast path
+//! cannot prove at run time (a register not holding a Storage, a view that does not fit) falls
+//! back to the builtin, which also reports the error exactly as bytecode does. Every offset
+//! into a VM structure comes from `crate::abi`.
+
+use std::collections::HashMap;
+use std::mem::{offset_of, size_of};
+
+use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::{
+    Block, BlockArg, FuncRef, InstBuilder, MemFlagsData, SourceLoc, StackSlot, StackSlotData, StackSlotKind, Value,
+    types,
+};
+use cranelift_frontend::FunctionBuilder;
+use cranelift_module::{FuncId, Module};
+use cranelift_object::ObjectModule;
+
+use super::{Shared, chunks, stack_tensors};
+use crate::abi::{self, ANY_PAYLOAD, ANY_SIZE, ANY_TYPE_INDEX, DLTensor};
+use crate::codegen::CodegenError;
+use crate::codegen::shim::{Builtin, declare_call, find_builtin};
+use crate::vm::{Arg, Constant, FuncKind, Instr, VM_REG, VOID_REG};
+
+/// The shim functions compiled code calls.
+pub struct Shim {
+    alloc_tensor_into: FuncId,
+    instrumented_call: FuncId,
+    invoke: FuncId,
+    fail: FuncId,
+    bad_cond: FuncId,
+    incref: FuncId,
+    decref: FuncId,
+}
+
+impl Shim {
+    pub fn declare(module: &mut ObjectModule) -> Result<Shim, CodegenError> {
+        Ok(Shim {
+            alloc_tensor_into: declare_call(module, "rvm_alloc_tensor_into")?,
+            instrumented_call: declare_call(module, "rvm_instrumented_call")?,
+            invoke: declare_call(module, "rvm_invoke")?,
+            fail: declare_call(module, "rvm_compiled_fail")?,
+            bad_cond: declare_call(module, "rvm_compiled_bad_cond")?,
+            incref: declare_call(module, "rvm_object_incref")?,
+            decref: declare_call(module, "rvm_object_decref")?,
+        })
+    }
+}
+
+/// Stack slots are 16-byte aligned (the shift Cranelift takes).
+const SLOT_ALIGN_SHIFT: u8 = 4;
+
+/// The ndim and dtype fields of a DLTensor share one 8-byte word, written with one store.
+const NDIM_DTYPE_SHIFT: i64 = 8 * (offset_of!(DLTensor, dtype) - offset_of!(DLTensor, ndim)) as i64;
+const _: () = assert!(offset_of!(DLTensor, dtype) == offset_of!(DLTensor, ndim) + size_of::<i32>());
+const _: () = assert!(offset_of!(DLTensor, ndim).is_multiple_of(8));
+const _: () = assert!(size_of::<abi::DLDevice>() == size_of::<i64>());
+
+pub struct Lowering<'a> {
+    shared: &'a Shared<'a>,
+    func: usize,
+    module: &'a mut ObjectModule,
+    /// Each callee declared once per function, not once per call site.
+    declared: HashMap<FuncId, FuncRef>,
+}
+
+/// Values every block can use (defined in the entry block, which dominates all).
+struct Env {
+    vm: Value,
+    regs: Value,
+    result: Value,
+    consts: Value,
+    funcs: Value,
+    argv: Value,
+    ret: Value,
+    error: Block,
+}
+
+fn flags() -> MemFlagsData {
+    MemFlagsData::trusted()
+}
+
+/// Byte offset of register `r` in the register file (and of argument `r` in an argument array).
+fn reg_offset(r: i64) -> i32 {
+    (r * ANY_SIZE as i64) as i32
+}
+
+/// Blocks start at jump targets and after control transfers; also returns the most arguments
+/// any call passes (the size of the staging array).
+fn leaders(instrs: &[Instr]) -> (Vec<bool>, usize) {
+    let mut leader = vec![false; instrs.len()];
+    leader[0] = true;
+    let mut max_args = 1;
+    for (i, ins) in instrs.iter().enumerate() {
+        let mut mark = |t: i64| {
+            if let Some(l) = leader.get_mut((i as i64 + t) as usize) {
+                *l = true;
+            }
+        };
+        match ins {
+            Instr::Goto { offset } => {
+                mark(*offset);
+                mark(1);
+            }
+            Instr::If { false_offset, .. } => {
+                mark(1);
+                mark(*false_offset);
+            }
+            Instr::Ret { .. } => mark(1),
+            Instr::Call { args, .. } => max_args = max_args.max(args.len()),
+        }
+    }
+    (leader, max_args)
+}
+
+impl<'a> Lowering<'a> {
+    pub fn new(shared: &'a Shared<'a>, func: usize, module: &'a mut ObjectModule) -> Lowering<'a> {
+        Lowering { shared, func, module, declared: HashMap::new() }
+    }
+
+    /// A reference to a function linked into the same shared object (kernels, builtins, the
+    /// shim), so the call is a direct PC-relative one rather than through a loaded address.
+    fn callee(&mut self, id: FuncId, b: &mut FunctionBuilder) -> FuncRef {
+        if let Some(&fref) = self.declared.get(&id) {
+            return fref;
+        }
+        let fref = self.module.declare_func_in_func(id, b.func);
+        b.func.dfg.ext_funcs[fref].colocated = true;
+        self.declared.insert(id, fref);
+        fref
+    }
+
+    fn builtin(&self, callee: i64) -> Option<&'static Builtin> {
+        let f = &self.shared.exec.funcs[callee as usize];
+        if f.kind == FuncKind::Packed { find_builtin(&f.name) } else { None }
+    }
+
+    /// Lowers instructions [lo, hi) of the function. The native function returns 0 after Ret,
+    /// -1 on error, and [`chunks::CONTINUE`] when execution runs past `hi` into the next chunk.
+    pub fn lower(mut self, b: &mut FunctionBuilder, all: &[Instr], lo: usize, hi: usize) {
+        let instrs = &all[lo..hi];
+        let (leader, max_args) = leaders(instrs);
+        let options = self.shared.options;
+        let sites = if options.stack_tensors && !options.instrument {
+            stack_tensors::sites(self.shared.exec, self.shared.symbols, instrs, &leader)
+        } else {
+            HashMap::new()
+        };
+        let env = prologue(b, max_args);
+        let mut slots = Vec::new();
+        let mut tensor_slots = HashMap::new();
+        for (site, slot) in stack_tensors::assign_slots(&sites) {
+            while slots.len() <= slot {
+                let size = size_of::<DLTensor>() as u32;
+                slots.push(b.create_sized_stack_slot(StackSlotData::new(
+                    StackSlotKind::ExplicitSlot,
+                    size,
+                    SLOT_ALIGN_SHIFT,
+                )));
+            }
+            tensor_slots.insert(site, slots[slot]);
+        }
+
+        let blocks: Vec<Option<Block>> = leader.iter().map(|&l| l.then(|| b.create_block())).collect();
+        b.ins().jump(blocks[0].expect("first block"), &[]);
+        let mut open = false;
+        for (i, ins) in instrs.iter().enumerate() {
+            if let Some(block) = blocks[i] {
+                if open {
+                    b.ins().jump(block, &[]);
+                }
+                b.switch_to_block(block);
+                open = true;
+            }
+            if !open {
+                continue; // unreachable: nothing jumps here
+            }
+            let pc = (lo + i) as i64;
+            // The pc rides on every CLIF instruction made for this one (see clif_text).
+            b.set_srcloc(SourceLoc::new(pc as u32));
+            let target = |off: i64| blocks[(i as i64 + off) as usize].expect("jump targets are leaders");
+            match ins {
+                Instr::Call { dst, func, args } => match tensor_slots.get(&i) {
+                    Some(slot) => self.stack_tensor(b, &env, pc, *dst, *func, args, *slot),
+                    None => self.call(b, &env, pc, *dst, *func, args),
+                },
+                Instr::Ret { result } => {
+                    self.ret(b, &env, *result);
+                    open = false;
+                }
+                Instr::Goto { offset } => {
+                    b.ins().jump(target(*offset), &[]);
+                    open = false;
+                }
+                Instr::If { cond, false_offset } => {
+                    self.branch(b, &env, pc, *cond, target(1), target(*false_offset));
+                    open = false;
+                }
+            }
+        }
+
+        b.set_srcloc(SourceLoc::default());
+        if open {
+            let more = b.ins().iconst(types::I32, chunks::CONTINUE);
+            b.ins().return_(&[more]);
+        }
+        self.error_block(b, &env);
+        b.seal_all_blocks();
+    }
+
+    /// Ret: moves the result register into *result.
+    fn ret(&mut self, b: &mut FunctionBuilder, env: &Env, result: i64) {
+        if result < VOID_REG {
+            copy_any(b, env.regs, reg_offset(result), env.result, 0);
+            zero_any(b, env.regs, reg_offset(result));
+        } else {
+            zero_any(b, env.result, 0);
+        }
+        let zero = b.ins().iconst(types::I32, 0);
+        b.ins().return_(&[zero]);
+    }
+
+    /// If: branches on an Int or Bool register; anything else is If's TypeError.
+    fn branch(&mut self, b: &mut FunctionBuilder, env: &Env, pc: i64, cond: i64, then: Block, otherwise: Block) {
+        let off = reg_offset(cond);
+        let t = b.ins().load(types::I32, flags(), env.regs, off + ANY_TYPE_INDEX);
+        let is_int = b.ins().icmp_imm_s(IntCC::Equal, t, abi::TYPE_INT as i64);
+        let is_bool = b.ins().icmp_imm_s(IntCC::Equal, t, abi::TYPE_BOOL as i64);
+        let ok = b.ins().bor(is_int, is_bool);
+        let (good, bad) = (b.create_block(), b.create_block());
+        b.ins().brif(ok, good, &[], bad, &[]);
+        b.set_cold_block(bad);
+        b.switch_to_block(bad);
+        let bad_cond = self.callee(self.shared.shim.bad_cond, b);
+        let (fidx, pcv) = (b.ins().iconst(types::I64, self.func as i64), b.ins().iconst(types::I64, pc));
+        let addr = b.ins().iadd_imm_s(env.regs, off as i64);
+        let call = b.ins().call(bad_cond, &[env.vm, fidx, pcv, addr]);
+        let rc = b.inst_results(call)[0];
+        b.ins().return_(&[rc]);
+        b.switch_to_block(good);
+        let v = b.ins().load(types::I64, flags(), env.regs, off + ANY_PAYLOAD);
+        b.ins().brif(v, then, &[], otherwise, &[]);
+    }
+
+    /// The one error path: records where (pc and callee arrive as block arguments), then returns
+    /// the failure.
+    fn error_block(&mut self, b: &mut FunctionBuilder, env: &Env) {
+        b.append_block_param(env.error, types::I64);
+        b.append_block_param(env.error, types::I64);
+        b.set_cold_block(env.error);
+        b.switch_to_block(env.error);
+        let ep = b.block_params(env.error).to_vec();
+        let fail = self.callee(self.shared.shim.fail, b);
+        let fidx = b.ins().iconst(types::I64, self.func as i64);
+        let call = b.ins().call(fail, &[env.vm, fidx, ep[0], ep[1]]);
+        let rc = b.inst_results(call)[0];
+        b.ins().return_(&[rc]);
+    }
+
+    /// alloc_tensor(storage, offset, shape, dtype) as a DLTensor in the native frame; the builtin
+    /// runs instead when the storage register does not hold a Storage the view fits in.
+    #[allow(clippy::too_many_arguments)]
+    fn stack_tensor(
+        &mut self,
+        b: &mut FunctionBuilder,
+        env: &Env,
+        pc: i64,
+        dst: i64,
+        callee: i64,
+        args: &[Arg],
+        slot: StackSlot,
+    ) {
+        let [Arg::Reg(s), Arg::Imm(offset), Arg::Const(shape_c), Arg::Const(dtype_c)] = *args else {
+            unreachable!("checked by stack_tensors::sites")
+        };
+        let constants = &self.shared.exec.constants;
+        let (Constant::Shape(dims), Constant::DataType(dtype)) =
+            (&constants[shape_c as usize], &constants[dtype_c as usize])
+        else {
+            unreachable!("checked by stack_tensors::sites")
+        };
+        let elems = dims.iter().try_fold(1i64, |a, &d| if d < 0 { None } else { a.checked_mul(d) });
+        let nbytes = elems.and_then(|e| e.checked_mul(dtype.bits as i64 * dtype.lanes as i64)).map(|b| (b + 7) / 8);
+        let Some(end) = nbytes.and_then(|n| n.checked_add(offset)) else {
+            return self.call(b, env, pc, dst, callee, args); // the builtin reports the bad size
+        };
+        let (fast, slow, join) = (b.create_block(), b.create_block(), b.create_block());
+        let t = b.ins().load(types::I32, flags(), env.regs, reg_offset(s) + ANY_TYPE_INDEX);
+        let is_storage = b.ins().icmp_imm_s(IntCC::Equal, t, abi::TYPE_STORAGE as i64);
+        let check = b.create_block();
+        b.ins().brif(is_storage, check, &[], slow, &[]);
+        b.switch_to_block(check);
+        let storage = b.ins().load(types::I64, flags(), env.regs, reg_offset(s) + ANY_PAYLOAD);
+        let size = b.ins().load(types::I64, flags(), storage, abi::STORAGE_NBYTES);
+        let fits = b.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, size, end);
+        b.ins().brif(fits, fast, &[], slow, &[]);
+
+        b.switch_to_block(fast);
+        let data = b.ins().load(types::I64, flags(), storage, abi::STORAGE_DATA);
+        let shape_obj = b.ins().load(types::I64, flags(), env.consts, reg_offset(shape_c) + ANY_PAYLOAD);
+        let shape_ptr = b.ins().load(types::I64, flags(), shape_obj, abi::SHAPE_DIMS);
+        let t_addr = b.ins().stack_addr(types::I64, slot, 0);
+        let word = |b: &mut FunctionBuilder, v: i64| b.ins().iconst(types::I64, v);
+        // The storage's device: the CPU, or the VM's CUDA device.
+        let device = b.ins().load(types::I64, flags(), storage, abi::STORAGE_DEVICE);
+        let dtype_word = abi::DLDataType { code: dtype.code, bits: dtype.bits, lanes: dtype.lanes }.word() as i64;
+        let ndim_dtype = word(b, dims.len() as i64 | dtype_word << NDIM_DTYPE_SHIFT);
+        let zero = word(b, 0);
+        let off = word(b, offset);
+        for (at, v) in [
+            (offset_of!(DLTensor, data), data),
+            (offset_of!(DLTensor, device), device),
+            (offset_of!(DLTensor, ndim), ndim_dtype),
+            (offset_of!(DLTensor, shape), shape_ptr),
+            (offset_of!(DLTensor, strides), zero),
+            (offset_of!(DLTensor, byte_offset), off),
+        ] {
+            b.ins().store(flags(), v, t_addr, at as i32);
+        }
+        self.release(b, env.regs, reg_offset(dst));
+        let dltensor_ptr = word(b, abi::TYPE_DLTENSOR_PTR as i64);
+        b.ins().store(flags(), dltensor_ptr, env.regs, reg_offset(dst) + ANY_TYPE_INDEX);
+        b.ins().store(flags(), t_addr, env.regs, reg_offset(dst) + ANY_PAYLOAD);
+        b.ins().jump(join, &[]);
+
+        b.set_cold_block(slow);
+        b.switch_to_block(slow);
+        let into = self.callee(self.shared.shim.alloc_tensor_into, b);
+        let dst_addr = b.ins().iadd_imm_s(env.regs, reg_offset(dst) as i64);
+        let storage_addr = b.ins().iadd_imm_s(env.regs, reg_offset(s) as i64);
+        let shape_addr = b.ins().iadd_imm_s(env.consts, reg_offset(shape_c) as i64);
+        let dtype_addr = b.ins().iadd_imm_s(env.consts, reg_offset(dtype_c) as i64);
+        let off = b.ins().iconst(types::I64, offset);
+        let call = b.ins().call(into, &[dst_addr, storage_addr, off, shape_addr, dtype_addr]);
+        let rc = b.inst_results(call)[0];
+        self.branch_on_failure(b, env, rc, pc, callee, join);
+        b.switch_to_block(join);
+    }
+
+    /// A builtin's work written inline; false when `callee` is not one compiled mode inlines.
+    fn inline_builtin(&mut self, b: &mut FunctionBuilder, env: &Env, dst: i64, callee: i64, args: &[Arg]) -> bool {
+        let options = self.shared.options;
+        if !options.inline_builtins || options.instrument {
+            return false;
+        }
+        let Some(builtin) = self.builtin(callee).filter(|b| b.inlined) else {
+            return false;
+        };
+        match (builtin.name, args) {
+            // Drop what dst holds.
+            ("vm.builtin.null_value", []) => {
+                if dst < VOID_REG {
+                    self.release(b, env.regs, reg_offset(dst));
+                    zero_any(b, env.regs, reg_offset(dst));
+                }
+                true
+            }
+            // dst = a new reference to src.
+            ("vm.builtin.copy", [Arg::Reg(src)]) if *src < VOID_REG => {
+                if dst < VOID_REG {
+                    let t = b.ins().load(types::I64, flags(), env.regs, reg_offset(*src) + ANY_TYPE_INDEX);
+                    let v = b.ins().load(types::I64, flags(), env.regs, reg_offset(*src) + ANY_PAYLOAD);
+                    self.retain(b, t, v);
+                    self.release(b, env.regs, reg_offset(dst));
+                    b.ins().store(flags(), t, env.regs, reg_offset(dst) + ANY_TYPE_INDEX);
+                    b.ins().store(flags(), v, env.regs, reg_offset(dst) + ANY_PAYLOAD);
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn call(&mut self, b: &mut FunctionBuilder, env: &Env, pc: i64, dst: i64, callee: i64, args: &[Arg]) {
+        if self.inline_builtin(b, env, dst, callee, args) {
+            return;
+        }
+        for (i, a) in args.iter().enumerate() {
+            self.stage_arg(b, env, reg_offset(i as i64), *a);
+        }
+        let zero = b.ins().iconst(types::I64, 0);
+        b.ins().store(flags(), zero, env.ret, ANY_TYPE_INDEX);
+        let nargs = b.ins().iconst(types::I32, args.len() as i64);
+        let shared = self.shared;
+        let call = match &shared.packed[callee as usize] {
+            _ if shared.options.instrument => {
+                let fref = self.callee(shared.shim.instrumented_call, b);
+                let index = b.ins().iconst(types::I64, callee);
+                b.ins().call(fref, &[env.vm, index, env.argv, nargs, env.ret])
+            }
+            Some(id) if shared.symbols[callee as usize].is_some() => {
+                let fref = self.callee(*id, b);
+                let null = b.ins().iconst(types::I64, 0);
+                b.ins().call(fref, &[null, env.argv, nargs, env.ret])
+            }
+            _ => {
+                let fref = self.callee(shared.shim.invoke, b);
+                let index = b.ins().iconst(types::I64, callee);
+                b.ins().call(fref, &[env.vm, index, env.argv, nargs, env.ret])
+            }
+        };
+        let rc = b.inst_results(call)[0];
+        let cont = b.create_block();
+        self.branch_on_failure(b, env, rc, pc, callee, cont);
+        b.switch_to_block(cont);
+        if dst < VOID_REG {
+            self.release(b, env.regs, reg_offset(dst));
+            copy_any(b, env.ret, 0, env.regs, reg_offset(dst));
+        } else {
+            self.release(b, env.ret, 0);
+        }
+    }
+
+    /// Writes argument `a` as a borrowed view at argv + at.
+    fn stage_arg(&mut self, b: &mut FunctionBuilder, env: &Env, at: i32, a: Arg) {
+        let pod = |b: &mut FunctionBuilder, type_index: i32, payload: Value| {
+            let t = b.ins().iconst(types::I64, type_index as i64);
+            b.ins().store(flags(), t, env.argv, at + ANY_TYPE_INDEX);
+            b.ins().store(flags(), payload, env.argv, at + ANY_PAYLOAD);
+        };
+        match a {
+            Arg::Reg(VOID_REG) => {
+                let z = b.ins().iconst(types::I64, 0);
+                pod(b, abi::TYPE_NONE, z);
+            }
+            Arg::Reg(VM_REG) => pod(b, abi::TYPE_OPAQUE_PTR, env.vm),
+            Arg::Reg(r) => copy_any(b, env.regs, reg_offset(r), env.argv, at),
+            Arg::Imm(v) => {
+                let v = b.ins().iconst(types::I64, v);
+                pod(b, abi::TYPE_INT, v);
+            }
+            Arg::Const(c) => match &self.shared.exec.constants[c as usize] {
+                // Values known at compile time are written as immediates.
+                Constant::Int(v) => {
+                    let v = b.ins().iconst(types::I64, *v);
+                    pod(b, abi::TYPE_INT, v);
+                }
+                Constant::Float(v) => {
+                    let v = b.ins().iconst(types::I64, v.to_bits() as i64);
+                    pod(b, abi::TYPE_FLOAT, v);
+                }
+                Constant::DataType(d) => {
+                    let word = abi::DLDataType { code: d.code, bits: d.bits, lanes: d.lanes }.word();
+                    let v = b.ins().iconst(types::I64, word as i64);
+                    pod(b, abi::TYPE_DATA_TYPE, v);
+                }
+                _ => copy_any(b, env.consts, reg_offset(c), env.argv, at),
+            },
+            Arg::Func(g) => copy_any(b, env.funcs, reg_offset(g), env.argv, at),
+        }
+    }
+
+    /// Continues at `next` when `rc` is 0; otherwise a cold stub passes this call's pc and callee
+    /// to the shared error block (keeping those constants off the hot path).
+    fn branch_on_failure(&self, b: &mut FunctionBuilder, env: &Env, rc: Value, pc: i64, callee: i64, next: Block) {
+        let stub = b.create_block();
+        b.set_cold_block(stub);
+        b.ins().brif(rc, stub, &[], next, &[]);
+        b.switch_to_block(stub);
+        let (pcv, cv) = (b.ins().iconst(types::I64, pc), b.ins().iconst(types::I64, callee));
+        b.ins().jump(env.error, &[BlockArg::Value(pcv), BlockArg::Value(cv)]);
+    }
+
+    /// Drops the reference held by the Any at `at + off`, if it holds an object.
+    fn release(&mut self, b: &mut FunctionBuilder, at: Value, off: i32) {
+        let t = b.ins().load(types::I32, flags(), at, off + ANY_TYPE_INDEX);
+        let is_obj = b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, t, abi::TYPE_STATIC_OBJECT_BEGIN as i64);
+        let (drop_block, after) = (b.create_block(), b.create_block());
+        b.ins().brif(is_obj, drop_block, &[], after, &[]);
+        b.switch_to_block(drop_block);
+        let obj = b.ins().load(types::I64, flags(), at, off + ANY_PAYLOAD);
+        let decref = self.callee(self.shared.shim.decref, b);
+        b.ins().call(decref, &[obj]);
+        b.ins().jump(after, &[]);
+        b.switch_to_block(after);
+    }
+
+    /// Adds a reference if (type word, payload) is an object.
+    fn retain(&mut self, b: &mut FunctionBuilder, type_word: Value, payload: Value) {
+        let t = b.ins().ireduce(types::I32, type_word);
+        let is_obj = b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, t, abi::TYPE_STATIC_OBJECT_BEGIN as i64);
+        let (inc_block, after) = (b.create_block(), b.create_block());
+        b.ins().brif(is_obj, inc_block, &[], after, &[]);
+        b.switch_to_block(inc_block);
+        let incref = self.callee(self.shared.shim.incref, b);
+        b.ins().call(incref, &[payload]);
+        b.ins().jump(after, &[]);
+        b.switch_to_block(after);
+    }
+}
+
+/// The entry block: the function's parameters, the argument staging array and the result
+/// cell on the stack, and the (not yet filled) error block.
+fn prologue(b: &mut FunctionBuilder, max_args: usize) -> Env {
+    let entry = b.create_block();
+    b.append_block_params_for_function_params(entry);
+    b.switch_to_block(entry);
+    let p = b.block_params(entry).to_vec();
+    let argv_slot = b.create_sized_stack_slot(StackSlotData::new(
+        StackSlotKind::ExplicitSlot,
+        (ANY_SIZE as u32) * max_args as u32,
+        SLOT_ALIGN_SHIFT,
+    ));
+    let ret_slot =
+        b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, ANY_SIZE as u32, SLOT_ALIGN_SHIFT));
+    let argv = b.ins().stack_addr(types::I64, argv_slot, 0);
+    let ret = b.ins().stack_addr(types::I64, ret_slot, 0);
+    let error = b.create_block();
+    Env { vm: p[0], regs: p[1], result: p[2], consts: p[3], funcs: p[4], argv, ret, error }
+}
+
+/// Copies the 16-byte Any at `from + from_off` to `to + to_off` (no reference taken).
+fn copy_any(b: &mut FunctionBuilder, from: Value, from_off: i32, to: Value, to_off: i32) {
+    let t = b.ins().load(types::I64, flags(), from, from_off + ANY_TYPE_INDEX);
+    let v = b.ins().load(types::I64, flags(), from, from_off + ANY_PAYLOAD);
+    b.ins().store(flags(), t, to, to_off + ANY_TYPE_INDEX);
+    b.ins().store(flags(), v, to, to_off + ANY_PAYLOAD);
+}
+
+/// Stores None at `at + off`.
+fn zero_any(b: &mut FunctionBuilder, at: Value, off: i32) {
+    let z = b.ins().iconst(types::I64, 0);
+    b.ins().store(flags(), z, at, off + ANY_TYPE_INDEX);
+    b.ins().store(flags(), z, at, off + ANY_PAYLOAD);
+}

@@ -1,0 +1,129 @@
+//! The whole model object: runtime references, tvm-ffi entry points, shape functions, CUDA
+//! launchers, native code in compiled mode and the program tables, emitted by one
+//! cranelift-object module, plus non-allocated sections (the serialized executable, how each
+//! function runs, the model's identity) for `relaxc inspect` and hosts.
+
+use std::collections::BTreeSet;
+
+use cranelift_module::{DataDescription, Linkage, Module};
+use cranelift_object::ObjectModule;
+
+use super::native::NativeOptions;
+use super::{CodegenError, ExecMode};
+use crate::abi;
+use crate::cuda::CudaModule;
+use crate::ir::ShapeFunc;
+use crate::kernel_object::{KernelObject, kernel_symbol};
+use crate::link::LinkInputs;
+use crate::vm::format::write_executable;
+use crate::vm::{FuncKind, Verified};
+
+/// What the model object holds and how each Relax function runs.
+pub struct EmittedObject {
+    pub bytes: Vec<u8>,
+    /// The symbols the shared object exports besides `rvm_get_api`: the tvm-ffi entry points.
+    pub exports: Vec<String>,
+    /// Relax functions left as bytecode in compiled mode, with the reason.
+    pub notes: Vec<(String, String)>,
+    /// The native functions' CLIF with `; pc=N` comments, when asked for.
+    pub clif: String,
+}
+
+impl EmittedObject {
+    /// What the link needs of this object, with the kernel objects to link beside it.
+    pub fn link_inputs<'a>(&'a self, kernels: &'a [KernelObject]) -> LinkInputs<'a> {
+        LinkInputs { object: &self.bytes, exports: &self.exports, kernels }
+    }
+}
+
+/// What the model object is made from.
+pub struct ObjectInputs<'a> {
+    pub exec: &'a Verified,
+    /// The symbol bound to each packed function-table entry.
+    pub symbols: &'a [Option<String>],
+    pub mode: ExecMode,
+    pub native: &'a NativeOptions,
+    pub shape_funcs: &'a [ShapeFunc],
+    pub cuda: &'a [CudaModule],
+    /// Optional runtime functions to refer to (so that the link takes their files).
+    pub runtime_refs: &'a [String],
+    pub target: &'a target_lexicon::Triple,
+}
+
+/// Emits the whole model object.
+pub fn emit_object(inputs: &ObjectInputs) -> Result<EmittedObject, CodegenError> {
+    let ObjectInputs { exec, symbols, mode, native: native_options, shape_funcs, cuda, runtime_refs, target } = *inputs;
+    let mut module = super::object_module("model", target)?;
+    define_runtime_refs(&mut module, runtime_refs)?;
+    let mut taken: BTreeSet<String> = symbols.iter().flatten().cloned().collect();
+    taken.extend(shape_funcs.iter().map(|f| kernel_symbol(&f.name)));
+    taken.extend(cuda.iter().flat_map(|m| m.kernels.iter().map(|k| kernel_symbol(&k.name))));
+    let ffi = super::ffi_entries::define(&mut module, exec, &taken)?;
+    super::shape_func::define(&mut module, shape_funcs)?;
+    let cuda_listing = super::cuda_tables::define(&mut module, cuda)?;
+    let native = match mode {
+        ExecMode::Compiled => super::native::compile_functions(&mut module, exec, symbols, native_options)?,
+        ExecMode::Bytecode => Default::default(),
+    };
+    let mut mode_word = if mode == ExecMode::Compiled { 1 } else { 0 };
+    if native_options.instrument {
+        mode_word |= abi::PROGRAM_INSTRUMENTED;
+    }
+    super::tables::define_tables(&mut module, exec, symbols, &native.compiled, mode_word, target)?;
+    let mut product = module.finish();
+    for (name, data) in metadata_sections(exec, &native.compiled, target, cuda_listing) {
+        let section = product.object.add_section(Vec::new(), name.as_bytes().to_vec(), object::SectionKind::Metadata);
+        product.object.append_section_data(section, &data, 8);
+    }
+    let bytes = product.emit().map_err(|e| CodegenError::Object(e.to_string()))?;
+    let mut notes = native.notes;
+    notes.extend(ffi.skipped.into_iter().map(|(f, why)| (f, format!("no tvm-ffi entry point: {why}"))));
+    Ok(EmittedObject { bytes, exports: ffi.symbols, notes, clif: native.clif })
+}
+
+/// The non-allocated sections: the serialized executable, each Relax function's mode, the
+/// identity of the relaxc that built the model, and the CUDA listing if there is one.
+fn metadata_sections(
+    exec: &Verified,
+    compiled: &[Option<cranelift_module::FuncId>],
+    target: &target_lexicon::Triple,
+    cuda_listing: String,
+) -> Vec<(&'static str, Vec<u8>)> {
+    let modes: String = exec
+        .funcs
+        .iter()
+        .zip(compiled.iter().chain(std::iter::repeat(&None)))
+        .filter(|(f, _)| f.kind != FuncKind::Packed)
+        .map(|(f, c)| format!("{}\t{}\n", f.name, if c.is_some() { "compiled" } else { "bytecode" }))
+        .collect();
+    let identity = format!("relaxc {} c-api {} target {target}", env!("CARGO_PKG_VERSION"), abi::ABI_VERSION);
+    let mut sections = vec![
+        (abi::EXEC_SECTION, write_executable(exec)),
+        (abi::MODES_SECTION, modes.into_bytes()),
+        (abi::IDENTITY_SECTION, identity.into_bytes()),
+    ];
+    if !cuda_listing.is_empty() {
+        sections.push((abi::CUDA_LISTING_SECTION, cuda_listing.into_bytes()));
+    }
+    sections
+}
+
+/// A table of addresses of optional runtime functions the model needs beyond those its bytecode
+/// calls (kernels look them up by name): referring to them makes the linker take their files.
+fn define_runtime_refs(module: &mut ObjectModule, symbols: &[String]) -> Result<(), CodegenError> {
+    if symbols.is_empty() {
+        return Ok(());
+    }
+    let sig = super::shim::packed_signature(module);
+    let id = module.declare_data("rvm_model_runtime_refs", Linkage::Local, false, false)?;
+    let mut desc = DataDescription::new();
+    desc.define(vec![0u8; abi::POINTER_SIZE * symbols.len()].into_boxed_slice());
+    desc.set_align(abi::POINTER_SIZE as u64);
+    for (i, sym) in symbols.iter().enumerate() {
+        let f = module.declare_function(sym, Linkage::Import, &sig)?;
+        let fref = module.declare_func_in_data(f, &mut desc);
+        desc.write_function_addr((abi::POINTER_SIZE * i) as u32, fref);
+    }
+    module.define_data(id, &desc)?;
+    Ok(())
+}
