@@ -68,7 +68,7 @@ pub fn load_script(path: &Path, inputs: &ScriptInputs) -> Result<Program, Compil
             .map_err(|message| CompileError::Params { path: p.display().to_string(), message })?,
         None => Default::default(),
     };
-    let render = |e: crate::script::SyntaxError| CompileError::Script(e.render(&shown, &src));
+    let render = |e: crate::diag::SourceError| CompileError::Script(e.render(&shown, &src));
     let stmts = crate::script::parser::parse(&src).map_err(render)?;
     let module = crate::script::convert::convert(&stmts, &weights).map_err(render)?;
     let lowered = crate::lower::lower(&module).map_err(render)?;
@@ -117,11 +117,11 @@ fn check_kernels(
     module: &crate::ir::Module,
     available: &BTreeSet<String>,
     sources: &[std::path::PathBuf],
-) -> Result<(), crate::script::SyntaxError> {
+) -> Result<(), crate::diag::SourceError> {
     fn walk(
         block: &crate::ir::Block,
-        f: &mut dyn FnMut(&str, crate::script::Span) -> Result<(), crate::script::SyntaxError>,
-    ) -> Result<(), crate::script::SyntaxError> {
+        f: &mut dyn FnMut(&str, crate::diag::Span) -> Result<(), crate::diag::SourceError>,
+    ) -> Result<(), crate::diag::SourceError> {
         for b in &block.bindings {
             match &b.op {
                 crate::ir::Op::DpsPacked { name, .. } | crate::ir::Op::Packed { name, .. } => f(name, b.span)?,
@@ -146,7 +146,7 @@ fn check_kernels(
             } else {
                 format!("{symbol} is defined in none of: {listed}")
             };
-            Err(crate::script::SyntaxError::new(span, format!("kernel `{name}` is not provided: {why}")))
+            Err(crate::diag::SourceError::new(span, format!("kernel `{name}` is not provided: {why}")))
         })?;
     }
     Ok(())

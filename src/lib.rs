@@ -1,13 +1,18 @@
 //! relaxc: an ahead-of-time compiler from Relax VM programs to self-contained shared objects.
 //!
-//! The pipeline (see DESIGN.md): an input (a TVM export, `tvm`) becomes a [`vm::Executable`],
-//! which is verified, turned into tables (and native code) by `codegen`, and linked with its
-//! kernels and the C runtime shim by `link`. `host` loads a built model to run it.
+//! The pipeline (see DESIGN.md): an input — a TVM export (`tvm`), a TVMScript program (`script`
+//! into `ir`, lowered by `lower`) or relaxc's text form (`vm::asm`) — becomes a verified
+//! [`vm::Executable`] with its kernel objects (`kernels`, `cuda`); `codegen` turns it into one
+//! object (tables, and native code in compiled mode) and `link` links that with the kernels and
+//! the C runtime shim for the `target`. `compile` drives it all; `inspect` reads a model back;
+//! `host` loads a built model to run it. `abi` holds every layout shared with the shim.
+//! Modules use only lower layers (tests/architecture.rs; the README lists them).
 
 pub mod abi;
 pub mod codegen;
 pub mod compile;
 pub mod cuda;
+pub mod diag;
 pub mod host;
 pub mod inspect;
 pub mod ir;

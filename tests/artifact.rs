@@ -215,3 +215,25 @@ fn emitted_clif_carries_the_bytecode_pc() {
         }
     }
 }
+
+/// The CLIF compiled mode makes for a few fixtures (for x86-64, with the machine-code summary),
+/// kept as golden files in `fixtures/clif/` (`RELAXC_BLESS=1` rewrites them): a change to code
+/// generation shows up as a readable diff of the code it makes.
+#[test]
+fn clif_listings_match_their_golden_files() {
+    let mut failures = Vec::new();
+    for name in ["if_cond", "calls", "mlp_static"] {
+        let program =
+            relaxc::compile::load_tvm_export(&common::fixtures_dir().join(format!("{name}/m.tar"))).expect("fixture");
+        let mut options = relaxc::compile::Options::mode(ExecMode::Compiled);
+        options.native.emit_clif = true;
+        options.target = relaxc::target::Target::parse("x86_64-unknown-linux-gnu").expect("x86-64");
+        let object = relaxc::compile::emit(&program, &options).expect("emit");
+        assert!(object.clif.contains("function "), "{name}: no CLIF");
+        let golden = common::root().join(format!("fixtures/clif/{name}.clif"));
+        if let Err(diff) = common::check_golden(&golden, &object.clif) {
+            failures.push(diff);
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -61,11 +61,8 @@ fn tvm_export(cpu: &str, target: &Target, name: &str, mode: ExecMode) -> Result<
     let tar = common::root().join("fixtures/tvm-cross").join(cpu).join(name).join("m.tar");
     let so = build(&format!("cross_{name}"), &tar, target, mode, false)?;
     let fixture = common::fixtures_dir().join(name);
-    let mut cases: Vec<String> = std::fs::read_dir(&fixture)?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".in.npz").map(String::from))
-        .collect();
-    cases.sort();
-    for case in cases {
+    for path in common::entries(&fixture) {
+        let Some(case) = path.file_name().and_then(|n| n.to_str()?.strip_suffix(".in.npz")) else { continue };
         let inputs = npz::read_inputs(&fixture.join(format!("{case}.in.npz")))?;
         let result = relaxc::host::foreign::run(&so, target, "main", &inputs, 0, false);
         if let Some(fail) = case.strip_prefix("fail_") {
@@ -99,18 +96,20 @@ fn tvm_export(cpu: &str, target: &Target, name: &str, mode: ExecMode) -> Result<
 }
 
 /// A script fixture built for a board: the same C kernels, so TVM's x86 bits exactly.
-fn script(target: &Target, name: &str, mode: ExecMode) -> Result<(), Failed> {
-    let dir = common::root().join("fixtures/script").join(name);
-    let so = build(&format!("cross_script_{name}"), &dir.join("m.py"), target, mode, true)?;
-    let mut cases: Vec<String> = std::fs::read_dir(&dir)?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix("ok_")?.strip_suffix(".in.npz").map(String::from))
-        .collect();
-    cases.sort();
-    for case in cases {
+fn script(target: &Target, fixture: &common::Fixture, mode: ExecMode) -> Result<(), Failed> {
+    let (dir, name) = (&fixture.dir, &fixture.name);
+    let so = build(&format!("cross_script_{name}"), &fixture.source(), target, mode, true)?;
+    for case in &fixture.ok_cases {
         let inputs = npz::read_inputs(&dir.join(format!("ok_{case}.in.npz")))?;
         let outputs = relaxc::host::foreign::run(&so, target, "main", &inputs, 0, false)?.outputs;
         common::compare_outputs(&outputs, &dir.join(format!("ok_{case}.out.npz")))
             .map_err(|e| format!("{case}: {e}"))?;
+    }
+    for case in &fixture.fail_cases {
+        let inputs = npz::read_inputs(&dir.join(format!("fail_{case}.in.npz")))?;
+        let result = relaxc::host::foreign::run(&so, target, "main", &inputs, 0, false);
+        let err = result.err().ok_or(format!("fail_{case}: the call succeeded; TVM rejected it"))?;
+        common::check_error(&err, &dir.join(format!("fail_{case}.err")))?;
     }
     Ok(())
 }
@@ -282,13 +281,7 @@ fn main() {
             eprintln!("SKIPPED: {cpu} cross tests: {why}");
             continue;
         }
-        let exports = common::root().join("fixtures/tvm-cross").join(cpu);
-        let mut names: Vec<String> = std::fs::read_dir(&exports)
-            .expect("fixtures/tvm-cross")
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .collect();
-        names.sort();
-        for name in names {
+        for name in common::cross_exports(cpu) {
             for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
                 let (t, n) = (target.clone(), name.clone());
                 trials.push(Trial::test(format!("{cpu}::tvm::{name}::{}", common::mode_name(mode)), move || {
@@ -296,19 +289,13 @@ fn main() {
                 }));
             }
         }
-        let mut scripts: Vec<String> = std::fs::read_dir(common::root().join("fixtures/script"))
-            .expect("fixtures/script")
-            .filter_map(|e| e.ok())
-            .filter(|e| e.path().join("m.py").exists())
-            .filter_map(|e| e.file_name().into_string().ok())
-            .collect();
-        scripts.sort();
-        for name in scripts {
+        for fixture in common::script_fixtures().into_iter().map(std::sync::Arc::new) {
             for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
-                let (t, n) = (target.clone(), name.clone());
-                trials.push(Trial::test(format!("{cpu}::script::{name}::{}", common::mode_name(mode)), move || {
-                    script(&t, &n, mode)
-                }));
+                let (t, f) = (target.clone(), fixture.clone());
+                trials.push(Trial::test(
+                    format!("{cpu}::script::{}::{}", fixture.name, common::mode_name(mode)),
+                    move || script(&t, &f, mode),
+                ));
             }
         }
         let t = target.clone();

@@ -21,12 +21,7 @@ fn nvrtc() -> Option<Nvrtc> {
 
 fn every_cuda_source_compiles_to_cubins_and_ptx() {
     let Some(nvrtc) = nvrtc() else { return };
-    let mut sources: Vec<_> = std::fs::read_dir(common::root().join("cuda"))
-        .expect("cuda/")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "cu"))
-        .collect();
-    sources.sort();
+    let sources = common::files_with_extension(&common::root().join("cuda"), "cu");
     assert!(sources.len() >= 3);
     let mut launches = Vec::new();
     for src in sources {

@@ -12,7 +12,7 @@ use relaxc::codegen::ExecMode;
 use relaxc::host::{HostTensor, Input, Model, Output, npz};
 
 fn run_case(fixture: &common::Fixture, case: &str, ok: bool, mode: ExecMode) -> Result<(), Failed> {
-    let so = common::build(&fixture.name, &fixture.tar(), mode)?;
+    let so = fixture.build(mode)?;
     let second = fixture.dir.join(format!("ok_{case}.out2.npz"));
     if ok && second.exists() {
         return stateful_case(fixture, case, &so, &second);
@@ -77,7 +77,7 @@ fn stateful_case(
 }
 
 fn bytecode_outputs(fixture: &common::Fixture, input: &str) -> Result<Vec<relaxc::host::Output>, Failed> {
-    let so = common::build(&fixture.name, &fixture.tar(), ExecMode::Bytecode)?;
+    let so = fixture.build(ExecMode::Bytecode)?;
     let model = Model::load(&so)?;
     let inputs = npz::read_inputs(&fixture.dir.join(format!("{input}.in.npz")))?;
     let mut vm = model.vm()?;
@@ -85,7 +85,7 @@ fn bytecode_outputs(fixture: &common::Fixture, input: &str) -> Result<Vec<relaxc
 }
 
 fn bytecode_error(fixture: &common::Fixture, case: &str) -> Result<String, Failed> {
-    let so = common::build(&fixture.name, &fixture.tar(), ExecMode::Bytecode)?;
+    let so = fixture.build(ExecMode::Bytecode)?;
     let model = Model::load(&so)?;
     let inputs = npz::read_inputs(&fixture.dir.join(format!("fail_{case}.in.npz")))?;
     let mut vm = model.vm()?;
@@ -217,39 +217,21 @@ fn mixed_case(fixture: &common::Fixture, case: &str, tag: &str, keep: Vec<String
     Ok(())
 }
 
-/// A script fixture: relaxc compiles the .py itself, in `mode`, and must equal TVM's run of it.
-fn script_case(name: &str, case: &str, mode: ExecMode) -> Result<(), Failed> {
-    let dir = common::root().join("fixtures/script").join(name);
-    let weights = dir.join("w.safetensors");
-    let mut options = relaxc::compile::Options::mode(mode);
-    options.script.kernels = vec![common::root().join("fixtures/script/kernels.c")];
-    options.script.params = weights.exists().then_some(weights);
-    let so = common::build_with(&format!("script_{name}"), &dir.join("m.py"), &options, common::mode_name(mode))?;
-    let model = Model::load(&so)?;
-    let inputs = npz::read_inputs(&dir.join(format!("ok_{case}.in.npz")))?;
-    let mut vm = model.vm()?;
-    let outputs = vm.call(model.find("main")?, &inputs)?.to_output().flatten();
-    common::compare_outputs(&outputs, &dir.join(format!("ok_{case}.out.npz")))?;
-    Ok(())
-}
-
-fn script_fixtures() -> Vec<(String, Vec<String>)> {
-    let mut out = Vec::new();
-    let root = common::root().join("fixtures/script");
-    let mut dirs: Vec<_> =
-        std::fs::read_dir(&root).expect("fixtures/script").filter_map(|e| e.ok().map(|e| e.path())).collect();
-    dirs.sort();
-    for dir in dirs.into_iter().filter(|d| d.join("m.py").exists()) {
-        let mut cases: Vec<String> = std::fs::read_dir(&dir)
-            .expect("fixture")
-            .filter_map(|e| {
-                e.ok()?.file_name().to_str()?.strip_prefix("ok_")?.strip_suffix(".in.npz").map(String::from)
-            })
-            .collect();
-        cases.sort();
-        out.push((dir.file_name().expect("name").to_string_lossy().into_owned(), cases));
+/// A trial per case and mode: `<prefix><fixture>::<case>::<mode>`, fail cases as `fail_<case>`.
+fn case_trials(trials: &mut Vec<Trial>, fixture: std::sync::Arc<common::Fixture>, prefix: &str) {
+    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+        let cases = fixture
+            .ok_cases
+            .iter()
+            .map(|c| (c.clone(), true))
+            .chain(fixture.fail_cases.iter().map(|c| (format!("fail_{c}"), false)));
+        for (label, ok) in cases {
+            let f = fixture.clone();
+            let case = label.trim_start_matches("fail_").to_string();
+            let name = format!("{prefix}{}::{label}::{}", fixture.name, common::mode_name(mode));
+            trials.push(Trial::test(name, move || run_case(&f, &case, ok, mode)));
+        }
     }
-    out
 }
 
 fn env_number(name: &str, default: u64) -> u64 {
@@ -261,35 +243,15 @@ fn main() {
     let mut trials = Vec::new();
     let seed = env_number("RELAXC_DIFF_SEED", 20261121);
     let count = env_number("RELAXC_DIFF_COUNT", 2000) as usize;
-    for (name, cases) in script_fixtures() {
-        for case in cases {
-            for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
-                let (n, c) = (name.clone(), case.clone());
-                let trial = format!("script::{name}::{case}::{}", common::mode_name(mode));
-                trials.push(Trial::test(trial, move || script_case(&n, &c, mode)));
-            }
-        }
+    for fixture in common::script_fixtures() {
+        case_trials(&mut trials, std::sync::Arc::new(fixture), "script::");
     }
     for index in 0..count {
         trials.push(Trial::test(format!("random::seed{seed}::p{index}"), move || random_trial(seed, count, index)));
     }
     for fixture in common::fixtures() {
         let fixture = std::sync::Arc::new(fixture);
-        for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
-            let cases = fixture
-                .ok_cases
-                .iter()
-                .map(|c| (c.clone(), true))
-                .chain(fixture.fail_cases.iter().map(|c| (format!("fail_{c}"), false)));
-            for (label, ok) in cases {
-                let f = fixture.clone();
-                let case = label.trim_start_matches("fail_").to_string();
-                trials
-                    .push(Trial::test(format!("{}::{label}::{}", fixture.name, common::mode_name(mode)), move || {
-                        run_case(&f, &case, ok, mode)
-                    }));
-            }
-        }
+        case_trials(&mut trials, fixture.clone(), "");
         let f = fixture.clone();
         trials.push(Trial::test(format!("{}::inspect", fixture.name), move || inspect_matches_tvm(&f)));
         // Mixed mode, both ways: main native calling bytecode functions, and the reverse.

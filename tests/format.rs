@@ -128,15 +128,12 @@ fn text_form_round_trips_to_identical_bytes() {
         kernels: vec![common::root().join("fixtures/script/kernels.c")],
         ..Default::default()
     };
-    let script_dir = common::root().join("fixtures/script");
     let mut scripts = 0;
-    for entry in std::fs::read_dir(&script_dir).expect("fixtures/script") {
-        let program = entry.expect("entry").path().join("m.py");
-        if program.exists() {
-            let loaded = relaxc::compile::load_script(&program, &inputs).unwrap_or_else(|e| panic!("{e:#}"));
-            check(&program.display().to_string(), &loaded.exec);
-            scripts += 1;
-        }
+    for fixture in common::script_fixtures() {
+        let program = fixture.source();
+        let loaded = relaxc::compile::load_script(&program, &inputs).unwrap_or_else(|e| panic!("{e:#}"));
+        check(&program.display().to_string(), &loaded.exec);
+        scripts += 1;
     }
     assert!(scripts >= 5, "script fixtures missing");
     check("random batch", &common::random::generate(7, 200).exec);

@@ -39,18 +39,11 @@ fn storage_planning_reuses_storage_across_a_chain() {
 }
 
 fn error_files() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(common::root().join("fixtures/script-errors"))
-        .expect("fixtures/script-errors")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "py"))
-        .collect();
-    files.sort();
-    files
+    common::files_with_extension(&common::root().join("fixtures/script-errors"), "py")
 }
 
 #[test]
 fn errors_point_at_their_source_span() {
-    let bless = std::env::var_os("RELAXC_BLESS").is_some();
     let files = error_files();
     assert!(files.len() >= 8);
     let mut failures = Vec::new();
@@ -59,17 +52,11 @@ fn errors_point_at_their_source_span() {
             Ok(_) => panic!("{} compiled, but it is wrong on purpose", py.display()),
             Err(e) => e.to_string().replace(&format!("{}/", common::root().display()), ""),
         };
-        let golden = py.with_extension("err");
-        if bless {
-            std::fs::write(&golden, &message).expect("write golden");
-            continue;
-        }
-        let want = std::fs::read_to_string(&golden).unwrap_or_default();
-        if want != message {
-            failures.push(format!("--- {} expected:\n{want}\n--- got:\n{message}", golden.display()));
+        if let Err(diff) = common::check_golden(&py.with_extension("err"), &message) {
+            failures.push(diff);
         }
     }
-    assert!(failures.is_empty(), "{}\n(rerun with RELAXC_BLESS=1 to accept)", failures.join("\n"));
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
@@ -98,12 +85,8 @@ fn front_end(src: &str) -> Result<(), String> {
 
 #[test]
 fn mutated_programs_never_panic() {
-    let sources: Vec<String> = std::fs::read_dir(common::root().join("fixtures/script"))
-        .expect("fixtures")
-        .filter_map(|e| e.ok().map(|e| e.path().join("m.py")))
-        .filter(|p: &PathBuf| p.exists())
-        .map(|p| std::fs::read_to_string(p).expect("read"))
-        .collect();
+    let sources: Vec<String> =
+        common::script_fixtures().iter().map(|f| std::fs::read_to_string(f.source()).expect("read")).collect();
     let snippets =
         ["(", ")", ":", ",", "R.", "x", "\n", "    ", "\"n\"", "//", "[", "if c:\n", "@R.function\n", "0", "-"];
     let count: usize = common::random::fuzz_count(3000);

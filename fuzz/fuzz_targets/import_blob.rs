@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
         let _ = exec.stats();
         let _ = relaxc::vm::asm::disassemble(&exec);
         if relaxc::vm::verify(&exec).is_ok() {
-            let _ = relaxc::codegen::tables::bind_packed_functions(&exec, &Default::default(), "fuzz");
+            let _ = relaxc::codegen::bind_packed_functions(&exec, &Default::default(), "fuzz");
             let _ = exec.as_python();
         }
     }

@@ -6,7 +6,7 @@
  *
  *   const rvm_api *api = ((rvm_get_api_fn)dlsym(h, "rvm_get_api"))(RVM_ABI_VERSION);
  *   rvm_module *m;  api->module_open(&m);              // once; shareable across threads
- *   rvm_vm *vm;     api->vm_create(m, NULL, &vm);      // one per thread
+ *   rvm_vm *vm;     api->vm_create(m, &vm);            // one per thread
  *   int32_t f;      api->function_find(m, "main", &f); // look names up once
  *   rvm_value in[1] = {{.type_index = kTVMFFIDLTensorPtr, .v_ptr = &my_dltensor}}, out = {0};
  *   if (api->vm_call(vm, f, in, 1, &out) != 0) fprintf(stderr, "%s\n", api->last_error());

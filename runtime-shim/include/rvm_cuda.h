@@ -26,6 +26,7 @@
 #ifndef RVM_CUDA_H
 #define RVM_CUDA_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -53,6 +54,22 @@ typedef struct rvm_cuda_kernel {
   int32_t num_outputs;
   int32_t module_index; /* kernels of one .cu file share a module */
 } rvm_cuda_kernel;
+
+#ifndef __cplusplus
+/* relaxc writes these tables byte by byte (src/abi/cuda.rs mirrors them; tests/artifact.rs
+ * compares every field), so their layout is fixed. */
+_Static_assert(sizeof(rvm_cuda_image) == 24, "rvm_cuda_image layout");
+_Static_assert(offsetof(rvm_cuda_image, size) == 8, "rvm_cuda_image layout");
+_Static_assert(offsetof(rvm_cuda_image, sm) == 16, "rvm_cuda_image layout");
+_Static_assert(offsetof(rvm_cuda_image, is_ptx) == 20, "rvm_cuda_image layout");
+_Static_assert(sizeof(rvm_cuda_kernel) == 40, "rvm_cuda_kernel layout");
+_Static_assert(offsetof(rvm_cuda_kernel, images) == 8, "rvm_cuda_kernel layout");
+_Static_assert(offsetof(rvm_cuda_kernel, num_images) == 16, "rvm_cuda_kernel layout");
+_Static_assert(offsetof(rvm_cuda_kernel, launch) == 24, "rvm_cuda_kernel layout");
+_Static_assert(offsetof(rvm_cuda_kernel, num_inputs) == 28, "rvm_cuda_kernel layout");
+_Static_assert(offsetof(rvm_cuda_kernel, num_outputs) == 32, "rvm_cuda_kernel layout");
+_Static_assert(offsetof(rvm_cuda_kernel, module_index) == 36, "rvm_cuda_kernel layout");
+#endif
 
 #ifdef __cplusplus
 }

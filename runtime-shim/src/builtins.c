@@ -1,6 +1,6 @@
 /*
  * builtins.c: the vm.builtin.* functions bytecode and compiled code call, with TVM 0.27's
- * semantics (shared/spec/relax-vm-semantics.md §6) and, where the spec records them, its error
+ * semantics (apache/tvm src/runtime/vm/builtin.cc) and, where TVM checks them, its error
  * texts, so a model fails here with the message it fails with in TVM.
  *
  * Every builtin has the TVM-FFI safe-call signature: borrowed arguments, an owned result, 0 or -1.

@@ -1,6 +1,7 @@
 /*
  * ffi_module.c: the model as a tvm-ffi module, so that `tvm_ffi.load_module("m.so")["main"](x)`
- * works from Python with numpy or torch and no libtvm (shared/spec/tvm-ffi-module.md).
+ * works from Python with numpy or torch and no libtvm (what tvm_ffi.load_module expects of a
+ * library: apache/tvm-ffi src/ffi/extra/library_module.cc).
  *
  * relaxc exports `__tvm_ffi_<name>` for each Relax function: a stub in the model object that
  * calls rvm_ffi_call with the function's index. Here, the module is opened once, each calling

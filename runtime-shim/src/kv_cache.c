@@ -1,7 +1,7 @@
 /*
  * kv_cache.c: TVM's paged KV cache (relax.vm.PagedAttentionKVCache) for CPU models built with
  * the TIR attention backend — the state an LLM exported by TVM's nn front end or MLC keeps
- * between its prefill and decode calls. shared/spec/paged-kv-cache.md has the facts.
+ * between its prefill and decode calls. TVM's own implementation is apache/tvm src/runtime/vm/paged_kv_cache.cc.
  *
  * The attention math lives in the model's own kernels (TVM's, from lib0.o), handed over at
  * creation. This file keeps the pages, blocks and sequences, builds the auxiliary int32 arrays

@@ -1,6 +1,6 @@
 //! The model's tvm-ffi entry points: `__tvm_ffi_<name>` for each Relax function, a trampoline
 //! that calls the shim's `rvm_ffi_call` with the function's C API index. They make the `.so` a
-//! module `tvm_ffi.load_module` accepts (shared/spec/tvm-ffi-module.md); the link exports them
+//! module `tvm_ffi.load_module` accepts (apache/tvm-ffi src/ffi/extra/library_module.cc); the link exports them
 //! and nothing else beside `rvm_get_api`.
 
 use std::collections::BTreeSet;

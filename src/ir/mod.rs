@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use crate::script::Span;
+use crate::diag::Span;
 use crate::vm::{DType, TensorConst};
 
 /// Shape arithmetic over symbolic variables (int64).
@@ -151,12 +151,20 @@ impl StructInfo {
             _ => format!("({})", s.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", ")),
         };
         match self {
+            // TVM's order: the shape, then dtype (unless any), then ndim (when the shape is
+            // unknown and the rank known); no parentheses when there is nothing to say.
             StructInfo::Tensor { shape, ndim, dtype } => {
-                let dt = dtype.map(|d| format!("dtype=\"{d}\"")).unwrap_or_else(|| "dtype=\"\"".into());
-                match shape {
-                    Some(s) => format!("R.Tensor({}, {dt})", dims(s)),
-                    None => format!("R.Tensor(ndim={ndim}, {dt})"),
+                let mut args = Vec::new();
+                if let Some(s) = shape {
+                    args.push(dims(s));
                 }
+                if let Some(d) = dtype {
+                    args.push(format!("dtype=\"{d}\""));
+                }
+                if shape.is_none() && *ndim >= 0 {
+                    args.push(format!("ndim={ndim}"));
+                }
+                if args.is_empty() { "R.Tensor".into() } else { format!("R.Tensor({})", args.join(", ")) }
             }
             StructInfo::Shape { dims: Some(d), .. } => {
                 format!("R.Shape([{}])", d.iter().map(|e| e.to_string()).collect::<Vec<_>>().join(", "))
@@ -270,5 +278,34 @@ pub struct Module {
 impl Module {
     pub fn function(&self, name: &str) -> Option<&Function> {
         self.functions.iter().find(|f| f.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PrimExpr, StructInfo};
+    use crate::vm::DType;
+
+    /// TVM 0.27's own texts for these annotations, read from its ErrorContext messages.
+    #[test]
+    fn annotations_read_as_tvm_prints_them() {
+        let tensor = |shape: Option<Vec<i64>>, ndim, dtype| StructInfo::Tensor {
+            shape: shape.map(|s| s.into_iter().map(PrimExpr::Int).collect()),
+            ndim,
+            dtype,
+        };
+        let f32 = Some(DType::F32);
+        for (info, tvm) in [
+            (tensor(None, 2, None), "R.Tensor(ndim=2)"),
+            (tensor(Some(vec![2, 3]), 2, None), "R.Tensor((2, 3))"),
+            (tensor(None, -1, None), "R.Tensor"),
+            (tensor(None, -1, Some(DType::new(0, 8, 1))), "R.Tensor(dtype=\"int8\")"),
+            (tensor(None, 2, f32), "R.Tensor(dtype=\"float32\", ndim=2)"),
+            (tensor(Some(vec![2, 4]), 2, f32), "R.Tensor((2, 4), dtype=\"float32\")"),
+            (StructInfo::Shape { dims: None, ndim: -1 }, "R.Shape(ndim=-1)"),
+            (StructInfo::Shape { dims: None, ndim: 2 }, "R.Shape(ndim=2)"),
+        ] {
+            assert_eq!(info.annotation(), tvm);
+        }
     }
 }

@@ -5,8 +5,8 @@
 //! as the tensor holds it (dynamic sizes come from the shape heap).
 
 use super::{FnGen, Result, Token, dtype_const, err, nbytes_expr};
+use crate::diag::Span;
 use crate::ir::{StructInfo, VarId};
-use crate::script::Span;
 use crate::vm::{Arg, Constant, DType, VM_REG};
 
 impl FnGen<'_> {

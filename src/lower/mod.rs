@@ -16,8 +16,8 @@ mod shapes;
 
 use std::collections::{HashMap, HashSet};
 
+use crate::diag::{SourceError, Span};
 use crate::ir::{Atom, Block, Function, Module, Op, PrimExpr, ShapeFunc, StructInfo, VarId};
-use crate::script::{Span, SyntaxError};
 use crate::vm::{Arg, Constant, DType, ExecBuilder, Executable, Instr, VM_REG, VOID_REG};
 use shapes::{Dim, ShapeHeap};
 
@@ -27,10 +27,10 @@ pub struct Lowered {
     pub shape_funcs: Vec<ShapeFunc>,
 }
 
-type Result<T> = std::result::Result<T, SyntaxError>;
+type Result<T> = std::result::Result<T, SourceError>;
 
 fn err<T>(span: Span, message: impl Into<String>) -> Result<T> {
-    Err(SyntaxError::new(span, message))
+    Err(SourceError::new(span, message))
 }
 
 pub fn lower(m: &Module) -> Result<Lowered> {
@@ -242,7 +242,7 @@ impl<'a> FnGen<'a> {
         }
         match self.heap.dim(e) {
             Some(Dim::Slot(s)) => Ok(s as i64),
-            Some(Dim::Imm) => Err(SyntaxError::new(span, "internal: immediate has no slot")),
+            Some(Dim::Imm) => Err(SourceError::new(span, "internal: immediate has no slot")),
             None => err(
                 span,
                 format!(

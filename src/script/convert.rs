@@ -6,32 +6,14 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::parser::{Expr, FunctionDef, Stmt};
-use super::{Span, SyntaxError};
+use crate::diag::{SourceError, Span};
 use crate::ir::{Atom, BinOp, Binding, Block, Function, Module, Op, PrimExpr, StructInfo, VarId, VarInfo};
 use crate::vm::{DType, TensorConst};
 
-type Result<T> = std::result::Result<T, SyntaxError>;
+type Result<T> = std::result::Result<T, SourceError>;
 
 fn err<T>(span: Span, message: impl Into<String>) -> Result<T> {
-    Err(SyntaxError::new(span, message))
-}
-
-pub fn parse_dtype(s: &str) -> Option<DType> {
-    let (code, rest) = if s == "bool" {
-        return Some(DType::BOOL);
-    } else if let Some(r) = s.strip_prefix("uint") {
-        (1, r)
-    } else if let Some(r) = s.strip_prefix("int") {
-        (0, r)
-    } else if let Some(r) = s.strip_prefix("bfloat") {
-        (4, r)
-    } else if let Some(r) = s.strip_prefix("float") {
-        (2, r)
-    } else {
-        return None;
-    };
-    let bits: u8 = rest.parse().ok()?;
-    matches!(bits, 8 | 16 | 32 | 64).then_some(DType::new(code, bits, 1))
+    Err(SourceError::new(span, message))
 }
 
 /// Converts a parsed file into Relax IR. `weights` bind tensor parameters by name.
@@ -239,7 +221,7 @@ impl Converter<'_> {
                 let dtype_expr = args.get(1).or(kw("dtype"));
                 let dtype = match dtype_expr {
                     Some(Expr::Str(s, span)) => {
-                        Some(parse_dtype(s).ok_or_else(|| SyntaxError::new(*span, format!("unknown dtype {s:?}")))?)
+                        Some(DType::parse(s).ok_or_else(|| SourceError::new(*span, format!("unknown dtype {s:?}")))?)
                     }
                     Some(other) => return err(other.span(), "dtype must be a string like \"float32\""),
                     None => None,
@@ -272,7 +254,7 @@ impl Converter<'_> {
             },
             Some("R.Prim") => match args.first().or(kw("dtype")) {
                 Some(Expr::Str(s, span)) => Ok(StructInfo::Prim(
-                    parse_dtype(s).ok_or_else(|| SyntaxError::new(*span, format!("unknown dtype {s:?}")))?,
+                    DType::parse(s).ok_or_else(|| SourceError::new(*span, format!("unknown dtype {s:?}")))?,
                 )),
                 _ => err(e.span(), "R.Prim takes a dtype string, like R.Prim(\"int64\")"),
             },
@@ -730,7 +712,7 @@ impl Converter<'_> {
             },
             "R.dtype" => match args {
                 [Expr::Str(s, sspan)] => {
-                    let d = parse_dtype(s).ok_or_else(|| SyntaxError::new(*sspan, format!("unknown dtype {s:?}")))?;
+                    let d = DType::parse(s).ok_or_else(|| SourceError::new(*sspan, format!("unknown dtype {s:?}")))?;
                     Ok((Op::Copy(Atom::DataType(d)), StructInfo::Object))
                 }
                 _ => err(span, "R.dtype takes one dtype string"),
@@ -749,7 +731,7 @@ impl Converter<'_> {
         let dtype_expr = args.get(1).or(kwargs.iter().find(|(k, _)| k == "dtype").map(|(_, v)| v));
         let dtype = match dtype_expr {
             Some(Expr::Str(s, sspan)) => {
-                parse_dtype(s).ok_or_else(|| SyntaxError::new(*sspan, format!("unknown dtype {s:?}")))?
+                DType::parse(s).ok_or_else(|| SourceError::new(*sspan, format!("unknown dtype {s:?}")))?
             }
             Some(other) => return err(other.span(), "dtype must be a string"),
             None => match args.first() {

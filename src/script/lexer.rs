@@ -2,7 +2,7 @@
 //! Indent/Dedent tokens; newlines inside brackets are joined, as Python does. The lexer never
 //! panics: anything it cannot read is an error at its span.
 
-use super::{Span, SyntaxError};
+use crate::diag::{SourceError, Span};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Tok {
@@ -29,7 +29,7 @@ const OPS: &[&str] = &[
     "/", "%", "<", ">", ";",
 ];
 
-pub fn lex(src: &str) -> Result<Vec<Token>, SyntaxError> {
+pub fn lex(src: &str) -> Result<Vec<Token>, SourceError> {
     let bytes = src.as_bytes();
     let mut out = Vec::new();
     let mut indents = vec![0usize];
@@ -63,7 +63,7 @@ pub fn lex(src: &str) -> Result<Vec<Token>, SyntaxError> {
                     out.push(Token { tok: Tok::Dedent, span: Span::new(i, i) });
                 }
                 if width != *indents.last().unwrap_or(&0) {
-                    return Err(SyntaxError::new(
+                    return Err(SourceError::new(
                         Span::new(start, i),
                         "this line's indentation matches no outer block",
                     ));
@@ -110,7 +110,7 @@ pub fn lex(src: &str) -> Result<Vec<Token>, SyntaxError> {
                 let rest = &src[i..];
                 let Some(op) = OPS.iter().find(|op| rest.starts_with(**op)) else {
                     let ch = rest.chars().next().unwrap_or('?');
-                    return Err(SyntaxError::new(
+                    return Err(SourceError::new(
                         Span::new(i, i + ch.len_utf8()),
                         format!("unexpected character {ch:?}"),
                     ));
@@ -137,7 +137,7 @@ pub fn lex(src: &str) -> Result<Vec<Token>, SyntaxError> {
     Ok(out)
 }
 
-fn string(src: &str, start: usize) -> Result<(String, usize), SyntaxError> {
+fn string(src: &str, start: usize) -> Result<(String, usize), SourceError> {
     let bytes = src.as_bytes();
     let quote = bytes[start];
     let triple = bytes.get(start + 1) == Some(&quote) && bytes.get(start + 2) == Some(&quote);
@@ -145,13 +145,13 @@ fn string(src: &str, start: usize) -> Result<(String, usize), SyntaxError> {
     let mut out = String::new();
     loop {
         let Some(&c) = bytes.get(i) else {
-            return Err(SyntaxError::new(Span::new(start, src.len()), "unterminated string"));
+            return Err(SourceError::new(Span::new(start, src.len()), "unterminated string"));
         };
         if c == quote && (!triple || (bytes.get(i + 1) == Some(&quote) && bytes.get(i + 2) == Some(&quote))) {
             return Ok((out, i + if triple { 3 } else { 1 }));
         }
         if c == b'\n' && !triple {
-            return Err(SyntaxError::new(Span::new(start, i), "unterminated string"));
+            return Err(SourceError::new(Span::new(start, i), "unterminated string"));
         }
         if c == b'\\' {
             let esc = bytes.get(i + 1).copied().unwrap_or(b'\\');
@@ -162,7 +162,7 @@ fn string(src: &str, start: usize) -> Result<(String, usize), SyntaxError> {
                 b'\'' => '\'',
                 b'"' => '"',
                 b'0' => '\0',
-                _ => return Err(SyntaxError::new(Span::new(i, i + 2), "unsupported escape sequence")),
+                _ => return Err(SourceError::new(Span::new(i, i + 2), "unsupported escape sequence")),
             });
             i += 2;
             continue;
@@ -173,7 +173,7 @@ fn string(src: &str, start: usize) -> Result<(String, usize), SyntaxError> {
     }
 }
 
-fn number(src: &str, start: usize) -> Result<(Tok, usize), SyntaxError> {
+fn number(src: &str, start: usize) -> Result<(Tok, usize), SourceError> {
     let bytes = src.as_bytes();
     let mut i = start;
     let mut float = false;
@@ -197,10 +197,10 @@ fn number(src: &str, start: usize) -> Result<(Tok, usize), SyntaxError> {
     let text: String = src[start..i].chars().filter(|c| *c != '_').collect();
     let span = Span::new(start, i);
     if float {
-        text.parse().map(|v| (Tok::Float(v), i)).map_err(|_| SyntaxError::new(span, format!("bad number {text}")))
+        text.parse().map(|v| (Tok::Float(v), i)).map_err(|_| SourceError::new(span, format!("bad number {text}")))
     } else {
         text.parse()
             .map(|v| (Tok::Int(v), i))
-            .map_err(|_| SyntaxError::new(span, format!("integer {text} is out of range")))
+            .map_err(|_| SourceError::new(span, format!("integer {text} is out of range")))
     }
 }

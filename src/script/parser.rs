@@ -3,7 +3,7 @@
 //! later, in `convert`. Nesting depth is bounded, so hostile input cannot overflow the stack.
 
 use super::lexer::{Tok, Token, lex};
-use super::{Span, SyntaxError};
+use crate::diag::{SourceError, Span};
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum Expr {
@@ -104,7 +104,7 @@ const MAX_DEPTH: usize = 200;
 /// Keyword arguments of a call, in order.
 type Keywords = Vec<(String, Expr)>;
 
-pub fn parse(src: &str) -> Result<Vec<Stmt>, SyntaxError> {
+pub fn parse(src: &str) -> Result<Vec<Stmt>, SourceError> {
     let tokens = lex(src)?;
     let mut p = Parser { tokens, pos: 0, depth: 0 };
     let mut out = Vec::new();
@@ -162,31 +162,31 @@ impl Parser {
             false
         }
     }
-    fn error(&self, what: impl Into<String>) -> SyntaxError {
-        SyntaxError::new(self.peek().span, what)
+    fn error(&self, what: impl Into<String>) -> SourceError {
+        SourceError::new(self.peek().span, what)
     }
-    fn expect_op(&mut self, op: &str) -> Result<Span, SyntaxError> {
+    fn expect_op(&mut self, op: &str) -> Result<Span, SourceError> {
         if self.at_op(op) { Ok(self.bump().span) } else { Err(self.error(format!("expected `{op}` here"))) }
     }
-    fn expect_name(&mut self) -> Result<(String, Span), SyntaxError> {
+    fn expect_name(&mut self) -> Result<(String, Span), SourceError> {
         match self.bump() {
             Token { tok: Tok::Name(n), span } => Ok((n, span)),
-            t => Err(SyntaxError::new(t.span, "expected a name here")),
+            t => Err(SourceError::new(t.span, "expected a name here")),
         }
     }
-    fn expect_newline(&mut self) -> Result<(), SyntaxError> {
+    fn expect_newline(&mut self) -> Result<(), SourceError> {
         if self.eat(&Tok::Newline) || self.at(&Tok::Eof) || self.at(&Tok::Dedent) {
             Ok(())
         } else {
             Err(self.error("expected the end of the line here"))
         }
     }
-    fn enter(&mut self) -> Result<(), SyntaxError> {
+    fn enter(&mut self) -> Result<(), SourceError> {
         self.depth += 1;
         if self.depth > MAX_DEPTH { Err(self.error("nesting is too deep")) } else { Ok(()) }
     }
 
-    fn block(&mut self) -> Result<Vec<Stmt>, SyntaxError> {
+    fn block(&mut self) -> Result<Vec<Stmt>, SourceError> {
         self.expect_op(":")?;
         if !self.eat(&Tok::Newline) {
             // A one-line body: `if c: x = y`.
@@ -210,7 +210,7 @@ impl Parser {
         Ok(body)
     }
 
-    fn statement(&mut self) -> Result<Stmt, SyntaxError> {
+    fn statement(&mut self) -> Result<Stmt, SourceError> {
         let start = self.peek().span;
         if self.at_op("@") {
             let mut decorators = Vec::new();
@@ -262,7 +262,7 @@ impl Parser {
         self.tokens[self.pos.saturating_sub(1)].span
     }
 
-    fn simple_statement(&mut self) -> Result<Stmt, SyntaxError> {
+    fn simple_statement(&mut self) -> Result<Stmt, SourceError> {
         let start = self.peek().span;
         if self.at_name("import") || self.at_name("from") {
             while !self.at(&Tok::Newline) && !self.at(&Tok::Eof) {
@@ -301,10 +301,10 @@ impl Parser {
                     .iter()
                     .map(|e| match e {
                         Expr::Name(n, s) => Ok((n.clone(), *s)),
-                        other => Err(SyntaxError::new(other.span(), "only names can be assigned to")),
+                        other => Err(SourceError::new(other.span(), "only names can be assigned to")),
                     })
                     .collect::<Result<_, _>>()?,
-                other => return Err(SyntaxError::new(other.span(), "only names can be assigned to")),
+                other => return Err(SourceError::new(other.span(), "only names can be assigned to")),
             };
             let value = self.expr_list()?;
             self.expect_newline()?;
@@ -314,7 +314,7 @@ impl Parser {
         Ok(Stmt::Expr(first))
     }
 
-    fn function(&mut self) -> Result<FunctionDef, SyntaxError> {
+    fn function(&mut self) -> Result<FunctionDef, SourceError> {
         let start = self.bump().span; // def
         let (name, name_span) = self.expect_name()?;
         self.expect_op("(")?;
@@ -333,7 +333,7 @@ impl Parser {
         Ok(FunctionDef { decorators: Vec::new(), name, name_span, params, ret, body, span: start.to(self.prev_span()) })
     }
 
-    fn class(&mut self, decorators: Vec<Expr>, start: Span) -> Result<Stmt, SyntaxError> {
+    fn class(&mut self, decorators: Vec<Expr>, start: Span) -> Result<Stmt, SourceError> {
         self.bump(); // class
         let (name, _) = self.expect_name()?;
         if self.eat_op("(") {
@@ -347,7 +347,7 @@ impl Parser {
     }
 
     /// Expressions separated by commas: a tuple when there is a comma.
-    fn expr_list(&mut self) -> Result<Expr, SyntaxError> {
+    fn expr_list(&mut self) -> Result<Expr, SourceError> {
         let first = self.expr()?;
         if !self.at_op(",") {
             return Ok(first);
@@ -363,14 +363,14 @@ impl Parser {
         Ok(Expr::Tuple(items, start.to(self.prev_span())))
     }
 
-    fn expr(&mut self) -> Result<Expr, SyntaxError> {
+    fn expr(&mut self) -> Result<Expr, SourceError> {
         self.enter()?;
         let e = self.additive();
         self.depth -= 1;
         e
     }
 
-    fn additive(&mut self) -> Result<Expr, SyntaxError> {
+    fn additive(&mut self) -> Result<Expr, SourceError> {
         let mut lhs = self.multiplicative()?;
         while self.at_op("+") || self.at_op("-") {
             let op = if self.bump().tok == Tok::Op("+") { "+" } else { "-" };
@@ -381,7 +381,7 @@ impl Parser {
         Ok(lhs)
     }
 
-    fn multiplicative(&mut self) -> Result<Expr, SyntaxError> {
+    fn multiplicative(&mut self) -> Result<Expr, SourceError> {
         let mut lhs = self.unary()?;
         while let Tok::Op(op @ ("*" | "//" | "%" | "/")) = self.peek().tok {
             self.bump();
@@ -392,7 +392,7 @@ impl Parser {
         Ok(lhs)
     }
 
-    fn unary(&mut self) -> Result<Expr, SyntaxError> {
+    fn unary(&mut self) -> Result<Expr, SourceError> {
         if self.at_op("-") {
             let start = self.bump().span;
             self.enter()?;
@@ -408,7 +408,7 @@ impl Parser {
         self.postfix()
     }
 
-    fn postfix(&mut self) -> Result<Expr, SyntaxError> {
+    fn postfix(&mut self) -> Result<Expr, SourceError> {
         let mut e = self.atom()?;
         loop {
             if self.eat_op(".") {
@@ -433,7 +433,7 @@ impl Parser {
         }
     }
 
-    fn call_args(&mut self) -> Result<(Vec<Expr>, Keywords), SyntaxError> {
+    fn call_args(&mut self) -> Result<(Vec<Expr>, Keywords), SourceError> {
         let (mut args, mut kwargs) = (Vec::new(), Vec::new());
         while !self.at_op(")") {
             if let (Tok::Name(n), Tok::Op("=")) = (&self.peek().tok, self.peek_at(1)) {
@@ -453,7 +453,7 @@ impl Parser {
         Ok((args, kwargs))
     }
 
-    fn atom(&mut self) -> Result<Expr, SyntaxError> {
+    fn atom(&mut self) -> Result<Expr, SourceError> {
         let t = self.bump();
         Ok(match t.tok {
             Tok::Int(v) => Expr::Int(v, t.span),
@@ -502,7 +502,7 @@ impl Parser {
                 self.depth -= 1;
                 Expr::List(items, t.span.to(end))
             }
-            _ => return Err(SyntaxError::new(t.span, "expected an expression here")),
+            _ => return Err(SourceError::new(t.span, "expected an expression here")),
         })
     }
 }

@@ -52,7 +52,19 @@ pub struct TvmExport {
 pub fn import_tar(path: &Path) -> Result<TvmExport, ImportError> {
     let shown = path.display().to_string();
     let raw = std::fs::read(path).map_err(|source| ImportError::Io { path: shown.clone(), source })?;
-    let tar_err = |e: std::io::Error| ImportError::Tar { path: shown.clone(), message: e.to_string() };
+    if raw.is_empty() {
+        return Err(ImportError::Tar { path: shown, message: "the file is empty".into() });
+    }
+    let tar_err = |e: std::io::Error| {
+        let message = e.to_string();
+        // The tar reader's words for an archive that ends inside a block.
+        let message = if message.contains("failed to read entire block") {
+            format!("the archive is truncated ({message})")
+        } else {
+            message
+        };
+        ImportError::Tar { path: shown.clone(), message }
+    };
     // TVM writes the archive gzip-compressed; plain tar is accepted too. The whole stream is
     // inflated first so that a damaged or truncated gzip (bad checksum) is an error.
     let inflated;

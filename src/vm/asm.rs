@@ -39,7 +39,7 @@ fn parse_dtype(s: &str) -> Option<DType> {
         let (bits, lanes) = rest.split_once(':')?;
         return Some(DType::new(code.parse().ok()?, bits.parse().ok()?, lanes.parse().ok()?));
     }
-    crate::script::convert::parse_dtype(s)
+    DType::parse(s)
 }
 
 fn ints(v: &[i64]) -> String {

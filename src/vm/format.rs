@@ -1,5 +1,5 @@
 //! The VMExecutable byte stream (format 0.14, magic V1 or V2), read and written exactly as
-//! TVM 0.27 does (shared/spec/tvm-executable-format.md §3). Input is untrusted: every count is
+//! TVM 0.27 does (apache/tvm src/runtime/vm/executable.cc). Input is untrusted: every count is
 //! checked against the bytes left before anything is allocated, and every error names the
 //! section and the byte offset.
 

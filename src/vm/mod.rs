@@ -1,6 +1,27 @@
 //! The Relax VM program in memory: TVM's instruction and argument encoding, the function table,
 //! the constant pool, and a builder. Both front ends (the TVM importer and relaxc's own lowering)
-//! end in an [`Executable`]; both execution modes start from one.
+//! end in an [`Executable`]; both execution modes start from one, after [`verify`].
+//!
+//! # Instruction set
+//!
+//! TVM's encoding, unchanged. Code is a flat array of i64 words; each function owns the
+//! instructions `[start_instr, end_instr)` and a register file of `register_file_size` Any
+//! values, arguments in registers `0..num_args`. An instruction is its opcode and its operands:
+//!
+//! | opcode | words | meaning |
+//! |---|---|---|
+//! | `Call` | `1 dst func n a_0 .. a_n-1` | `dst = funcs[func](a_0, .., a_n-1)`; failure unwinds with "in f at pc" |
+//! | `Ret` | `2 result` | return register `result` (moved out); the frame's registers are released |
+//! | `Goto` | `3 offset` | `pc += offset` |
+//! | `If` | `4 cond false_offset` | `pc += (cond != 0) ? 1 : false_offset`; `cond` must hold an Int or a Bool |
+//!
+//! A Call argument word holds its kind in bits 63..56 and a value sign-extended from bits
+//! 55..0: `Reg` (0) a register, where [`VOID_REG`] reads as None and [`VM_REG`] as the VM
+//! pointer; `Imm` (1) an int64; `Const` (2) an index into the constant pool; `Func` (3) an index
+//! into the function table, passed as a function value. Registers own their values: arguments
+//! are lent to the callee, `dst` receives an owned result (its old value released), and
+//! [`VOID_REG`] as `dst` drops the result. `funcs[func]` is a packed function (kernel or
+//! builtin, bound by name at link time) or a Relax function (bytecode or compiled).
 
 pub mod asm;
 mod builder;
@@ -12,6 +33,8 @@ pub use builder::ExecBuilder;
 pub use verify::{Verified, VerifyError, verify};
 
 use std::fmt;
+
+use crate::abi;
 
 /// Register numbers at or above this are special.
 pub const SPECIAL_REG_BEGIN: i64 = 1 << 54;
@@ -164,6 +187,26 @@ impl DType {
     pub const U8: DType = DType::new(1, 8, 1);
     pub const BOOL: DType = DType::new(6, 8, 1);
 
+    /// A scalar dtype by its TVMScript name: `bool`, `int8`..`int64`, `uint8`..`uint64`,
+    /// `float8`..`float64`, `bfloat16` (and the other `bfloat` widths).
+    pub fn parse(s: &str) -> Option<DType> {
+        let (code, rest) = if s == "bool" {
+            return Some(DType::BOOL);
+        } else if let Some(r) = s.strip_prefix("uint") {
+            (1, r)
+        } else if let Some(r) = s.strip_prefix("int") {
+            (0, r)
+        } else if let Some(r) = s.strip_prefix("bfloat") {
+            (4, r)
+        } else if let Some(r) = s.strip_prefix("float") {
+            (2, r)
+        } else {
+            return None;
+        };
+        let bits: u8 = rest.parse().ok()?;
+        matches!(bits, 8 | 16 | 32 | 64).then_some(DType::new(code, bits, 1))
+    }
+
     /// Bytes of one element (lanes included), rounded up.
     pub fn element_bytes(self) -> usize {
         (self.bits as usize * self.lanes as usize).div_ceil(8)
@@ -211,12 +254,12 @@ impl Constant {
     /// The TVM-FFI type index that tags this kind in the pool.
     pub fn type_index(&self) -> i32 {
         match self {
-            Constant::Tensor(_) => 70,
-            Constant::Shape(_) => 69,
-            Constant::Str(_) => 65,
-            Constant::Int(_) => 1,
-            Constant::Float(_) => 3,
-            Constant::DataType(_) => 5,
+            Constant::Tensor(_) => abi::TYPE_TENSOR,
+            Constant::Shape(_) => abi::TYPE_SHAPE,
+            Constant::Str(_) => abi::TYPE_STR,
+            Constant::Int(_) => abi::TYPE_INT,
+            Constant::Float(_) => abi::TYPE_FLOAT,
+            Constant::DataType(_) => abi::TYPE_DATA_TYPE,
         }
     }
 }
@@ -246,10 +289,5 @@ impl Executable {
     /// Index of the function-table entry named `name`.
     pub fn func_index(&self, name: &str) -> Option<usize> {
         self.funcs.iter().position(|f| f.name == name)
-    }
-
-    /// True when no function is left as TVM's compiled VMTIRFunc (whose code relaxc does not have).
-    pub fn has_tvm_compiled_functions(&self) -> bool {
-        self.funcs.iter().any(|f| f.kind == FuncKind::Compiled)
     }
 }

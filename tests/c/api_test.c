@@ -12,20 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "rvm.h"
 
-static int failures = 0, checks = 0;
-
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    checks++;                                              \
-    if (!(cond)) {                                         \
-      failures++;                                          \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                        \
-      fprintf(stderr, "\n");                               \
-    }                                                      \
-  } while (0)
 
 typedef struct {
   void *lib;
@@ -93,13 +82,17 @@ static const float *floats_of(const rvm_api *api, const rvm_value *v, int64_t ro
   return (const float *)((const char *)t->data + t->byte_offset);
 }
 
+/* open_model, counting a failure to open as a failed check (the model is closed again). */
+static int open_model_checked(const char *path, model *m) {
+  int rc = open_model(path, m);
+  CHECK(rc == 0, "cannot open %s", path);
+  if (rc != 0) close_model(m);
+  return rc;
+}
+
 static void test_dyn_tuple(const char *path, size_t misalign) {
   model m;
-  if (open_model(path, &m) != 0) {
-    failures++;
-    close_model(&m);
-    return;
-  }
+  if (open_model_checked(path, &m) != 0) return;
   const rvm_api *api = m.api;
   CHECK(api->function_arity(m.module, m.main_fn) == 2, "arity");
   enum { N = 3, C = 4 };
@@ -196,11 +189,7 @@ static void test_dyn_tuple(const char *path, size_t misalign) {
 
 static void test_calls(const char *path) {
   model m;
-  if (open_model(path, &m) != 0) {
-    failures++;
-    close_model(&m);
-    return;
-  }
+  if (open_model_checked(path, &m) != 0) return;
   const rvm_api *api = m.api;
   float *x = aligned_alloc(64, 64), *y = aligned_alloc(64, 64);
   for (int i = 0; i < 6; i++) {
@@ -240,6 +229,5 @@ int main(int argc, char **argv) {
   test_dyn_tuple(argv[1], 0);
   test_dyn_tuple(argv[1], 4); /* misaligned inputs */
   test_calls(argv[2]);
-  printf("api_test: %d checks, %d failed\n", checks, failures);
-  return failures ? 1 : 0;
+  return check_report("api_test");
 }

@@ -11,20 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check.h"
 #include "rvm.h"
 
-static int failures = 0, checks = 0;
-
-#define CHECK(cond, ...)                                   \
-  do {                                                     \
-    checks++;                                              \
-    if (!(cond)) {                                         \
-      failures++;                                          \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
-      fprintf(stderr, __VA_ARGS__);                        \
-      fprintf(stderr, "\n");                               \
-    }                                                      \
-  } while (0)
 
 typedef struct {
   float scale;
@@ -140,6 +129,5 @@ int main(int argc, char **argv) {
   api->module_close(m);
   dlclose(lib);
   CHECK(deleted == 1, "the library released the host's state when it unloaded (%d)", deleted);
-  printf("registry_test: %d checks, %d failed\n", checks, failures);
-  return failures ? 1 : 0;
+  return check_report("registry_test");
 }

@@ -26,6 +26,9 @@ pub fn scratch_dir() -> PathBuf {
     dir
 }
 
+/// A model with inputs and TVM's results: a TVM export (`fixtures/tvm/<name>/m.tar`) or a
+/// TVMScript program relaxc compiles itself (`fixtures/script/<name>/m.py`, with the shared
+/// `kernels.c` and its `w.safetensors` if any).
 pub struct Fixture {
     pub name: String,
     pub dir: PathBuf,
@@ -37,27 +40,58 @@ impl Fixture {
     pub fn tar(&self) -> PathBuf {
         self.dir.join("m.tar")
     }
+
+    pub fn is_script(&self) -> bool {
+        self.dir.join("m.py").exists()
+    }
+
+    /// The model's source: its `m.py` or its `m.tar`.
+    pub fn source(&self) -> PathBuf {
+        if self.is_script() { self.dir.join("m.py") } else { self.tar() }
+    }
+
+    /// Compile options for `mode`: a script's kernels and weights come along.
+    pub fn options(&self, mode: ExecMode) -> relaxc::compile::Options {
+        let mut options = relaxc::compile::Options::mode(mode);
+        if self.is_script() {
+            options.script.kernels = vec![root().join("fixtures/script/kernels.c")];
+            let weights = self.dir.join("w.safetensors");
+            options.script.params = weights.exists().then_some(weights);
+        }
+        options
+    }
+
+    /// The model built in `mode`, once per test binary.
+    pub fn build(&self, mode: ExecMode) -> Result<PathBuf, String> {
+        let name = if self.is_script() { format!("script_{}", self.name) } else { self.name.clone() };
+        build_with(&name, &self.source(), &self.options(mode), mode_name(mode))
+    }
 }
 
-/// Every TVM fixture, with its input cases.
-pub fn fixtures() -> Vec<Fixture> {
-    let mut out = Vec::new();
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(fixtures_dir())
-        .expect("fixtures/tvm")
+/// The entries of `dir`, sorted by name.
+pub fn entries(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .filter_map(|e| e.ok().map(|e| e.path()))
-        // The LLM fixtures have no `main`; tests/llm.rs drives them.
-        .filter(|p| p.join("m.tar").exists() && !p.join("scenarios.json").exists())
         .collect();
-    dirs.sort();
-    for dir in dirs {
+    out.sort();
+    out
+}
+
+/// The files of `dir` whose names end in `.<ext>`, sorted.
+pub fn files_with_extension(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    entries(dir).into_iter().filter(|p| p.extension().is_some_and(|e| e == ext)).collect()
+}
+
+/// The fixtures under `root`: its folders that hold `marker`, with their `ok_<case>.in.npz` and
+/// `fail_<case>.in.npz` cases.
+fn fixtures_in(root: &Path, marker: &str) -> Vec<Fixture> {
+    let mut out = Vec::new();
+    for dir in entries(root).into_iter().filter(|d| d.join(marker).exists()) {
         let mut ok_cases = Vec::new();
         let mut fail_cases = Vec::new();
-        let mut names: Vec<String> = std::fs::read_dir(&dir)
-            .expect("fixture dir")
-            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-            .collect();
-        names.sort();
-        for n in names {
+        for path in entries(&dir) {
+            let n = path.file_name().expect("name").to_string_lossy().into_owned();
             if let Some(case) = n.strip_prefix("ok_").and_then(|c| c.strip_suffix(".in.npz")) {
                 ok_cases.push(case.to_string());
             }
@@ -69,6 +103,24 @@ pub fn fixtures() -> Vec<Fixture> {
         out.push(Fixture { name, dir, ok_cases, fail_cases });
     }
     out
+}
+
+/// Every TVM fixture with a `main` (the LLM fixtures have none; tests/llm.rs drives them).
+pub fn fixtures() -> Vec<Fixture> {
+    fixtures_in(&fixtures_dir(), "m.tar").into_iter().filter(|f| !f.dir.join("scenarios.json").exists()).collect()
+}
+
+/// Every TVMScript fixture.
+pub fn script_fixtures() -> Vec<Fixture> {
+    fixtures_in(&root().join("fixtures/script"), "m.py")
+}
+
+/// The TVM exports TVM built for `cpu` (`fixtures/tvm-cross/<cpu>`), by fixture name.
+pub fn cross_exports(cpu: &str) -> Vec<String> {
+    entries(&root().join("fixtures/tvm-cross").join(cpu))
+        .iter()
+        .filter_map(|p| p.file_name()?.to_str().map(String::from))
+        .collect()
 }
 
 pub fn mode_name(mode: ExecMode) -> &'static str {
@@ -174,4 +226,23 @@ pub fn build_c_host(name: &str) -> PathBuf {
         .expect("run the C compiler");
     assert!(status.success(), "{name}.c does not build");
     exe
+}
+
+/// Compares `actual` with the golden file at `path`; with `RELAXC_BLESS` set, writes it instead.
+/// A mismatch is reported as a unified diff (golden first).
+pub fn check_golden(path: &Path, actual: &str) -> Result<(), String> {
+    if std::env::var_os("RELAXC_BLESS").is_some() {
+        std::fs::write(path, actual).map_err(|e| format!("{}: {e}", path.display()))?;
+        return Ok(());
+    }
+    let want = std::fs::read_to_string(path).unwrap_or_default();
+    if want == actual {
+        return Ok(());
+    }
+    let diff = similar::TextDiff::from_lines(want.as_str(), actual);
+    let shown = path.display().to_string();
+    Err(format!(
+        "{}\n(rerun with RELAXC_BLESS=1 to accept the new text)",
+        diff.unified_diff().context_radius(3).header(&shown, "produced now")
+    ))
 }
