@@ -2,8 +2,9 @@
  * internal.h: what the shim's files share, and the tables relaxc emits into every model.
  *
  * The program tables are the contract between the compiler (src/codegen/tables.rs writes them
- * byte by byte) and the shim (which reads them in place from .rodata). Their offsets are checked
- * here with _Static_assert and in Rust by a test against the same numbers.
+ * byte by byte, at the offsets its mirrors in src/abi/ give) and the shim (which reads them in
+ * place). Their offsets are fixed here with _Static_assert, and tests/artifact.rs compares every
+ * field of every struct relaxc mirrors with what the C compiler says.
  */
 #ifndef RVM_INTERNAL_H
 #define RVM_INTERNAL_H

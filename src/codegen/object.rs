@@ -18,6 +18,9 @@ use crate::link::LinkInputs;
 use crate::vm::format::write_executable;
 use crate::vm::{FuncKind, Verified};
 
+/// Alignment of the non-allocated sections' data.
+const METADATA_ALIGN: u64 = 8;
+
 /// What the model object holds and how each Relax function runs.
 pub struct EmittedObject {
     pub bytes: Vec<u8>,
@@ -73,7 +76,7 @@ pub fn emit_object(inputs: &ObjectInputs) -> Result<EmittedObject, CodegenError>
     let mut product = module.finish();
     for (name, data) in metadata_sections(exec, &native.compiled, target, cuda_listing) {
         let section = product.object.add_section(Vec::new(), name.as_bytes().to_vec(), object::SectionKind::Metadata);
-        product.object.append_section_data(section, &data, 8);
+        product.object.append_section_data(section, &data, METADATA_ALIGN);
     }
     let bytes = product.emit().map_err(|e| CodegenError::Object(e.to_string()))?;
     let mut notes = native.notes;

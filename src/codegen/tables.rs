@@ -18,6 +18,8 @@ use crate::vm::{Constant, Executable, FuncKind};
 
 /// Alignment of constant tensors' elements (what TVM's kernels assume).
 const TENSOR_ALIGN: usize = 64;
+/// Alignment of each table and of the program header.
+const TABLE_ALIGN: usize = 16;
 
 /// A growing data blob whose pointers to itself and to other data become relocations.
 struct Blob {
@@ -178,7 +180,7 @@ impl Writer {
     ) -> Result<usize, CodegenError> {
         let sig = super::shim::packed_signature(module);
         let t = &mut self.tables;
-        let funcs_at = t.align(16);
+        let funcs_at = t.align(TABLE_ALIGN);
         for (i, f) in exec.funcs.iter().enumerate() {
             let base = t.zeros(size_of::<FuncInfo>());
             t.data_relocs.push((base + offset_of!(FuncInfo, name), self.rodata_id, at.func_names[i]));
@@ -209,7 +211,7 @@ impl Writer {
     /// One `rvm_const_info` per constant; returns where the table starts.
     fn constant_table(&mut self, exec: &Executable, at: &Pointees) -> usize {
         let t = &mut self.tables;
-        let consts_at = t.align(16);
+        let consts_at = t.align(TABLE_ALIGN);
         for (c, ConstData { data, shape }) in exec.constants.iter().zip(&at.consts) {
             let base = t.zeros(size_of::<ConstInfo>());
             if let Some((id, d)) = data {
@@ -245,7 +247,7 @@ impl Writer {
     ) -> usize {
         let exec_bytes = write_executable(exec);
         let t = &mut self.tables;
-        let prog = t.align(16);
+        let prog = t.align(TABLE_ALIGN);
         t.zeros(size_of::<Program>());
         let field = |offset: usize| prog + offset;
         t.put_at(field(offset_of!(Program, magic)), &abi::PROGRAM_MAGIC.to_le_bytes());
@@ -273,10 +275,10 @@ impl Writer {
         let header: Vec<u8> = tables.bytes[prog..prog + size_of::<Program>()].to_vec();
         let mut header_desc = DataDescription::new();
         header_desc.define(header.into_boxed_slice());
-        header_desc.set_align(16);
+        header_desc.set_align(TABLE_ALIGN as u64);
         let mut tables_desc = DataDescription::new();
         tables_desc.define(tables.bytes[..prog].to_vec().into_boxed_slice());
-        tables_desc.set_align(16);
+        tables_desc.set_align(TABLE_ALIGN as u64);
         let self_gv_t = module.declare_data_in_data(tables_id, &mut tables_desc);
         let tables_gv_h = module.declare_data_in_data(tables_id, &mut header_desc);
         let mut data_gvs_t = HashMap::new();
