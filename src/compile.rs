@@ -262,6 +262,8 @@ pub fn emit(program: &Program, options: &Options) -> Result<codegen::EmittedObje
         }
     }
     let runtime_refs = runtime_references(&program.kernels, options.all_runtime_functions);
+    let scalar_results: BTreeSet<String> =
+        program.kernels.iter().filter(|k| k.scalar_results).flat_map(|k| k.kernels.iter().cloned()).collect();
     Ok(codegen::emit_object(&codegen::ObjectInputs {
         exec: &program.exec,
         symbols: &symbols,
@@ -270,6 +272,7 @@ pub fn emit(program: &Program, options: &Options) -> Result<codegen::EmittedObje
         shape_funcs: &program.shape_funcs,
         cuda: &program.cuda,
         runtime_refs: &runtime_refs,
+        scalar_results: &scalar_results,
         target: &options.target.triple,
     })?)
 }

@@ -27,6 +27,9 @@ pub struct KernelObject {
     pub name: String,
     pub bytes: Vec<u8>,
     pub kernels: BTreeSet<String>,
+    /// Its kernels never return an object (TVM's TIR kernels return at most a scalar), so
+    /// compiled code need not look for one to release when it drops a call's result.
+    pub scalar_results: bool,
 }
 
 impl KernelObject {
@@ -46,6 +49,12 @@ impl KernelObject {
                 kernels.insert(k.to_string());
             }
         }
-        Ok(KernelObject { name: name.to_string(), bytes, kernels })
+        Ok(KernelObject { name: name.to_string(), bytes, kernels, scalar_results: false })
+    }
+
+    /// Marks the object as TVM's build of TIR kernels, whose results are never objects.
+    pub fn with_scalar_results(mut self) -> KernelObject {
+        self.scalar_results = true;
+        self
     }
 }

@@ -79,6 +79,10 @@ enum Command {
         /// program calls and its kernels name.
         #[arg(long)]
         all_runtime_functions: bool,
+        /// Threads that compile Relax functions to machine code in compiled mode (default: one
+        /// per core). The output is the same for any number.
+        #[arg(long, short = 'j', value_name = "N", default_value_t = 0, hide_default_value = true)]
+        jobs: usize,
     },
     /// Run a function of a compiled model on inputs from an .npz file.
     Run {
@@ -188,6 +192,7 @@ fn run(cli: Cli) -> Result<()> {
             all_runtime_functions,
             instrument,
             target,
+            jobs,
         } => {
             if emit_clif.is_some() && exec_mode != relaxc::codegen::ExecMode::Compiled {
                 anyhow::bail!("--emit-clif needs --exec-mode compiled: bytecode mode generates no CLIF");
@@ -198,6 +203,7 @@ fn run(cli: Cli) -> Result<()> {
                 inline_builtins: !no_specialize,
                 stack_tensors: !no_specialize,
                 emit_clif: emit_clif.is_some(),
+                jobs,
                 instrument,
             };
             let target = match target {

@@ -225,9 +225,12 @@ int rvm_if_cond_error(const char *function, int64_t pc, const TVMFFIAny *cond) {
   return -1;
 }
 
-int rvm_compiled_fail(rvm_vm *vm, int64_t func, int64_t pc, int64_t callee) {
-  const rvm_func_info *funcs = vm->program->funcs;
-  rvm_error_locate(funcs[func].name, pc, funcs[callee].name);
+int rvm_compiled_fail(rvm_vm *vm, int64_t func, int64_t pc) {
+  const rvm_program *prog = vm->program;
+  const int64_t *ins = prog->instr_data + prog->instr_offset[prog->funcs[func].start_instr + pc];
+  /* Compiled code fails only at Calls (If's own error has its own path). */
+  const char *callee = ins[0] == RVM_OP_CALL ? prog->funcs[ins[2]].name : "?";
+  rvm_error_locate(prog->funcs[func].name, pc, callee);
   return -1;
 }
 

@@ -50,12 +50,24 @@ pub struct ObjectInputs<'a> {
     pub cuda: &'a [CudaModule],
     /// Optional runtime functions to refer to (so that the link takes their files).
     pub runtime_refs: &'a [String],
+    /// Packed functions whose results are never objects (TVM's TIR kernels), by name.
+    pub scalar_results: &'a BTreeSet<String>,
     pub target: &'a target_lexicon::Triple,
 }
 
 /// Emits the whole model object.
 pub fn emit_object(inputs: &ObjectInputs) -> Result<EmittedObject, CodegenError> {
-    let ObjectInputs { exec, symbols, mode, native: native_options, shape_funcs, cuda, runtime_refs, target } = *inputs;
+    let ObjectInputs {
+        exec,
+        symbols,
+        mode,
+        native: native_options,
+        shape_funcs,
+        cuda,
+        runtime_refs,
+        scalar_results,
+        target,
+    } = *inputs;
     let mut module = super::object_module("model", target)?;
     define_runtime_refs(&mut module, runtime_refs)?;
     let mut taken: BTreeSet<String> = symbols.iter().flatten().cloned().collect();
@@ -65,7 +77,13 @@ pub fn emit_object(inputs: &ObjectInputs) -> Result<EmittedObject, CodegenError>
     super::shape_func::define(&mut module, shape_funcs)?;
     let cuda_listing = super::cuda_tables::define(&mut module, cuda)?;
     let native = match mode {
-        ExecMode::Compiled => super::native::compile_functions(&mut module, exec, symbols, native_options)?,
+        ExecMode::Compiled => {
+            let mut scalar: BTreeSet<String> = scalar_results.clone();
+            // relaxc's own shape functions and CUDA launchers return nothing.
+            scalar.extend(shape_funcs.iter().map(|f| f.name.clone()));
+            scalar.extend(cuda.iter().flat_map(|m| m.kernels.iter().map(|k| k.name.clone())));
+            super::native::compile_functions(&mut module, exec, symbols, &scalar, native_options)?
+        }
         ExecMode::Bytecode => Default::default(),
     };
     let mut mode_word = if mode == ExecMode::Compiled { 1 } else { 0 };

@@ -106,7 +106,7 @@ pub fn import_tar(path: &Path) -> Result<TvmExport, ImportError> {
     let exec_bytes = executable_payload(member, &blob)?.to_vec();
     let mut kernels = Vec::new();
     if let Some(bytes) = lib0_o {
-        kernels.push(KernelObject::parse("lib0.o", bytes)?);
+        kernels.push(KernelObject::parse("lib0.o", bytes)?.with_scalar_results());
     } else if let Some(src) = lib0_c {
         if !String::from_utf8_lossy(&src).trim().trim_matches(';').trim().is_empty() {
             return Err(ImportError::Object {

@@ -230,9 +230,10 @@ impl<'a> Gen<'a> {
         }
     }
 
-    /// A new float32[4] tensor computed by a kernel. `local` code (inside a branch or a loop)
-    /// keeps no storage alive, so the outer code's view of live values stays true.
-    fn tensor_op(&mut self, local: bool) -> i64 {
+    /// A new float32[4] tensor, not yet written: in a kept storage, or in a fresh one that is
+    /// killed at once or kept. `local` code (inside a branch or a loop) keeps no storage alive,
+    /// so the outer code's view of live values stays true.
+    fn fresh_tensor(&mut self, local: bool) -> i64 {
         let s = self.s;
         let reuse = !local && !self.storages.is_empty() && self.rng.chance(50);
         let storage = if reuse {
@@ -253,6 +254,13 @@ impl<'a> Gen<'a> {
                 self.storages.push(storage);
             }
         }
+        t
+    }
+
+    /// A new float32[4] tensor computed by a kernel.
+    fn tensor_op(&mut self, local: bool) -> i64 {
+        let s = self.s;
+        let t = self.fresh_tensor(local);
         let a = self.rng.pick(&self.tensors);
         let b = self.rng.pick(&self.tensors);
         match (self.rng.below(4), a, b) {
@@ -269,6 +277,41 @@ impl<'a> Gen<'a> {
         }
         self.tensors.push(t);
         t
+    }
+
+    /// A tensor that lives for two kernel calls and dies (the pattern compiled mode builds on
+    /// the native stack): filled, added to a live tensor into a new one, killed. Its storage is a
+    /// kept one (written once, perhaps long before), or a fresh one killed after the tensor, or
+    /// killed while the tensor still lives (which must keep it off the fast path). Nothing but
+    /// the new tensor is written: parameters are the caller's.
+    fn temp_op(&mut self, local: bool) {
+        let s = self.s;
+        let Some(input) = self.rng.pick(&self.tensors) else { return };
+        let kept = !local && !self.storages.is_empty() && self.rng.chance(50);
+        let storage = if kept {
+            self.rng.pick(&self.storages).expect("a storage")
+        } else {
+            let r = self.reg();
+            let args =
+                vec![Arg::Reg(VM_REG), Arg::Const(s.bytes16), Arg::Imm(0), Arg::Const(s.u8), Arg::Const(s.global)];
+            self.call(r, s.alloc_storage, args);
+            r
+        };
+        let t = self.reg();
+        self.call(t, s.alloc_tensor, vec![Arg::Reg(storage), Arg::Imm(0), Arg::Const(s.shape4), Arg::Const(s.f32)]);
+        let early_kill = !kept && self.rng.chance(30);
+        if early_kill {
+            self.call(storage, s.null_value, vec![]);
+        }
+        let v = self.int_arg();
+        self.call(VOID_REG, s.rk[FILL], vec![Arg::Reg(t), v]);
+        let out = self.fresh_tensor(local);
+        self.call(VOID_REG, s.rk[ADD], vec![Arg::Reg(t), Arg::Reg(input), Arg::Reg(out)]);
+        self.call(t, s.null_value, vec![]);
+        if !kept && !early_kill {
+            self.call(storage, s.null_value, vec![]);
+        }
+        self.tensors.push(out);
     }
 
     fn int_op(&mut self) {
@@ -293,9 +336,10 @@ impl<'a> Gen<'a> {
     fn statement(&mut self) {
         let s = self.s;
         match self.rng.below(100) {
-            0..=34 => {
+            0..=24 => {
                 self.tensor_op(false);
             }
+            25..=34 => self.temp_op(false),
             35..=44 => self.int_op(),
             45..=51 => {
                 let n = self.rng.below(4);
@@ -388,6 +432,9 @@ impl<'a> Gen<'a> {
         for _ in 0..1 + self.rng.below(2) {
             self.tensor_op(true);
         }
+        if self.rng.chance(50) {
+            self.temp_op(true);
+        }
         let then_value = *self.tensors.last().expect("a tensor");
         self.call(merge, s.copy, vec![Arg::Reg(then_value)]);
         let goto_pc = self.b.next_pc();
@@ -417,6 +464,9 @@ impl<'a> Gen<'a> {
         let top = self.b.next_pc();
         let saved = (self.tensors.clone(), self.ints.clone());
         self.tensors.push(acc);
+        if self.rng.chance(50) {
+            self.temp_op(true);
+        }
         let u = self.tensor_op(true);
         self.call(acc, s.copy, vec![Arg::Reg(u)]);
         self.call(u, s.null_value, vec![]);

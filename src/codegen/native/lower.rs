@@ -1,12 +1,20 @@
 //! Lowering one Relax function (or one chunk of it) to Cranelift IR on the register file. A
-//! Call stages its arguments in a stack array and calls its target directly (kernels and
-//! builtins by symbol; Relax functions through `rvm_invoke`); Goto/If become branches; every
-//! failing call branches to one error block that records the function and pc, exactly as the
-//! interpreter reports them. Builtins the shim marks RVM_INLINED are written inline, and tensors
-//! `stack_tensors` proves short-lived are built in the native frame; anything the fast path
-//! cannot prove at run time (a register not holding a Storage, a view that does not fit) falls
-//! back to the builtin, which also reports the error exactly as bytecode does. Every offset
-//! into a VM structure comes from `crate::abi`.
+//! Call stages its arguments in an array on the native stack and calls its target directly
+//! (kernels and builtins by symbol; Relax functions through `rvm_invoke`); Goto/If become
+//! branches; every failing call branches to one error block that records the function and pc,
+//! exactly as the interpreter reports them. Builtins the shim marks RVM_INLINED are written
+//! inline, and tensors `stack_tensors` finds short-lived are built in the native frame; anything
+//! a fast path cannot prove at compile time is checked at run time and falls back to the
+//! builtin, which also reports the error exactly as bytecode does. Every offset into a VM
+//! structure comes from `crate::abi`.
+//!
+//! Code size is what limits compiled mode on big models (the code of a long function is
+//! streamed through the instruction cache on every call), so within a basic block the lowering
+//! remembers what the native frame already holds: each word of the argument array (callees
+//! take it as `const` and leave it as it was), each stack tensor's DLTensor, which registers are
+//! virtual, and whether the result cell may hold bits of an object we do not own. A store whose
+//! value is already there is not emitted. In a chain of kernel calls on stack tensors that leaves
+//! the call itself and the argument words that change.
 
 use std::collections::HashMap;
 use std::mem::{offset_of, size_of};
@@ -20,7 +28,8 @@ use cranelift_frontend::FunctionBuilder;
 use cranelift_module::{FuncId, Module};
 use cranelift_object::ObjectModule;
 
-use super::{Shared, chunks, stack_tensors};
+use super::stack_tensors::{self, FunctionFacts, Site, View};
+use super::{Shared, chunks};
 use crate::abi::{self, ANY_PAYLOAD, ANY_SIZE, ANY_TYPE_INDEX, DLTensor};
 use crate::codegen::CodegenError;
 use crate::codegen::shim::{Builtin, declare_call, find_builtin};
@@ -60,12 +69,73 @@ const _: () = assert!(offset_of!(DLTensor, dtype) == offset_of!(DLTensor, ndim) 
 const _: () = assert!(offset_of!(DLTensor, ndim).is_multiple_of(8));
 const _: () = assert!(size_of::<abi::DLDevice>() == size_of::<i64>());
 
+/// One 8-byte word of an Any (its type word, or its payload) as the lowering knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Word {
+    /// A constant: a type index (with zero padding), an immediate, a float's or dtype's bits.
+    Bits(i64),
+    /// The same word of register r, of constant c, of function-pool entry g.
+    Reg(i64),
+    Const(i64),
+    Func(i64),
+    /// The address of DLTensor slot k.
+    Slot(usize),
+    /// The VM pointer.
+    Vm,
+}
+
+/// What the native frame holds at this point of the block, as far as the lowering knows.
+#[derive(Default)]
+struct Known {
+    /// Each word of the argument array: [2i] the type word of argument i, [2i + 1] its payload.
+    argv: Vec<Option<Word>>,
+    /// The view each DLTensor slot holds.
+    slots: Vec<Option<View>>,
+    /// Virtual registers: the slot whose tensor each holds (the register itself stays None).
+    virtual_regs: HashMap<i64, usize>,
+    /// The result cell may hold the bits of an object nobody here owns (moved out of it, or
+    /// never written): it must be cleared before a call whose result is dropped.
+    ret_dirty: bool,
+}
+
+impl Known {
+    fn new(max_args: usize, slots: usize) -> Known {
+        Known {
+            argv: vec![None; 2 * max_args],
+            slots: vec![None; slots],
+            virtual_regs: HashMap::new(),
+            ret_dirty: true,
+        }
+    }
+
+    /// Forgets everything: another path may have left the frame otherwise.
+    fn forget(&mut self) {
+        self.argv.iter_mut().for_each(|w| *w = None);
+        self.slots.iter_mut().for_each(|v| *v = None);
+        self.virtual_regs.clear();
+        self.ret_dirty = true;
+    }
+
+    /// Register r was written: copies of it are stale, and it is no longer virtual.
+    fn written(&mut self, r: i64) {
+        for w in self.argv.iter_mut() {
+            if *w == Some(Word::Reg(r)) {
+                *w = None;
+            }
+        }
+        self.virtual_regs.remove(&r);
+    }
+}
+
 pub struct Lowering<'a> {
     shared: &'a Shared<'a>,
     func: usize,
     module: &'a mut ObjectModule,
     /// Each callee declared once per function, not once per call site.
     declared: HashMap<FuncId, FuncRef>,
+    known: Known,
+    /// Whether `known` may be trusted (not in an instrumented build, whose hook sees every call).
+    track: bool,
 }
 
 /// Values every block can use (defined in the entry block, which dominates all).
@@ -78,6 +148,8 @@ struct Env {
     argv: Value,
     ret: Value,
     error: Block,
+    /// The DLTensor slots of stack tensors.
+    slots: Vec<StackSlot>,
 }
 
 fn flags() -> MemFlagsData {
@@ -91,9 +163,11 @@ fn reg_offset(r: i64) -> i32 {
 
 /// Blocks start at jump targets and after control transfers; also returns the most arguments
 /// any call passes (the size of the staging array).
-fn leaders(instrs: &[Instr]) -> (Vec<bool>, usize) {
+pub fn leaders(instrs: &[Instr]) -> (Vec<bool>, usize) {
     let mut leader = vec![false; instrs.len()];
-    leader[0] = true;
+    if let Some(first) = leader.first_mut() {
+        *first = true;
+    }
     let mut max_args = 1;
     for (i, ins) in instrs.iter().enumerate() {
         let mut mark = |t: i64| {
@@ -119,7 +193,8 @@ fn leaders(instrs: &[Instr]) -> (Vec<bool>, usize) {
 
 impl<'a> Lowering<'a> {
     pub fn new(shared: &'a Shared<'a>, func: usize, module: &'a mut ObjectModule) -> Lowering<'a> {
-        Lowering { shared, func, module, declared: HashMap::new() }
+        let track = !shared.options.instrument;
+        Lowering { shared, func, module, declared: HashMap::new(), known: Known::default(), track }
     }
 
     /// A reference to a function linked into the same shared object (kernels, builtins, the
@@ -141,29 +216,26 @@ impl<'a> Lowering<'a> {
 
     /// Lowers instructions [lo, hi) of the function. The native function returns 0 after Ret,
     /// -1 on error, and [`chunks::CONTINUE`] when execution runs past `hi` into the next chunk.
-    pub fn lower(mut self, b: &mut FunctionBuilder, all: &[Instr], lo: usize, hi: usize) {
+    pub fn lower(mut self, b: &mut FunctionBuilder, all: &[Instr], facts: &FunctionFacts, lo: usize, hi: usize) {
         let instrs = &all[lo..hi];
         let (leader, max_args) = leaders(instrs);
         let options = self.shared.options;
         let sites = if options.stack_tensors && !options.instrument {
-            stack_tensors::sites(self.shared.exec, self.shared.symbols, instrs, &leader)
+            stack_tensors::sites(self.shared.exec, self.shared.symbols, facts, instrs, lo, &leader)
         } else {
             HashMap::new()
         };
-        let env = prologue(b, max_args);
-        let mut slots = Vec::new();
-        let mut tensor_slots = HashMap::new();
+        let mut env = prologue(b, max_args);
+        let mut tensor_slots: HashMap<usize, (usize, Site)> = HashMap::new();
         for (site, slot) in stack_tensors::assign_slots(&sites) {
-            while slots.len() <= slot {
+            while env.slots.len() <= slot {
                 let size = size_of::<DLTensor>() as u32;
-                slots.push(b.create_sized_stack_slot(StackSlotData::new(
-                    StackSlotKind::ExplicitSlot,
-                    size,
-                    SLOT_ALIGN_SHIFT,
-                )));
+                let data = StackSlotData::new(StackSlotKind::ExplicitSlot, size, SLOT_ALIGN_SHIFT);
+                env.slots.push(b.create_sized_stack_slot(data));
             }
-            tensor_slots.insert(site, slots[slot]);
+            tensor_slots.insert(site, (slot, sites[&site]));
         }
+        self.known = Known::new(max_args, env.slots.len());
 
         let blocks: Vec<Option<Block>> = leader.iter().map(|&l| l.then(|| b.create_block())).collect();
         b.ins().jump(blocks[0].expect("first block"), &[]);
@@ -174,6 +246,7 @@ impl<'a> Lowering<'a> {
                     b.ins().jump(block, &[]);
                 }
                 b.switch_to_block(block);
+                self.known.forget();
                 open = true;
             }
             if !open {
@@ -185,7 +258,8 @@ impl<'a> Lowering<'a> {
             let target = |off: i64| blocks[(i as i64 + off) as usize].expect("jump targets are leaders");
             match ins {
                 Instr::Call { dst, func, args } => match tensor_slots.get(&i) {
-                    Some(slot) => self.stack_tensor(b, &env, pc, *dst, *func, args, *slot),
+                    Some(&(slot, site)) if site.proven => self.proven_tensor(b, &env, *dst, slot, site.view),
+                    Some(&(slot, site)) => self.checked_tensor(b, &env, pc, *dst, args, slot, site.end),
                     None => self.call(b, &env, pc, *dst, *func, args),
                 },
                 Instr::Ret { result } => {
@@ -201,6 +275,9 @@ impl<'a> Lowering<'a> {
                     open = false;
                 }
             }
+            if !self.track {
+                self.known.forget();
+            }
         }
 
         b.set_srcloc(SourceLoc::default());
@@ -214,6 +291,7 @@ impl<'a> Lowering<'a> {
 
     /// Ret: moves the result register into *result.
     fn ret(&mut self, b: &mut FunctionBuilder, env: &Env, result: i64) {
+        debug_assert!(!self.known.virtual_regs.contains_key(&result), "a virtual register never reaches a Ret");
         if result < VOID_REG {
             copy_any(b, env.regs, reg_offset(result), env.result, 0);
             zero_any(b, env.regs, reg_offset(result));
@@ -246,47 +324,94 @@ impl<'a> Lowering<'a> {
         b.ins().brif(v, then, &[], otherwise, &[]);
     }
 
-    /// The one error path: records where (pc and callee arrive as block arguments), then returns
-    /// the failure.
+    /// The one error path: records where (the failing call's pc arrives as a block argument; the
+    /// shim reads the callee from the instruction), then returns the failure.
     fn error_block(&mut self, b: &mut FunctionBuilder, env: &Env) {
-        b.append_block_param(env.error, types::I64);
         b.append_block_param(env.error, types::I64);
         b.set_cold_block(env.error);
         b.switch_to_block(env.error);
-        let ep = b.block_params(env.error).to_vec();
+        let pc = b.block_params(env.error)[0];
         let fail = self.callee(self.shared.shim.fail, b);
         let fidx = b.ins().iconst(types::I64, self.func as i64);
-        let call = b.ins().call(fail, &[env.vm, fidx, ep[0], ep[1]]);
+        let call = b.ins().call(fail, &[env.vm, fidx, pc]);
         let rc = b.inst_results(call)[0];
         b.ins().return_(&[rc]);
     }
 
-    /// alloc_tensor(storage, offset, shape, dtype) as a DLTensor in the native frame; the builtin
-    /// runs instead when the storage register does not hold a Storage the view fits in.
+    /// A stack tensor proven at compile time: its DLTensor is written where it differs from what
+    /// the slot already holds, and its register becomes virtual.
+    fn proven_tensor(&mut self, b: &mut FunctionBuilder, env: &Env, dst: i64, slot: usize, view: View) {
+        let previous = self.known.slots[slot];
+        if previous != Some(view) {
+            let t_addr = b.ins().stack_addr(types::I64, env.slots[slot], 0);
+            let differs = |field: fn(&View) -> i64| previous.is_none_or(|p| field(&p) != field(&view));
+            if differs(|v| v.storage) {
+                let storage = b.ins().load(types::I64, flags(), env.regs, reg_offset(view.storage) + ANY_PAYLOAD);
+                let data = b.ins().load(types::I64, flags(), storage, abi::STORAGE_DATA);
+                b.ins().store(flags(), data, t_addr, offset_of!(DLTensor, data) as i32);
+                // The storage's device: the CPU, or the VM's CUDA device.
+                let device = b.ins().load(types::I64, flags(), storage, abi::STORAGE_DEVICE);
+                b.ins().store(flags(), device, t_addr, offset_of!(DLTensor, device) as i32);
+            }
+            self.write_view_constants(b, env, t_addr, view, previous);
+            self.known.slots[slot] = Some(view);
+        }
+        self.known.virtual_regs.insert(dst, slot);
+    }
+
+    /// The DLTensor fields that come from the view's constants (shape, ndim and dtype, strides,
+    /// byte offset), where they differ from the slot's previous view.
+    fn write_view_constants(
+        &mut self,
+        b: &mut FunctionBuilder,
+        env: &Env,
+        t_addr: Value,
+        view: View,
+        previous: Option<View>,
+    ) {
+        let constants = &self.shared.exec.constants;
+        let (Constant::Shape(dims), Constant::DataType(dtype)) =
+            (&constants[view.shape as usize], &constants[view.dtype as usize])
+        else {
+            unreachable!("checked by stack_tensors::sites")
+        };
+        let differs = |field: fn(&View) -> i64| previous.is_none_or(|p| field(&p) != field(&view));
+        if differs(|v| v.shape) {
+            let shape_obj = b.ins().load(types::I64, flags(), env.consts, reg_offset(view.shape) + ANY_PAYLOAD);
+            let shape_ptr = b.ins().load(types::I64, flags(), shape_obj, abi::SHAPE_DIMS);
+            b.ins().store(flags(), shape_ptr, t_addr, offset_of!(DLTensor, shape) as i32);
+        }
+        if differs(|v| v.shape) || differs(|v| v.dtype) {
+            let dtype_word = abi::DLDataType { code: dtype.code, bits: dtype.bits, lanes: dtype.lanes }.word() as i64;
+            let ndim_dtype = b.ins().iconst(types::I64, dims.len() as i64 | dtype_word << NDIM_DTYPE_SHIFT);
+            b.ins().store(flags(), ndim_dtype, t_addr, offset_of!(DLTensor, ndim) as i32);
+        }
+        if previous.is_none() {
+            let zero = b.ins().iconst(types::I64, 0);
+            b.ins().store(flags(), zero, t_addr, offset_of!(DLTensor, strides) as i32);
+        }
+        if differs(|v| v.offset) {
+            let off = b.ins().iconst(types::I64, view.offset);
+            b.ins().store(flags(), off, t_addr, offset_of!(DLTensor, byte_offset) as i32);
+        }
+    }
+
+    /// alloc_tensor(storage, offset, shape, dtype) as a DLTensor in the native frame, checked at
+    /// run time: the builtin runs instead when the storage register does not hold a Storage the
+    /// view fits in. The register holds the tensor either way.
     #[allow(clippy::too_many_arguments)]
-    fn stack_tensor(
+    fn checked_tensor(
         &mut self,
         b: &mut FunctionBuilder,
         env: &Env,
         pc: i64,
         dst: i64,
-        callee: i64,
         args: &[Arg],
-        slot: StackSlot,
+        slot: usize,
+        end: i64,
     ) {
         let [Arg::Reg(s), Arg::Imm(offset), Arg::Const(shape_c), Arg::Const(dtype_c)] = *args else {
             unreachable!("checked by stack_tensors::sites")
-        };
-        let constants = &self.shared.exec.constants;
-        let (Constant::Shape(dims), Constant::DataType(dtype)) =
-            (&constants[shape_c as usize], &constants[dtype_c as usize])
-        else {
-            unreachable!("checked by stack_tensors::sites")
-        };
-        let elems = dims.iter().try_fold(1i64, |a, &d| if d < 0 { None } else { a.checked_mul(d) });
-        let nbytes = elems.and_then(|e| e.checked_mul(dtype.bits as i64 * dtype.lanes as i64)).map(|b| (b + 7) / 8);
-        let Some(end) = nbytes.and_then(|n| n.checked_add(offset)) else {
-            return self.call(b, env, pc, dst, callee, args); // the builtin reports the bad size
         };
         let (fast, slow, join) = (b.create_block(), b.create_block(), b.create_block());
         let t = b.ins().load(types::I32, flags(), env.regs, reg_offset(s) + ANY_TYPE_INDEX);
@@ -300,29 +425,15 @@ impl<'a> Lowering<'a> {
         b.ins().brif(fits, fast, &[], slow, &[]);
 
         b.switch_to_block(fast);
+        let t_addr = b.ins().stack_addr(types::I64, env.slots[slot], 0);
         let data = b.ins().load(types::I64, flags(), storage, abi::STORAGE_DATA);
-        let shape_obj = b.ins().load(types::I64, flags(), env.consts, reg_offset(shape_c) + ANY_PAYLOAD);
-        let shape_ptr = b.ins().load(types::I64, flags(), shape_obj, abi::SHAPE_DIMS);
-        let t_addr = b.ins().stack_addr(types::I64, slot, 0);
-        let word = |b: &mut FunctionBuilder, v: i64| b.ins().iconst(types::I64, v);
-        // The storage's device: the CPU, or the VM's CUDA device.
+        b.ins().store(flags(), data, t_addr, offset_of!(DLTensor, data) as i32);
         let device = b.ins().load(types::I64, flags(), storage, abi::STORAGE_DEVICE);
-        let dtype_word = abi::DLDataType { code: dtype.code, bits: dtype.bits, lanes: dtype.lanes }.word() as i64;
-        let ndim_dtype = word(b, dims.len() as i64 | dtype_word << NDIM_DTYPE_SHIFT);
-        let zero = word(b, 0);
-        let off = word(b, offset);
-        for (at, v) in [
-            (offset_of!(DLTensor, data), data),
-            (offset_of!(DLTensor, device), device),
-            (offset_of!(DLTensor, ndim), ndim_dtype),
-            (offset_of!(DLTensor, shape), shape_ptr),
-            (offset_of!(DLTensor, strides), zero),
-            (offset_of!(DLTensor, byte_offset), off),
-        ] {
-            b.ins().store(flags(), v, t_addr, at as i32);
-        }
+        b.ins().store(flags(), device, t_addr, offset_of!(DLTensor, device) as i32);
+        let view = View { storage: s, offset, shape: shape_c, dtype: dtype_c };
+        self.write_view_constants(b, env, t_addr, view, None);
         self.release(b, env.regs, reg_offset(dst));
-        let dltensor_ptr = word(b, abi::TYPE_DLTENSOR_PTR as i64);
+        let dltensor_ptr = b.ins().iconst(types::I64, abi::TYPE_DLTENSOR_PTR as i64);
         b.ins().store(flags(), dltensor_ptr, env.regs, reg_offset(dst) + ANY_TYPE_INDEX);
         b.ins().store(flags(), t_addr, env.regs, reg_offset(dst) + ANY_PAYLOAD);
         b.ins().jump(join, &[]);
@@ -337,8 +448,11 @@ impl<'a> Lowering<'a> {
         let off = b.ins().iconst(types::I64, offset);
         let call = b.ins().call(into, &[dst_addr, storage_addr, off, shape_addr, dtype_addr]);
         let rc = b.inst_results(call)[0];
-        self.branch_on_failure(b, env, rc, pc, callee, join);
+        self.branch_on_failure(b, env, rc, pc, join);
         b.switch_to_block(join);
+        // Only the fast path wrote the slot.
+        self.known.slots[slot] = None;
+        self.known.written(dst);
     }
 
     /// A builtin's work written inline; false when `callee` is not one compiled mode inlines.
@@ -351,16 +465,18 @@ impl<'a> Lowering<'a> {
             return false;
         };
         match (builtin.name, args) {
-            // Drop what dst holds.
+            // Drop what dst holds (a virtual register already holds None).
             ("vm.builtin.null_value", []) => {
-                if dst < VOID_REG {
+                if self.known.virtual_regs.remove(&dst).is_none() && dst < VOID_REG {
                     self.release(b, env.regs, reg_offset(dst));
                     zero_any(b, env.regs, reg_offset(dst));
+                    self.known.written(dst);
                 }
                 true
             }
             // dst = a new reference to src.
             ("vm.builtin.copy", [Arg::Reg(src)]) if *src < VOID_REG => {
+                debug_assert!(!self.known.virtual_regs.contains_key(src), "only kernels read virtual registers");
                 if dst < VOID_REG {
                     let t = b.ins().load(types::I64, flags(), env.regs, reg_offset(*src) + ANY_TYPE_INDEX);
                     let v = b.ins().load(types::I64, flags(), env.regs, reg_offset(*src) + ANY_PAYLOAD);
@@ -368,6 +484,7 @@ impl<'a> Lowering<'a> {
                     self.release(b, env.regs, reg_offset(dst));
                     b.ins().store(flags(), t, env.regs, reg_offset(dst) + ANY_TYPE_INDEX);
                     b.ins().store(flags(), v, env.regs, reg_offset(dst) + ANY_PAYLOAD);
+                    self.known.written(dst);
                 }
                 true
             }
@@ -380,10 +497,14 @@ impl<'a> Lowering<'a> {
             return;
         }
         for (i, a) in args.iter().enumerate() {
-            self.stage_arg(b, env, reg_offset(i as i64), *a);
+            self.stage_arg(b, env, i, *a);
         }
-        let zero = b.ins().iconst(types::I64, 0);
-        b.ins().store(flags(), zero, env.ret, ANY_TYPE_INDEX);
+        if dst < VOID_REG || self.known.ret_dirty {
+            // A callee that writes no result leaves None.
+            let zero = b.ins().iconst(types::I64, 0);
+            b.ins().store(flags(), zero, env.ret, ANY_TYPE_INDEX);
+            self.known.ret_dirty = false;
+        }
         let nargs = b.ins().iconst(types::I32, args.len() as i64);
         let shared = self.shared;
         let call = match &shared.packed[callee as usize] {
@@ -405,64 +526,92 @@ impl<'a> Lowering<'a> {
         };
         let rc = b.inst_results(call)[0];
         let cont = b.create_block();
-        self.branch_on_failure(b, env, rc, pc, callee, cont);
+        self.branch_on_failure(b, env, rc, pc, cont);
         b.switch_to_block(cont);
         if dst < VOID_REG {
             self.release(b, env.regs, reg_offset(dst));
             copy_any(b, env.ret, 0, env.regs, reg_offset(dst));
-        } else {
-            self.release(b, env.ret, 0);
+            self.known.written(dst);
+            // The result cell still holds the bits of what dst now owns.
+            self.known.ret_dirty = true;
+        } else if shared.returns_objects[callee as usize] {
+            self.drop_result(b, env);
         }
     }
 
-    /// Writes argument `a` as a borrowed view at argv + at.
-    fn stage_arg(&mut self, b: &mut FunctionBuilder, env: &Env, at: i32, a: Arg) {
-        let pod = |b: &mut FunctionBuilder, type_index: i32, payload: Value| {
-            let t = b.ins().iconst(types::I64, type_index as i64);
-            b.ins().store(flags(), t, env.argv, at + ANY_TYPE_INDEX);
-            b.ins().store(flags(), payload, env.argv, at + ANY_PAYLOAD);
-        };
+    /// Releases the result of a call whose result is dropped, if it is an object (a cold path
+    /// that also clears the cell, so the next such call need not).
+    fn drop_result(&mut self, b: &mut FunctionBuilder, env: &Env) {
+        let t = b.ins().load(types::I32, flags(), env.ret, ANY_TYPE_INDEX);
+        let is_obj = b.ins().icmp_imm_s(IntCC::SignedGreaterThanOrEqual, t, abi::TYPE_STATIC_OBJECT_BEGIN as i64);
+        let (drop_block, after) = (b.create_block(), b.create_block());
+        b.ins().brif(is_obj, drop_block, &[], after, &[]);
+        b.set_cold_block(drop_block);
+        b.switch_to_block(drop_block);
+        let obj = b.ins().load(types::I64, flags(), env.ret, ANY_PAYLOAD);
+        let decref = self.callee(self.shared.shim.decref, b);
+        b.ins().call(decref, &[obj]);
+        let zero = b.ins().iconst(types::I64, 0);
+        b.ins().store(flags(), zero, env.ret, ANY_TYPE_INDEX);
+        b.ins().jump(after, &[]);
+        b.switch_to_block(after);
+    }
+
+    /// The two words argument `a` is staged as.
+    fn arg_words(&self, a: Arg) -> (Word, Word) {
         match a {
-            Arg::Reg(VOID_REG) => {
-                let z = b.ins().iconst(types::I64, 0);
-                pod(b, abi::TYPE_NONE, z);
-            }
-            Arg::Reg(VM_REG) => pod(b, abi::TYPE_OPAQUE_PTR, env.vm),
-            Arg::Reg(r) => copy_any(b, env.regs, reg_offset(r), env.argv, at),
-            Arg::Imm(v) => {
-                let v = b.ins().iconst(types::I64, v);
-                pod(b, abi::TYPE_INT, v);
-            }
+            Arg::Reg(VOID_REG) => (Word::Bits(abi::TYPE_NONE as i64), Word::Bits(0)),
+            Arg::Reg(VM_REG) => (Word::Bits(abi::TYPE_OPAQUE_PTR as i64), Word::Vm),
+            Arg::Reg(r) => match self.known.virtual_regs.get(&r) {
+                Some(&slot) => (Word::Bits(abi::TYPE_DLTENSOR_PTR as i64), Word::Slot(slot)),
+                None => (Word::Reg(r), Word::Reg(r)),
+            },
+            Arg::Imm(v) => (Word::Bits(abi::TYPE_INT as i64), Word::Bits(v)),
+            // Values known at compile time are written as immediates.
             Arg::Const(c) => match &self.shared.exec.constants[c as usize] {
-                // Values known at compile time are written as immediates.
-                Constant::Int(v) => {
-                    let v = b.ins().iconst(types::I64, *v);
-                    pod(b, abi::TYPE_INT, v);
-                }
-                Constant::Float(v) => {
-                    let v = b.ins().iconst(types::I64, v.to_bits() as i64);
-                    pod(b, abi::TYPE_FLOAT, v);
-                }
+                Constant::Int(v) => (Word::Bits(abi::TYPE_INT as i64), Word::Bits(*v)),
+                Constant::Float(v) => (Word::Bits(abi::TYPE_FLOAT as i64), Word::Bits(v.to_bits() as i64)),
                 Constant::DataType(d) => {
                     let word = abi::DLDataType { code: d.code, bits: d.bits, lanes: d.lanes }.word();
-                    let v = b.ins().iconst(types::I64, word as i64);
-                    pod(b, abi::TYPE_DATA_TYPE, v);
+                    (Word::Bits(abi::TYPE_DATA_TYPE as i64), Word::Bits(word as i64))
                 }
-                _ => copy_any(b, env.consts, reg_offset(c), env.argv, at),
+                _ => (Word::Const(c), Word::Const(c)),
             },
-            Arg::Func(g) => copy_any(b, env.funcs, reg_offset(g), env.argv, at),
+            Arg::Func(g) => (Word::Func(g), Word::Func(g)),
         }
     }
 
-    /// Continues at `next` when `rc` is 0; otherwise a cold stub passes this call's pc and callee
-    /// to the shared error block (keeping those constants off the hot path).
-    fn branch_on_failure(&self, b: &mut FunctionBuilder, env: &Env, rc: Value, pc: i64, callee: i64, next: Block) {
+    /// Writes argument `a` as a borrowed view into slot `index` of the argument array, storing
+    /// only the words that do not already hold it.
+    fn stage_arg(&mut self, b: &mut FunctionBuilder, env: &Env, index: usize, a: Arg) {
+        let (type_word, payload) = self.arg_words(a);
+        let at = reg_offset(index as i64);
+        for (k, (word, field)) in [(type_word, ANY_TYPE_INDEX), (payload, ANY_PAYLOAD)].into_iter().enumerate() {
+            if self.track && self.known.argv[2 * index + k] == Some(word) {
+                continue;
+            }
+            let value = match word {
+                Word::Bits(v) => b.ins().iconst(types::I64, v),
+                Word::Reg(r) => b.ins().load(types::I64, flags(), env.regs, reg_offset(r) + field),
+                Word::Const(c) => b.ins().load(types::I64, flags(), env.consts, reg_offset(c) + field),
+                Word::Func(g) => b.ins().load(types::I64, flags(), env.funcs, reg_offset(g) + field),
+                Word::Slot(slot) => b.ins().stack_addr(types::I64, env.slots[slot], 0),
+                Word::Vm => env.vm,
+            };
+            b.ins().store(flags(), value, env.argv, at + field);
+            self.known.argv[2 * index + k] = Some(word);
+        }
+    }
+
+    /// Continues at `next` when `rc` is 0; otherwise a cold stub passes this call's pc to the
+    /// shared error block (keeping the constant off the hot path).
+    fn branch_on_failure(&self, b: &mut FunctionBuilder, env: &Env, rc: Value, pc: i64, next: Block) {
         let stub = b.create_block();
         b.set_cold_block(stub);
         b.ins().brif(rc, stub, &[], next, &[]);
         b.switch_to_block(stub);
-        let (pcv, cv) = (b.ins().iconst(types::I64, pc), b.ins().iconst(types::I64, callee));
-        b.ins().jump(env.error, &[BlockArg::Value(pcv), BlockArg::Value(cv)]);
+        let pcv = b.ins().iconst(types::I64, pc);
+        b.ins().jump(env.error, &[BlockArg::Value(pcv)]);
     }
 
     /// Drops the reference held by the Any at `at + off`, if it holds an object.
@@ -510,7 +659,7 @@ fn prologue(b: &mut FunctionBuilder, max_args: usize) -> Env {
     let argv = b.ins().stack_addr(types::I64, argv_slot, 0);
     let ret = b.ins().stack_addr(types::I64, ret_slot, 0);
     let error = b.create_block();
-    Env { vm: p[0], regs: p[1], result: p[2], consts: p[3], funcs: p[4], argv, ret, error }
+    Env { vm: p[0], regs: p[1], result: p[2], consts: p[3], funcs: p[4], argv, ret, error, slots: Vec::new() }
 }
 
 /// Copies the 16-byte Any at `from + from_off` to `to + to_off` (no reference taken).

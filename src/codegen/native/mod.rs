@@ -7,11 +7,16 @@ mod chunks;
 mod lower;
 mod stack_tensors;
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cranelift_codegen::Context;
+use cranelift_codegen::control::ControlPlane;
+use cranelift_codegen::isa::TargetIsa;
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
-use cranelift_module::{FuncId, Linkage, Module};
+use cranelift_module::{FuncId, Linkage, Module, ModuleReloc};
 use cranelift_object::ObjectModule;
 
 use super::CodegenError;
@@ -44,6 +49,8 @@ pub struct NativeOptions {
     pub stack_tensors: bool,
     /// Keep each function's CLIF as text, with `; pc=N` comments, in [`NativeResult::clif`].
     pub emit_clif: bool,
+    /// Threads that compile functions to machine code (0: one per core).
+    pub jobs: usize,
     /// Every Call reports to the VM's instrument hook (`--instrument`): calls go through the
     /// shim's `rvm_instrumented_call`, nothing is inlined or built on the stack. In bytecode mode
     /// the flag marks the program so that the interpreter does the same.
@@ -57,6 +64,7 @@ impl Default for NativeOptions {
             inline_builtins: true,
             stack_tensors: true,
             emit_clif: false,
+            jobs: 0,
             instrument: false,
         }
     }
@@ -67,15 +75,21 @@ struct Shared<'a> {
     exec: &'a Verified,
     symbols: &'a [Option<String>],
     packed: Vec<Option<FuncId>>,
+    /// Per function-table entry: a call's result may be an object (to release when dropped).
+    returns_objects: Vec<bool>,
     shim: lower::Shim,
     options: &'a NativeOptions,
 }
 
-/// Lowers every Relax function of `exec` except those kept as bytecode.
+/// Lowers every Relax function of `exec` except those kept as bytecode. Functions (and chunks)
+/// are built into Cranelift IR one after another, compiled to machine code on all cores, and
+/// defined in the object in their original order, so the object is the same whatever the
+/// number of threads.
 pub fn compile_functions(
     module: &mut ObjectModule,
     exec: &Verified,
     symbols: &[Option<String>],
+    scalar_results: &BTreeSet<String>,
     options: &NativeOptions,
 ) -> Result<NativeResult, CodegenError> {
     let shim = lower::Shim::declare(module)?;
@@ -87,9 +101,10 @@ pub fn compile_functions(
             None => None,
         });
     }
-    let shared = Shared { exec, symbols, packed, shim, options };
+    let returns_objects = exec.funcs.iter().map(|f| !scalar_results.contains(&f.name)).collect();
+    let shared = Shared { exec, symbols, packed, returns_objects, shim, options };
     let mut result = NativeResult { compiled: vec![None; exec.funcs.len()], notes: Vec::new(), clif: String::new() };
-    let mut ctx = module.make_context();
+    let mut pending = Vec::new();
     let mut fctx = FunctionBuilderContext::new();
     for (index, f) in exec.funcs.iter().enumerate() {
         if f.kind != FuncKind::Bytecode {
@@ -99,20 +114,43 @@ pub fn compile_functions(
             result.notes.push((f.name.clone(), "kept as bytecode (--keep-bytecode)".to_string()));
             continue;
         }
-        let id = compile_function(module, &shared, index, &mut ctx, &mut fctx, &mut result.clif)?;
-        result.compiled[index] = Some(id);
+        result.compiled[index] = Some(build_function(module, &shared, index, &mut fctx, &mut pending)?);
+    }
+    let compiled = compile_all(module.isa(), exec, &mut pending, options.jobs)?;
+    for (p, code) in pending.iter().zip(compiled) {
+        module.define_function_bytes(p.id, code.alignment, &code.bytes, &code.relocs)?;
+        result.clif.push_str(&p.clif);
+        result.clif.push_str(&code.summary);
     }
     Ok(result)
 }
 
-/// Lowers Relax function `index`: one native function, or its chunks and a driver calling them.
-fn compile_function(
+/// A native function built as Cranelift IR, waiting to be compiled.
+struct Pending {
+    id: FuncId,
+    ctx: Context,
+    /// Its CLIF text with `; pc=N` comments (with --emit-clif), and the instructions to
+    /// summarize its machine code by.
+    clif: String,
+    source: Option<Vec<Instr>>,
+}
+
+/// A native function compiled to machine code.
+struct Compiled {
+    alignment: u64,
+    bytes: Vec<u8>,
+    relocs: Vec<ModuleReloc>,
+    summary: String,
+}
+
+/// Builds Relax function `index` as Cranelift IR: one native function, or its chunks and a
+/// driver calling them. Returns the id of the function the tables point at.
+fn build_function(
     module: &mut ObjectModule,
     shared: &Shared,
     index: usize,
-    ctx: &mut Context,
     fctx: &mut FunctionBuilderContext,
-    clif: &mut String,
+    pending: &mut Vec<Pending>,
 ) -> Result<FuncId, CodegenError> {
     let exec = shared.exec;
     let f = &exec.funcs[index];
@@ -120,42 +158,86 @@ fn compile_function(
     let instrs: Vec<Instr> =
         (f.start_instr..f.end_instr).map(|k| exec.instr(k as usize).expect("verified executable")).collect();
     let bounds = chunks::chunk_bounds(&instrs);
+    let facts = stack_tensors::FunctionFacts::of(exec, &instrs, f.num_args);
     let mut parts = Vec::new();
     for (k, &(lo, hi)) in bounds.iter().enumerate() {
         let symbol =
             if bounds.len() == 1 { native_symbol(&f.name) } else { format!("{}.part{k}", native_symbol(&f.name)) };
         let id = module.declare_function(&symbol, Linkage::Local, &sig)?;
+        let mut ctx = module.make_context();
         ctx.func.signature = sig.clone();
         let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
-        lower::Lowering::new(shared, index, module).lower(&mut b, &instrs, lo, hi);
+        lower::Lowering::new(shared, index, module).lower(&mut b, &instrs, &facts, lo, hi);
         b.finalize(module.isa().frontend_config());
+        let mut clif = String::new();
         if shared.options.emit_clif {
             let listing = |pc: u32| instrs.get(pc as usize).map(|i| exec.instr_text(i));
             clif.push_str(&format!("; {symbol}: Relax function {}, pc {lo}..{hi}\n", f.name));
             clif.push_str(&super::clif_text::annotated(&ctx.func, &listing));
             clif.push('\n');
         }
-        module.define_function(id, ctx)?;
-        if shared.options.emit_clif
-            && let Some(code) = ctx.compiled_code()
-        {
-            clif.push_str(&size_summary(exec, &instrs, code));
-            clif.push('\n');
-        }
-        module.clear_context(ctx);
+        let source = shared.options.emit_clif.then(|| instrs.clone());
+        pending.push(Pending { id, ctx, clif, source });
         parts.push(id);
     }
     if parts.len() == 1 {
         return Ok(parts[0]);
     }
     let id = module.declare_function(&native_symbol(&f.name), Linkage::Local, &sig)?;
+    let mut ctx = module.make_context();
     ctx.func.signature = sig.clone();
     let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
     chunks::chunk_driver(module, &mut b, &parts);
     b.finalize(module.isa().frontend_config());
-    module.define_function(id, ctx)?;
-    module.clear_context(ctx);
+    pending.push(Pending { id, ctx, clif: String::new(), source: None });
     Ok(id)
+}
+
+/// Compiles every pending function, on up to `jobs` threads (0: one per core).
+fn compile_all(
+    isa: &dyn TargetIsa,
+    exec: &Verified,
+    pending: &mut [Pending],
+    jobs: usize,
+) -> Result<Vec<Compiled>, CodegenError> {
+    let jobs = if jobs == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { jobs };
+    let jobs = jobs.clamp(1, pending.len().max(1));
+    let next = AtomicUsize::new(0);
+    let slots: Vec<Mutex<&mut Pending>> = pending.iter_mut().map(Mutex::new).collect();
+    let results: Vec<Mutex<Option<Result<Compiled, CodegenError>>>> = slots.iter().map(|_| Mutex::new(None)).collect();
+    let work = || {
+        loop {
+            let k = next.fetch_add(1, Ordering::Relaxed);
+            let Some(slot) = slots.get(k) else { break };
+            let mut p = slot.lock().expect("a compile thread panicked");
+            let compiled = compile_one(isa, exec, &mut p);
+            *results[k].lock().expect("a compile thread panicked") = Some(compiled);
+        }
+    };
+    if jobs == 1 {
+        work();
+    } else {
+        std::thread::scope(|scope| {
+            for _ in 0..jobs {
+                scope.spawn(work);
+            }
+        });
+    }
+    results.into_iter().map(|r| r.into_inner().expect("a compile thread panicked").expect("compiled")).collect()
+}
+
+fn compile_one(isa: &dyn TargetIsa, exec: &Verified, p: &mut Pending) -> Result<Compiled, CodegenError> {
+    p.ctx.compile(isa, &mut ControlPlane::default()).map_err(|e| CodegenError::Compile(format!("{:?}", e.inner)))?;
+    let code = p.ctx.compiled_code().expect("just compiled");
+    let alignment = code.buffer.alignment as u64;
+    let bytes = code.buffer.data().to_vec();
+    let relocs =
+        code.buffer.relocs().iter().map(|r| ModuleReloc::from_mach_reloc(r, &p.ctx.func, p.id)).collect::<Vec<_>>();
+    let summary = match &p.source {
+        Some(instrs) => format!("{}\n", size_summary(exec, instrs, code)),
+        None => String::new(),
+    };
+    Ok(Compiled { alignment, bytes, relocs, summary })
 }
 
 /// The bytes of machine code per kind of instruction, read from the pc source locations.

@@ -1,0 +1,439 @@
+//! The chain benchmark: chain_N is N tiny adds on 1-element tensors through one shared kernel,
+//! so per-call time is dispatch and nothing else. It prints, in one run, on this machine:
+//!
+//! - per-call medians for chain_100, chain_1000 and chain_10000: the floor (bench/floor.c: the
+//!   same kernel called N times in a row through the same safe-call ABI on tensors allocated
+//!   once, no VM), relaxc compiled, relaxc bytecode, and TVM 0.27's bytecode and compiled VM
+//!   when `import tvm` works (bench/tvm_chain.py), in interleaved rounds, with the ratios;
+//! - compile+link time per mode up to chain_100000, with TVM's own build times beside them;
+//! - bytes of native code per operator in compiled mode;
+//! - chain_1000's build for aarch64 beside the host's, and what each of compiled mode's
+//!   specializations is worth.
+//!
+//! chain_100 and chain_1000 are TVM's exports (fixtures); longer chains are the same program
+//! shape (TVM's planned storage alternating between two buffers) built with relaxc's ExecBuilder
+//! over chain_1000's lib0.o, since TVM would take minutes of LLVM to make them.
+//! Run: `cargo bench --bench chain` (RELAXC_BENCH_ROUNDS, default 5).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use relaxc::abi::DLDataType;
+use relaxc::codegen::ExecMode;
+use relaxc::compile::{Options, Program, emit, load_tvm_export};
+use relaxc::host::{HostTensor, Input, Model};
+use relaxc::kernel_object::KernelObject;
+use relaxc::vm::{Arg, Constant, DType, ExecBuilder, Instr, VM_REG, VOID_REG};
+
+/// chain_n built with ExecBuilder over `kernels` (which define `add1`).
+fn chain(n: usize, kernels: Vec<KernelObject>) -> Program {
+    let mut b = ExecBuilder::new();
+    let f32c = b.constant(Constant::DataType(DType::F32));
+    let ctx = b.constant(Constant::Str(
+        "ErrorContext(fn=main, loc=param[0], param=x, annotation=R.Tensor((1,), dtype=\"float32\")) ".into(),
+    ));
+    let bytes = b.constant(Constant::Shape(vec![4]));
+    let u8c = b.constant(Constant::DataType(DType::U8));
+    let global = b.constant(Constant::Str("global".into()));
+    let shape = b.constant(Constant::Shape(vec![1]));
+    b.begin_function("main", &["x"]);
+    let check = b.packed("vm.builtin.check_tensor_info");
+    let matchs = b.packed("vm.builtin.match_shape");
+    let storage = b.packed("vm.builtin.alloc_storage");
+    let tensor = b.packed("vm.builtin.alloc_tensor");
+    let add = b.packed("add1");
+    let null = b.packed("vm.builtin.null_value");
+    b.call(VOID_REG, check, vec![Arg::Reg(0), Arg::Imm(1), Arg::Const(f32c), Arg::Const(ctx)]);
+    b.call(
+        VOID_REG,
+        matchs,
+        vec![Arg::Reg(0), Arg::Reg(VOID_REG), Arg::Imm(1), Arg::Imm(0), Arg::Imm(1), Arg::Const(ctx)],
+    );
+    let stores = [1i64, 2];
+    for s in stores {
+        let args = vec![Arg::Reg(VM_REG), Arg::Const(bytes), Arg::Imm(0), Arg::Const(u8c), Arg::Const(global)];
+        b.call(s, storage, args);
+    }
+    let mut prev = 0i64;
+    let mut next = 3i64;
+    for i in 0..n {
+        let t = next;
+        next += 1;
+        b.call(t, tensor, vec![Arg::Reg(stores[i % 2]), Arg::Imm(0), Arg::Const(shape), Arg::Const(f32c)]);
+        b.call(VOID_REG, add, vec![Arg::Reg(prev), Arg::Reg(0), Arg::Reg(t)]);
+        if prev != 0 {
+            b.call(prev, null, vec![]);
+        }
+        prev = t;
+    }
+    b.emit(Instr::Ret { result: prev });
+    b.end_function(next);
+    let exec = relaxc::vm::Verified::new(b.build()).expect("valid chain");
+    Program { exec, kernels, shape_funcs: Vec::new(), cuda: Vec::new() }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn rounds() -> usize {
+    std::env::var("RELAXC_BENCH_ROUNDS").ok().and_then(|v| v.parse().ok()).filter(|&r| r > 0).unwrap_or(5)
+}
+
+fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model =
+        cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).map(|m| m.trim_start_matches([' ', '\t', ':']));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{}, {cores} cores", model.unwrap_or(std::env::consts::ARCH))
+}
+
+/// A model built once, with its build times and native code size.
+struct Built {
+    so: PathBuf,
+    codegen_ms: f64,
+    link_ms: f64,
+    total_ms: f64,
+    code_bytes: u64,
+}
+
+/// Builds `program` in `mode` `runs` times (medians), the last build kept at `so`.
+fn build(program: &Program, options: &Options, so: &Path, runs: usize) -> Built {
+    let (mut codegen, mut link, mut total) = (Vec::new(), Vec::new(), Vec::new());
+    let mut code_bytes = 0;
+    for _ in 0..runs {
+        let t0 = Instant::now();
+        let object = emit(program, options).expect("emit");
+        let t1 = Instant::now();
+        relaxc::link::link_shared(&object.link_inputs(&program.kernels), so).expect("link");
+        let t2 = Instant::now();
+        codegen.push((t1 - t0).as_secs_f64() * 1e3);
+        link.push((t2 - t1).as_secs_f64() * 1e3);
+        total.push((t2 - t0).as_secs_f64() * 1e3);
+        code_bytes = native_code_bytes(&object.bytes);
+    }
+    Built {
+        so: so.to_path_buf(),
+        codegen_ms: median(codegen),
+        link_ms: median(link),
+        total_ms: median(total),
+        code_bytes,
+    }
+}
+
+/// Bytes of compiled Relax functions (`__vmtir__*`) in a model object.
+fn native_code_bytes(object_bytes: &[u8]) -> u64 {
+    use object::{Object, ObjectSymbol};
+    let file = object::File::parse(object_bytes).expect("model object");
+    file.symbols().filter(|s| s.name().is_ok_and(|n| n.starts_with("__vmtir__"))).map(|s| s.size()).sum()
+}
+
+/// Median microseconds per call of `main` over `calls` calls.
+fn time_calls(model: &Model, calls: usize) -> f64 {
+    let x =
+        [Input::Tensor(HostTensor::new(DLDataType { code: 2, bits: 32, lanes: 1 }, vec![1], &0.5f32.to_le_bytes()))];
+    let mut vm = model.vm().expect("vm");
+    let f = model.find("main").expect("main");
+    let args = vm.prepare(&x).expect("args");
+    drop(vm.call_prepared(f, &args).expect("warm-up call"));
+    let mut times = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let t = Instant::now();
+        drop(vm.call_prepared(f, &args).expect("call"));
+        times.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    median(times)
+}
+
+/// bench/floor.c built against `lib0.o` and the runtime shim (for the symbols TVM's kernels
+/// import).
+fn build_floor(root: &Path, dir: &Path, kernels: &[KernelObject]) -> PathBuf {
+    let lib0 = dir.join("lib0.o");
+    std::fs::write(&lib0, &kernels[0].bytes).expect("write lib0.o");
+    let shim = dir.join("librvm_shim.a");
+    std::fs::write(&shim, relaxc::target::shim::HOST_SHIM_ARCHIVE).expect("write the shim");
+    let exe = dir.join("floor");
+    let status = Command::new(relaxc::link::linker())
+        .args(["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(root.join("runtime-shim/include"))
+        .arg(root.join("bench/floor.c"))
+        .arg(&lib0)
+        .arg(&shim)
+        .args(["-lm", "-ldl", "-lpthread", "-o"])
+        .arg(&exe)
+        .status()
+        .expect("run the C compiler");
+    assert!(status.success(), "bench/floor.c does not build");
+    exe
+}
+
+fn floor_us(exe: &Path, n: usize, calls: usize) -> f64 {
+    let out = Command::new(exe).args([n.to_string(), calls.to_string(), "1".into()]).output().expect("run floor");
+    assert!(out.status.success(), "floor: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("floor prints median_us")
+}
+
+/// TVM's side, when TVM is installed: a helper process that built its models and times them
+/// one round per line we send.
+struct Tvm {
+    child: std::process::Child,
+    lines: std::io::Lines<BufReader<std::process::ChildStdout>>,
+    build_s: serde_json::Value,
+}
+
+impl Tvm {
+    fn start(root: &Path, sizes: &[usize]) -> Option<Tvm> {
+        let probe = Command::new("python3").args(["-c", "import tvm"]).stderr(Stdio::null()).status();
+        if !probe.is_ok_and(|s| s.success()) {
+            println!("(TVM columns skipped: `import tvm` fails; pip install apache-tvm==0.27.0.post1)");
+            return None;
+        }
+        eprintln!("building chain_N with TVM (its compiled mode takes LLVM a while)...");
+        let mut child = Command::new("python3")
+            .arg(root.join("bench/tvm_chain.py"))
+            .args(sizes.iter().map(|n| n.to_string()))
+            .args(["--compiled-max", "1000", "--number", "50"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .ok()?;
+        let mut lines = BufReader::new(child.stdout.take()?).lines();
+        let first: serde_json::Value = serde_json::from_str(&lines.next()?.ok()?).ok()?;
+        Some(Tvm { child, lines, build_s: first["build_s"].clone() })
+    }
+
+    fn round(&mut self) -> serde_json::Value {
+        let stdin = self.child.stdin.as_mut().expect("stdin");
+        writeln!(stdin, "round").expect("to TVM helper");
+        stdin.flush().expect("flush");
+        let line = self.lines.next().expect("TVM helper answers").expect("line");
+        serde_json::from_str::<serde_json::Value>(&line).expect("json")["us"].clone()
+    }
+}
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().expect("temp dir");
+    println!("machine: {}", machine());
+    let chain_100 = load_tvm_export(&root.join("fixtures/tvm/chain_100/m.tar")).expect("chain_100");
+    let chain_1000 = load_tvm_export(&root.join("fixtures/tvm/chain_1000/m.tar")).expect("chain_1000");
+    let kernels = chain_1000.kernels.clone();
+    let programs = [
+        (100, chain_100),
+        (1000, chain_1000),
+        (10000, chain(10000, kernels.clone())),
+        (100000, chain(100000, kernels.clone())),
+    ];
+    let timed_sizes = [100, 1000, 10000];
+    let mut tvm = Tvm::start(root, &timed_sizes);
+
+    // Builds, and bytes of code per operator.
+    eprintln!("building...");
+    let mut built = std::collections::BTreeMap::new();
+    for (n, program) in &programs {
+        for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+            let so = dir.path().join(format!("chain_{n}.{mode:?}.so"));
+            let runs = if *n >= 100000 { 3 } else { 5 };
+            built.insert((*n, mode), build(program, &Options::mode(mode), &so, runs));
+        }
+    }
+
+    // Per-call times, in interleaved rounds.
+    let floor = build_floor(root, dir.path(), &kernels);
+    let calls = |n: usize| (2_000_000 / n).clamp(100, 20000);
+    let models: Vec<(usize, Model, Model)> = timed_sizes
+        .iter()
+        .map(|&n| {
+            let load = |mode| Model::load(&built[&(n, mode)].so).expect("load");
+            (n, load(ExecMode::Bytecode), load(ExecMode::Compiled))
+        })
+        .collect();
+    let mut samples: std::collections::BTreeMap<(usize, &str), Vec<f64>> = Default::default();
+    for round in 0..rounds() {
+        eprintln!("round {}...", round + 1);
+        for (n, bytecode, compiled) in &models {
+            samples.entry((*n, "floor")).or_default().push(floor_us(&floor, *n, calls(*n)));
+            samples.entry((*n, "bytecode")).or_default().push(time_calls(bytecode, calls(*n)));
+            samples.entry((*n, "compiled")).or_default().push(time_calls(compiled, calls(*n)));
+        }
+        if let Some(t) = tvm.as_mut() {
+            let us = t.round();
+            for n in timed_sizes {
+                for mode in ["bytecode", "compiled"] {
+                    if let Some(v) = us[format!("{mode}/{n}")].as_f64() {
+                        samples
+                            .entry((n, if mode == "bytecode" { "tvm bytecode" } else { "tvm compiled" }))
+                            .or_default()
+                            .push(v);
+                    }
+                }
+            }
+        }
+    }
+    let result = |n: usize, what: &str| samples.get(&(n, what)).map(|v| median(v.clone()));
+    report_calls(&timed_sizes, &result);
+    report_builds(&programs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), &built, tvm.as_ref().map(|t| &t.build_s));
+    report_targets(&result, &built, tvm.as_ref().map(|t| &t.build_s));
+    cross_build_times(root, dir.path());
+    specializations(&programs[1].1, dir.path());
+}
+
+fn fmt(v: Option<f64>) -> String {
+    v.map_or("—".into(), |v| format!("{v:.2}"))
+}
+
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2}x", a / b),
+        _ => "—".into(),
+    }
+}
+
+fn report_calls(sizes: &[usize], result: &dyn Fn(usize, &str) -> Option<f64>) {
+    println!("\nper call (us, medians of {} interleaved rounds):\n", rounds());
+    println!(
+        "| model | floor | relaxc compiled | relaxc bytecode | TVM compiled | TVM bytecode | compiled / floor | bytecode / floor | relaxc compiled / TVM compiled | relaxc bytecode / TVM bytecode | compiled / bytecode |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for &n in sizes {
+        let [floor, compiled, bytecode, tvm_c, tvm_b] =
+            ["floor", "compiled", "bytecode", "tvm compiled", "tvm bytecode"].map(|w| result(n, w));
+        println!(
+            "| chain_{n} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            fmt(floor),
+            fmt(compiled),
+            fmt(bytecode),
+            fmt(tvm_c),
+            fmt(tvm_b),
+            ratio(compiled, floor),
+            ratio(bytecode, floor),
+            ratio(compiled, tvm_c),
+            ratio(bytecode, tvm_b),
+            ratio(compiled, bytecode),
+        );
+    }
+}
+
+fn report_builds(
+    sizes: &[usize],
+    built: &std::collections::BTreeMap<(usize, ExecMode), Built>,
+    tvm: Option<&serde_json::Value>,
+) {
+    println!("\nbuild (ms, medians of 5; 3 for chain_100000; compile = import excluded, codegen + link):\n");
+    println!("| model | mode | codegen | link | compile+link | vs chain_1000 | native code (bytes/op) | TVM build |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for &n in sizes {
+        for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+            let b = &built[&(n, mode)];
+            let base = built[&(1000, mode)].total_ms;
+            let per_op = if mode == ExecMode::Compiled {
+                format!("{:.0}", b.code_bytes as f64 / n as f64)
+            } else {
+                "—".into()
+            };
+            let key = format!("{}/{n}", if mode == ExecMode::Bytecode { "bytecode" } else { "compiled" });
+            let tvm_ms = tvm.and_then(|t| t[&key].as_f64()).map(|s| format!("{:.0}", s * 1e3)).unwrap_or("—".into());
+            println!(
+                "| chain_{n} | {mode:?} | {:.1} | {:.1} | {:.1} | {:.2}x | {per_op} | {tvm_ms} |",
+                b.codegen_ms,
+                b.link_ms,
+                b.total_ms,
+                b.total_ms / base
+            );
+        }
+    }
+}
+
+/// The targets, measured in this run.
+fn report_targets(
+    result: &dyn Fn(usize, &str) -> Option<f64>,
+    built: &std::collections::BTreeMap<(usize, ExecMode), Built>,
+    tvm: Option<&serde_json::Value>,
+) {
+    let c = ExecMode::Compiled;
+    let tvm_bytecode_build = tvm.and_then(|t| t["bytecode/1000"].as_f64()).map(|s| s * 1e3);
+    println!("\ntargets:");
+    println!(
+        "  chain_1000 compiled / floor: {} (goal <= 1.5x)",
+        ratio(result(1000, "compiled"), result(1000, "floor"))
+    );
+    println!(
+        "  chain_1000 relaxc compiled / TVM compiled: {} (goal <= 0.08x)",
+        ratio(result(1000, "compiled"), result(1000, "tvm compiled"))
+    );
+    println!(
+        "  chain_10000 compiled / bytecode: {} (goal <= 0.5x)",
+        ratio(result(10000, "compiled"), result(10000, "bytecode"))
+    );
+    println!("  chain_1000 native code: {:.0} bytes/op (goal <= 150)", built[&(1000, c)].code_bytes as f64 / 1000.0);
+    println!(
+        "  chain_1000 compiled compile+link / TVM bytecode build: {} (goal <= 0.2x)",
+        ratio(Some(built[&(1000, c)].total_ms), tvm_bytecode_build)
+    );
+    for n in [10000, 100000] {
+        println!(
+            "  chain_{n} / chain_1000 compiled compile+link: {:.2}x (goal <= {}x)",
+            built[&(n, c)].total_ms / built[&(1000, c)].total_ms,
+            if n == 10000 { "10.5" } else { "110" }
+        );
+    }
+}
+
+/// chain_1000 compiled-mode compile+link for aarch64 beside the same for the host: the program
+/// built with ExecBuilder over each CPU's chain_100 kernels (TVM's exports for both).
+fn cross_build_times(root: &Path, dir: &Path) {
+    let target = relaxc::target::Target::parse("aarch64-unknown-linux-gnu").expect("target");
+    if relaxc::target::toolchain(&target).is_err() {
+        println!("\n(aarch64 build time skipped: no aarch64 toolchain; see README, Building for a board)");
+        return;
+    }
+    let mut rows = Vec::new();
+    for (label, tar, t) in [
+        ("host", root.join("fixtures/tvm/chain_100/m.tar"), relaxc::target::Target::host()),
+        ("aarch64", root.join("fixtures/tvm-cross/aarch64/chain_100/m.tar"), target.clone()),
+    ] {
+        let kernels = relaxc::compile::load_tvm_export_for(&tar, &t).expect("chain_100 export").kernels;
+        let program = chain(1000, kernels);
+        let mut options = Options::mode(ExecMode::Compiled);
+        options.target = t.clone();
+        let so = dir.join(format!("cross.{label}.so"));
+        // once to fill the shim cache, then five timed builds
+        relaxc::link::link_shared_for(&emit(&program, &options).expect("emit").link_inputs(&program.kernels), &so, &t)
+            .expect("link");
+        let mut total = Vec::new();
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            let object = emit(&program, &options).expect("emit");
+            relaxc::link::link_shared_for(&object.link_inputs(&program.kernels), &so, &t).expect("link");
+            total.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+        rows.push((label, median(total)));
+    }
+    println!("\nchain_1000 (ExecBuilder over chain_100's kernels), compiled mode, compile+link (ms), median of 5:");
+    for (label, ms) in &rows {
+        println!("  {label}: {ms:.1}");
+    }
+}
+
+/// chain_1000 compiled with each specialization turned off, one by one.
+fn specializations(program: &Program, dir: &Path) {
+    let variant = |inline_builtins: bool, stack_tensors: bool| {
+        let mut o = Options::mode(ExecMode::Compiled);
+        o.native.inline_builtins = inline_builtins;
+        o.native.stack_tensors = stack_tensors;
+        let so = dir.join(format!("variant{}{}.so", inline_builtins as u8, stack_tensors as u8));
+        let b = build(program, &o, &so, 1);
+        let model = Model::load(&b.so).expect("load");
+        let us = median((0..rounds()).map(|_| time_calls(&model, 2000)).collect());
+        (us, b.code_bytes as f64 / 1000.0)
+    };
+    let (plain, inlined, all) = (variant(false, false), variant(true, false), variant(true, true));
+    println!("\nchain_1000 compiled, per call (us) and native code (bytes/op), each specialization added in turn:");
+    println!("  calling every builtin: {:.2} us, {:.0} B/op", plain.0, plain.1);
+    println!("  null_value and copy inlined: {:.2} us, {:.0} B/op", inlined.0, inlined.1);
+    println!("  stack tensors as well: {:.2} us, {:.0} B/op", all.0, all.1);
+}
