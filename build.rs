@@ -29,7 +29,24 @@ fn shim_build() -> cc::Build {
         .pic(true)
         .debug(false)
         .cargo_metadata(false);
+    if let Some(sanitizers) = sanitizers() {
+        build
+            .flag(format!("-fsanitize={sanitizers}"))
+            .flag("-fno-omit-frame-pointer")
+            .flag("-fno-sanitize-recover=all");
+        build.debug(true);
+    } else if std::env::var("CARGO_CFG_SANITIZE").is_ok_and(|s| !s.is_empty()) {
+        // A sanitizer build of relaxc itself (cargo fuzz): cc would instrument the shim too, and
+        // every model linked from it would then need a sanitizer runtime it does not link.
+        build.flag("-fno-sanitize=address");
+    }
     build
+}
+
+/// `RELAXC_SANITIZE` (e.g. `address,undefined`): build the embedded shim with these sanitizers,
+/// for the sanitizer test run; relaxc then links every model with the same `-fsanitize`.
+fn sanitizers() -> Option<String> {
+    std::env::var("RELAXC_SANITIZE").ok().filter(|s| !s.trim().is_empty())
 }
 
 fn named(p: &Path, list: &[&str]) -> bool {
@@ -87,4 +104,6 @@ fn main() {
     archive(&core, "rvm_shim");
     archive(&optional, "rvm_runtime");
     println!("cargo:rerun-if-changed=runtime-shim");
+    println!("cargo:rerun-if-env-changed=RELAXC_SANITIZE");
+    println!("cargo:rustc-env=RELAXC_SHIM_SANITIZE={}", sanitizers().unwrap_or_default());
 }

@@ -5,6 +5,7 @@
  * place) and makes the function pool. A call wraps borrowed DLTensor inputs into Tensor objects,
  * as TVM's kernels and builtins expect, and runs the function.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -217,6 +218,14 @@ static int wrap_tensor(rvm_vm *vm, const DLTensor *t, int32_t index, TVMFFIAny *
     return rvm_raise("ValueError", "argument %d: tensor on device type %d, but this model runs on the CPU", index,
                      t->device.device_type);
   if (t->ndim < 0) return rvm_raise("ValueError", "argument %d: negative ndim %d", index, t->ndim);
+  if (t->ndim > 0 && !t->shape) return rvm_raise("ValueError", "argument %d: DLTensor of ndim %d with a NULL shape", index, t->ndim);
+  if (t->dtype.lanes == 0 || t->dtype.bits == 0)
+    return rvm_raise("ValueError", "argument %d: invalid dtype (code %u, bits %u, lanes %u)", index, t->dtype.code, t->dtype.bits,
+                     t->dtype.lanes);
+  char what[32];
+  snprintf(what, sizeof what, "argument %d", index);
+  int64_t nbytes = rvm_checked_nbytes(what, t->shape, t->ndim, t->dtype);
+  if (nbytes < 0) return -1;
   if (t->strides) {
     int64_t expect = 1;
     for (int32_t i = t->ndim - 1; i >= 0; i--) {
@@ -227,12 +236,11 @@ static int wrap_tensor(rvm_vm *vm, const DLTensor *t, int32_t index, TVMFFIAny *
     }
   }
   char *data = (char *)t->data + t->byte_offset;
-  if (!data && rvm_tensor_nbytes(t) > 0) return rvm_raise("ValueError", "argument %d: tensor data pointer is NULL", index);
+  if (!data && nbytes > 0) return rvm_raise("ValueError", "argument %d: tensor data pointer is NULL", index);
   if (vm && vm->cuda) {
-    uint64_t nbytes = (uint64_t)rvm_tensor_nbytes(t);
-    rvm_storage *s = rvm_storage_new_cuda(vm->cuda, nbytes);
+    rvm_storage *s = rvm_storage_new_cuda(vm->cuda, (uint64_t)nbytes);
     if (!s) return -1;
-    if (rvm_cuda_copy(vm->cuda, s->data, 1, data, 0, nbytes)) {
+    if (rvm_cuda_copy(vm->cuda, s->data, 1, data, 0, (uint64_t)nbytes)) {
       rvm_object_decref(&s->header);
       return -1;
     }

@@ -76,24 +76,6 @@ static bool dtype_eq(DLDataType a, DLDataType b) {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
 }
 
-/* Element count of dims, or -1 (with the error set) if a dim is negative or the count overflows. */
-static int64_t checked_count(const char *builtin, const int64_t *dims, uint64_t n, int64_t bytes_per_elem) {
-  int64_t count = 1;
-  for (uint64_t i = 0; i < n; i++) {
-    if (dims[i] < 0) {
-      rvm_raise("ValueError", "%s: negative dimension %lld", builtin, (long long)dims[i]);
-      return -1;
-    }
-    if (__builtin_mul_overflow(count, dims[i], &count)) break;
-  }
-  int64_t bytes;
-  if (count < 0 || __builtin_mul_overflow(count, bytes_per_elem, &bytes)) {
-    rvm_raise("ValueError", "%s: size overflows", builtin);
-    return -1;
-  }
-  return count;
-}
-
 /* ---- checks ------------------------------------------------------------------------------ */
 
 int rvm_builtin_check_tensor_info(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
@@ -417,7 +399,10 @@ int rvm_builtin_alloc_storage(void *self, const TVMFFIAny *args, int32_t n, TVMF
   if (device_index != 0)
     return rvm_raise("ValueError", "vm.builtin.alloc_storage: device index %lld is out of the VM's device list (1 device: cpu)",
                      (long long)device_index);
-  int64_t nbytes = checked_count("vm.builtin.alloc_storage", size->data, size->size, 1);
+  if (size->size == 1 && size->data[0] < 0)
+    return rvm_raise("ValueError", "vm.builtin.alloc_storage: negative size %lld bytes (the shape arithmetic overflowed?)",
+                     (long long)size->data[0]);
+  int64_t nbytes = rvm_checked_nbytes("vm.builtin.alloc_storage", size->data, (int64_t)size->size, (DLDataType){kDLUInt, 8, 1});
   if (nbytes < 0) return -1;
   /* Device 0 is the VM's device: its CUDA device when it has one, else the CPU. */
   rvm_storage *s = vm->cuda ? rvm_storage_new_cuda(vm->cuda, (uint64_t)nbytes) : rvm_storage_new(vm->allocator, (uint64_t)nbytes);
@@ -450,9 +435,8 @@ int rvm_builtin_alloc_tensor(void *self, const TVMFFIAny *args, int32_t n, TVMFF
     return rvm_raise("TypeError", "vm.builtin.alloc_tensor: the dtype must be a DataType, but got %s", rvm_type_name(&args[3]));
   DLDataType dt = args[3].v_dtype;
   if (check_alloc_dtype(dt)) return -1;
-  int64_t count = checked_count("vm.builtin.alloc_tensor", shape->data, shape->size, 64);
-  if (count < 0) return -1;
-  int64_t nbytes = (count * dt.bits * dt.lanes + 7) / 8;
+  int64_t nbytes = rvm_checked_nbytes("vm.builtin.alloc_tensor", shape->data, (int64_t)shape->size, dt);
+  if (nbytes < 0) return -1;
   if (offset < 0 || (uint64_t)offset > s->nbytes || (uint64_t)nbytes > s->nbytes - (uint64_t)offset)
     return rvm_raise("RuntimeError", "storage allocation failure, attempted to allocate %lld at offset %lld in region that is %llubytes",
                      (long long)nbytes, (long long)offset, (unsigned long long)s->nbytes);
@@ -516,22 +500,14 @@ int rvm_builtin_reshape(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny 
   if (!t) return rvm_raise("TypeError", "vm.builtin.reshape expects a Tensor or DLTensor*, but get %s", rvm_type_name(&args[0]));
   const TVMFFIShapeCell *shape = rvm_as_shape(&args[1]);
   if (!shape) return rvm_raise("TypeError", "vm.builtin.reshape: the new shape must be a Shape, but got %s", rvm_type_name(&args[1]));
-  int64_t count = checked_count("vm.builtin.reshape", shape->data, shape->size, 64);
-  if (count < 0) return -1;
-  int64_t view = (count * t->dtype.bits * t->dtype.lanes + 7) / 8;
+  int64_t view = rvm_checked_nbytes("vm.builtin.reshape", shape->data, (int64_t)shape->size, t->dtype);
+  if (view < 0) return -1;
   int64_t have = rvm_tensor_nbytes(t);
   if (view > have) {
     char dt[32], shp[256], old[256];
     rvm_format_dtype(t->dtype, dt, sizeof dt);
-    size_t at = 0;
-    at += (size_t)snprintf(shp, sizeof shp, "[");
-    for (uint64_t i = 0; i < shape->size && at < sizeof shp; i++)
-      at += (size_t)snprintf(shp + at, sizeof shp - at, "%s%lld", i ? ", " : "", (long long)shape->data[i]);
-    if (at < sizeof shp) snprintf(shp + at, sizeof shp - at, "]");
-    at = (size_t)snprintf(old, sizeof old, "[");
-    for (int32_t i = 0; i < t->ndim && at < sizeof old; i++)
-      at += (size_t)snprintf(old + at, sizeof old - at, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-    if (at < sizeof old) snprintf(old + at, sizeof old - at, "]");
+    rvm_format_shape(shape->data, (int64_t)shape->size, shp, sizeof shp);
+    rvm_format_shape(t->shape, t->ndim, old, sizeof old);
     return rvm_raise("ValueError",
                      "View with shape %s and datatype %s would have a size of %lld bytes.  This would occupy bytes 0 <= i_byte < %lld "
                      "within the backing array.  However, the Tensor being viewed only contains %lld bytes (shape = %s, dtype= %s).",

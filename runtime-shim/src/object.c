@@ -109,14 +109,24 @@ static void free_deleter(void *self, int flags) {
   if (flags & 2) free(self);
 }
 
+/* Size of an object header followed by n items, or 0 (with a MemoryError) when it cannot exist. */
+static size_t object_size(const char *what, size_t header, int64_t n, size_t item) {
+  if (n < 0 || (uint64_t)n > (SIZE_MAX - header) / item / 2) {
+    rvm_raise("MemoryError", "cannot allocate a %s of %lld items", what, (long long)n);
+    return 0;
+  }
+  return header + item * (size_t)n;
+}
+
 static void *object_alloc(size_t size) {
+  if (!size) return NULL;
   void *p = malloc(size);
   if (!p) rvm_raise("MemoryError", "out of memory allocating a %zu-byte object", size);
   return p;
 }
 
 rvm_shape *rvm_shape_new(const int64_t *dims, int64_t n) {
-  rvm_shape *s = object_alloc(sizeof(rvm_shape) + sizeof(int64_t) * (size_t)n);
+  rvm_shape *s = object_alloc(object_size("shape", sizeof(rvm_shape), n, sizeof(int64_t)));
   if (!s) return NULL;
   rvm_object_init(&s->header, kTVMFFIShape, free_deleter);
   if (n > 0) memcpy(s->dims, dims, sizeof(int64_t) * (size_t)n);
@@ -126,7 +136,8 @@ rvm_shape *rvm_shape_new(const int64_t *dims, int64_t n) {
 }
 
 rvm_string *rvm_string_new(const char *bytes, uint64_t size) {
-  rvm_string *s = object_alloc(sizeof(rvm_string) + size + 1);
+  rvm_string *s = object_alloc(size > INT64_MAX - 1 ? object_size("string", sizeof(rvm_string), -1, 1)
+                                                    : object_size("string", sizeof(rvm_string), (int64_t)size + 1, 1));
   if (!s) return NULL;
   rvm_object_init(&s->header, kTVMFFIStr, free_deleter);
   if (size) memcpy(s->bytes, bytes, size);
@@ -145,7 +156,7 @@ static void array_deleter(void *self, int flags) {
 }
 
 rvm_array *rvm_array_new(int64_t n) {
-  rvm_array *a = object_alloc(sizeof(rvm_array) + sizeof(TVMFFIAny) * (size_t)n);
+  rvm_array *a = object_alloc(object_size("tuple", sizeof(rvm_array), n, sizeof(TVMFFIAny)));
   if (!a) return NULL;
   rvm_object_init(&a->header, kTVMFFIArray, array_deleter);
   memset(a->items, 0, sizeof(TVMFFIAny) * (size_t)n);
@@ -264,6 +275,32 @@ bool rvm_as_string(const TVMFFIAny *v, const char **data, uint64_t *size) {
   }
 }
 
+void rvm_format_shape(const int64_t *dims, int64_t n, char *buf, size_t cap) {
+  size_t at = (size_t)snprintf(buf, cap, "[");
+  for (int64_t i = 0; i < n && at < cap; i++) at += (size_t)snprintf(buf + at, cap - at, "%s%lld", i ? ", " : "", (long long)dims[i]);
+  if (at < cap) snprintf(buf + at, cap - at, "]");
+}
+
+int64_t rvm_checked_nbytes(const char *what, const int64_t *dims, int64_t ndim, DLDataType dtype) {
+  bool empty = false;
+  for (int64_t i = 0; i < ndim; i++) {
+    if (dims[i] < 0) return rvm_raise("ValueError", "%s: negative dimension %lld (axis %lld)", what, (long long)dims[i], (long long)i);
+    empty |= dims[i] == 0;
+  }
+  if (empty) return 0;
+  /* Counted in bits: a count that fits in int64 can still overflow once multiplied by the dtype. */
+  int64_t bits = (int64_t)dtype.bits * dtype.lanes;
+  bool overflow = false;
+  for (int64_t i = 0; i < ndim && !overflow; i++) overflow = __builtin_mul_overflow(bits, dims[i], &bits);
+  if (overflow || bits > INT64_MAX - 7) {
+    char shape[256], dt[32];
+    rvm_format_shape(dims, ndim, shape, sizeof shape);
+    rvm_format_dtype(dtype, dt, sizeof dt);
+    return rvm_raise("ValueError", "%s: a tensor of shape %s and dtype %s would have more than 2^63 bytes", what, shape, dt);
+  }
+  return (bits + 7) / 8;
+}
+
 int64_t rvm_tensor_nbytes(const DLTensor *t) {
   int64_t n = 1;
   for (int32_t i = 0; i < t->ndim; i++) n *= t->shape[i];
@@ -288,7 +325,7 @@ void rvm_format_dtype(DLDataType t, char *buf, size_t cap) {
 }
 
 rvm_tensor *rvm_tensor_copy_aligned(const DLTensor *t) {
-  int64_t nbytes = rvm_tensor_nbytes(t);
+  int64_t nbytes = rvm_tensor_nbytes(t);  /* checked by the caller (rvm_checked_nbytes) */
   rvm_storage *s = rvm_storage_new_unpooled((uint64_t)nbytes);
   if (!s) return NULL;
   const char *src = (const char *)t->data + t->byte_offset;

@@ -3,12 +3,12 @@
 //! `argN.prim` a 0-d array passed as a scalar. Results are written as `out0, out1, …`.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::{Read, Seek, Write};
 use std::path::Path;
 
 use npyz::{TypeChar, WriterBuilder};
 
-use super::{HostTensor, Input, Output};
+use super::{AlignedBuf, HostTensor, Input, Output};
 use crate::abi::DLDataType;
 
 #[derive(Debug, thiserror::Error)]
@@ -51,64 +51,248 @@ fn dl_dtype(t: &npyz::TypeStr) -> Result<DLDataType, String> {
         TypeChar::Float => 2,
         _ => return Err(format!("dtype {t} is not supported (use bool, int, uint or float)")),
     };
-    if bytes > 1 && t.endianness() == npyz::Endianness::Big {
-        return Err(format!("big-endian dtype {t} is not supported"));
+    if !matches!(bytes, 1 | 2 | 4 | 8) {
+        return Err(format!("dtype {t} is not supported (elements of 1, 2, 4 or 8 bytes)"));
     }
     Ok(DLDataType { code, bits: bytes * 8, lanes: 1 })
+}
+
+/// Deflate expands at most 1032:1; an entry that declares more than that is lying about its size.
+const DEFLATE_MAX_RATIO: u64 = 1032;
+
+/// One array of an `.npz` file, checked against its entry's sizes and converted to what the
+/// runtime takes: little-endian, C order.
+struct Array {
+    dtype: DLDataType,
+    shape: Vec<i64>,
+    data: AlignedBuf,
+}
+
+/// Reads one `.npy` entry. Sizes are checked before anything is allocated: the header's shape
+/// must fit in i64 dims and a byte count that does not wrap, the entry must declare at least that
+/// many bytes, and the declaration must be possible for the entry's compressed size; reading
+/// stops at the array's size, so a deflate bomb costs no more than the array it claims to be.
+fn read_array<R: Read>(entry: zip::read::ZipFile<'_, R>) -> Result<Array, String> {
+    let (declared, compressed) = (entry.size(), entry.compressed_size());
+    let ceiling = match entry.compression() {
+        zip::CompressionMethod::Stored => compressed,
+        _ => compressed.saturating_mul(DEFLATE_MAX_RATIO).saturating_add(1024),
+    };
+    if declared > ceiling {
+        return Err(format!("the entry declares {declared} bytes but its {compressed} stored bytes cannot hold that"));
+    }
+    let mut entry = entry;
+    let header = read_header(&mut entry)?;
+    let ts: npyz::TypeStr = header
+        .descr
+        .parse()
+        .map_err(|_| format!("dtype {:?} is not supported (use bool, int, uint or float)", header.descr))?;
+    let dtype = dl_dtype(&ts)?;
+    let item = dtype.bits as u64 / 8;
+    let mut shape = Vec::with_capacity(header.shape.len());
+    for (axis, &dim) in header.shape.iter().enumerate() {
+        let dim = i64::try_from(dim).map_err(|_| format!("dimension {axis} ({dim}) is larger than an int64"))?;
+        shape.push(dim);
+    }
+    let nbytes = header
+        .shape
+        .iter()
+        .try_fold(item, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= isize::MAX as u64)
+        .ok_or_else(|| format!("shape {:?} of {ts} overflows a 64-bit byte count", header.shape))?;
+    let holds = declared.saturating_sub(header.size);
+    if nbytes > holds {
+        return Err(format!("its shape {shape:?} of {ts} needs {nbytes} bytes but the entry holds {holds}"));
+    }
+    let fortran = header.fortran_order;
+    let mut data = AlignedBuf::zeroed(nbytes as usize);
+    let mut body = entry.take(nbytes);
+    let mut filled = 0;
+    while filled < data.as_slice().len() {
+        match body.read(&mut data.as_mut_slice()[filled..]) {
+            Ok(0) => return Err(format!("holds {filled} data bytes, its shape needs {nbytes}")),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    if item > 1 && ts.endianness() == npyz::Endianness::Big {
+        for element in data.as_mut_slice().chunks_exact_mut(item as usize) {
+            element.reverse();
+        }
+    }
+    if fortran && shape.iter().filter(|&&d| d > 1).count() > 1 {
+        data = fortran_to_c(&data, &shape, item as usize);
+    }
+    Ok(Array { dtype, shape, data })
+}
+
+/// What an `.npy` header says.
+struct NpyHeader {
+    /// Bytes of the magic, version, length and dictionary: where the data starts.
+    size: u64,
+    descr: String,
+    fortran_order: bool,
+    shape: Vec<u64>,
+}
+
+/// Headers longer than this are not numpy's (it pads to 64 bytes and writes a few hundred).
+const MAX_HEADER: usize = 1 << 16;
+
+/// Reads the `.npy` magic and header dictionary (`{'descr': '<f4', 'fortran_order': False,
+/// 'shape': (2, 3), }`). Read here rather than by npyz, whose reader multiplies the shape out
+/// unchecked (a panic or a wrapped count on a hostile header).
+fn read_header(r: &mut impl Read) -> Result<NpyHeader, String> {
+    let bad = |what: &str| format!("not a .npy array: {what}");
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic).map_err(|_| bad("too short"))?;
+    if &magic[..6] != b"\x93NUMPY" {
+        return Err(bad("no NUMPY magic"));
+    }
+    let (len, len_bytes) = match magic[6] {
+        1 => {
+            let mut b = [0u8; 2];
+            r.read_exact(&mut b).map_err(|_| bad("truncated header"))?;
+            (u16::from_le_bytes(b) as usize, 2)
+        }
+        2 | 3 => {
+            let mut b = [0u8; 4];
+            r.read_exact(&mut b).map_err(|_| bad("truncated header"))?;
+            (u32::from_le_bytes(b) as usize, 4)
+        }
+        v => return Err(bad(&format!("format version {v} is not supported"))),
+    };
+    if len > MAX_HEADER {
+        return Err(bad(&format!("a {len}-byte header")));
+    }
+    let mut text = vec![0u8; len];
+    r.read_exact(&mut text).map_err(|_| bad("truncated header"))?;
+    let text = String::from_utf8(text).map_err(|_| bad("the header is not text"))?;
+    let value = |key: &str| -> Result<&str, String> {
+        let at = text.find(&format!("'{key}'")).ok_or_else(|| bad(&format!("no '{key}' in the header")))?;
+        let rest = text[at + key.len() + 2..].trim_start();
+        Ok(rest.strip_prefix(':').ok_or_else(|| bad("malformed header"))?.trim_start())
+    };
+    let descr = value("descr")?;
+    let descr = match descr.chars().next() {
+        Some(q @ ('\'' | '"')) => descr[1..].split(q).next().ok_or_else(|| bad("malformed descr"))?.to_string(),
+        _ => return Err("structured arrays are not supported".into()),
+    };
+    let fortran_order = match value("fortran_order")? {
+        v if v.starts_with("True") => true,
+        v if v.starts_with("False") => false,
+        _ => return Err(bad("malformed fortran_order")),
+    };
+    let dims =
+        value("shape")?.strip_prefix('(').and_then(|v| v.split_once(')')).ok_or_else(|| bad("malformed shape"))?.0;
+    let shape = dims
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| d.trim_end_matches('L').parse::<u64>().map_err(|_| bad(&format!("dimension {d:?} is not a count"))))
+        .collect::<Result<_, _>>()?;
+    Ok(NpyHeader { size: (magic.len() + len_bytes + len) as u64, descr, fortran_order, shape })
+}
+
+/// Reorders a column-major array into row-major order.
+fn fortran_to_c(data: &AlignedBuf, shape: &[i64], item: usize) -> AlignedBuf {
+    let dims: Vec<usize> = shape.iter().map(|&d| d as usize).collect();
+    // Column-major strides in elements: axis 0 varies fastest.
+    let mut strides = vec![1usize; dims.len()];
+    for axis in 1..dims.len() {
+        strides[axis] = strides[axis - 1] * dims[axis - 1];
+    }
+    let mut out = AlignedBuf::zeroed(data.as_slice().len());
+    let (src, dst) = (data.as_slice(), out.as_mut_slice());
+    let mut index = vec![0usize; dims.len()];
+    for element in dst.chunks_exact_mut(item) {
+        let at: usize = index.iter().zip(&strides).map(|(i, s)| i * s).sum::<usize>() * item;
+        element.copy_from_slice(&src[at..at + item]);
+        // Advance the row-major index: the last axis varies fastest.
+        for axis in (0..dims.len()).rev() {
+            index[axis] += 1;
+            if index[axis] < dims[axis] {
+                break;
+            }
+            index[axis] = 0;
+        }
+    }
+    out
+}
+
+/// Visits every array of an `.npz` file by entry name (without `.npy`).
+fn for_each_array(path: &Path, visit: impl FnMut(String, Array) -> Result<(), NpzError>) -> Result<(), NpzError> {
+    let shown = path.display().to_string();
+    let file = std::fs::File::open(path).map_err(|e| NpzError::Io { path: shown.clone(), message: e.to_string() })?;
+    for_each_array_in(file, &shown, visit)
+}
+
+/// Visits every array of an `.npz` image; `shown` names it in errors.
+fn for_each_array_in<R: Read + Seek>(
+    file: R,
+    shown: &str,
+    mut visit: impl FnMut(String, Array) -> Result<(), NpzError>,
+) -> Result<(), NpzError> {
+    let io = |message: String| NpzError::Io { path: shown.to_string(), message };
+    let mut zip = zip::ZipArchive::new(file).map_err(|e| io(format!("not an .npz (zip) file: {e}")))?;
+    for i in 0..zip.len() {
+        let entry = zip.by_index(i).map_err(|e| io(e.to_string()))?;
+        let key = entry.name().map_err(|e| io(e.to_string()))?.trim_end_matches(".npy").to_string();
+        let array = read_array(entry).map_err(|message| NpzError::Array {
+            path: shown.to_string(),
+            key: key.clone(),
+            message,
+        })?;
+        visit(key, array)?;
+    }
+    Ok(())
 }
 
 /// Reads the arguments of a call from an `.npz` file.
 pub fn read_inputs(path: &Path) -> Result<Vec<Input>, NpzError> {
     let shown = path.display().to_string();
-    let io = |message: String| NpzError::Io { path: shown.clone(), message };
-    let file = std::fs::File::open(path).map_err(|e| io(e.to_string()))?;
-    let mut zip = zip::ZipArchive::new(file).map_err(|e| io(format!("not an .npz (zip) file: {e}")))?;
+    let file = std::fs::File::open(path).map_err(|e| NpzError::Io { path: shown.clone(), message: e.to_string() })?;
+    read_inputs_from(file, &shown)
+}
+
+/// Reads the arguments of a call from an `.npz` image; `shown` names it in errors.
+pub fn read_inputs_from<R: Read + Seek>(file: R, shown: &str) -> Result<Vec<Input>, NpzError> {
+    let shown = shown.to_string();
     let mut found: BTreeMap<usize, (String, Input)> = BTreeMap::new();
-    for i in 0..zip.len() {
-        let mut entry = zip.by_index(i).map_err(|e| io(e.to_string()))?;
-        let key = entry.name().map_err(|e| io(e.to_string()))?.trim_end_matches(".npy").to_string();
+    for_each_array_in(file, &shown, |key, array| {
         let bad = |message: String| NpzError::Array { path: shown.clone(), key: key.clone(), message };
         let Some((index, kind)) = parse_key(&key) else {
             return Err(bad("unexpected name (use argN, argN.shape or argN.prim)".into()));
         };
-        let mut bytes = Vec::new();
-        entry.read_to_end(&mut bytes).map_err(|e| bad(e.to_string()))?;
-        let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| bad(format!("not a .npy array: {e}")))?;
-        let npyz::DType::Plain(ts) = npy.dtype() else {
-            return Err(bad("structured arrays are not supported".into()));
-        };
-        let dtype = dl_dtype(&ts).map_err(bad)?;
-        let shape: Vec<i64> = npy.shape().iter().map(|&d| d as i64).collect();
-        if npy.order() == npyz::Order::Fortran && shape.iter().filter(|&&d| d > 1).count() > 1 {
-            return Err(bad("Fortran-order array; save it C-contiguous".into()));
-        }
-        let elems: i64 = shape.iter().product();
-        let nbytes = elems as usize * (dtype.bits as usize / 8);
-        let mut data = Vec::with_capacity(nbytes);
-        npy.into_inner().read_to_end(&mut data).map_err(|e| bad(e.to_string()))?;
-        if data.len() < nbytes {
-            return Err(bad(format!("holds {} data bytes, its shape needs {nbytes}", data.len())));
-        }
-        data.truncate(nbytes);
         let input = match kind {
-            Kind::Tensor => Input::Tensor(HostTensor::new(dtype, shape, &data)),
+            Kind::Tensor => Input::Tensor(HostTensor { dtype: array.dtype, shape: array.shape, data: array.data }),
             Kind::Shape => {
-                if dtype != (DLDataType { code: 0, bits: 64, lanes: 1 }) || shape.len() != 1 {
+                if array.dtype != (DLDataType { code: 0, bits: 64, lanes: 1 }) || array.shape.len() != 1 {
                     return Err(bad("a shape must be a 1-D int64 array".into()));
                 }
-                Input::Shape(data.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
+                let dims: Vec<i64> = array
+                    .data
+                    .as_slice()
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
+                    .collect();
+                if let Some(d) = dims.iter().find(|&&d| d < 0) {
+                    return Err(bad(format!("a shape cannot have a negative dimension ({d})")));
+                }
+                Input::Shape(dims)
             }
             Kind::Prim => {
-                if !shape.is_empty() {
+                if !array.shape.is_empty() {
                     return Err(bad("a scalar must be a 0-d array".into()));
                 }
-                scalar(dtype, &data).ok_or_else(|| bad("unsupported scalar dtype".into()))?
+                scalar(array.dtype, array.data.as_slice()).ok_or_else(|| bad("unsupported scalar dtype".into()))?
             }
         };
         if let Some((other, _)) = found.insert(index, (key.clone(), input)) {
             return Err(bad(format!("argument {index} is given twice (also as {other})")));
         }
-    }
+        Ok(())
+    })?;
     let mut inputs = Vec::new();
     for (expect, (index, (_, input))) in found.into_iter().enumerate() {
         if index != expect {
@@ -214,27 +398,18 @@ pub fn write_named(path: &Path, outputs: &[(String, &Output)]) -> Result<(), Npz
 /// An array as stored: dtype descriptor, shape, element bytes.
 pub type NpyArray = (String, Vec<u64>, Vec<u8>);
 
-/// Reads every array of an `.npz` file by name (for comparing outputs).
+/// Reads every array of an `.npz` file by name (for comparing outputs), in the form
+/// [`output_array`] gives: little-endian descriptor, C order.
 pub fn read_arrays(path: &Path) -> Result<BTreeMap<String, NpyArray>, NpzError> {
     let shown = path.display().to_string();
-    let io = |message: String| NpzError::Io { path: shown.clone(), message };
-    let file = std::fs::File::open(path).map_err(|e| io(e.to_string()))?;
-    let mut zip = zip::ZipArchive::new(file).map_err(|e| io(e.to_string()))?;
     let mut out = BTreeMap::new();
-    for i in 0..zip.len() {
-        let mut entry = zip.by_index(i).map_err(|e| io(e.to_string()))?;
-        let key = entry.name().map_err(|e| io(e.to_string()))?.trim_end_matches(".npy").to_string();
-        let mut bytes = Vec::new();
-        entry.read_to_end(&mut bytes).map_err(|e| io(e.to_string()))?;
-        let npy = npyz::NpyFile::new(&bytes[..]).map_err(|e| io(format!("{key}: {e}")))?;
-        let dtype = match npy.dtype() {
-            npyz::DType::Plain(ts) => ts.to_string(),
-            other => other.descr(),
-        };
-        let shape = npy.shape().to_vec();
-        let mut data = Vec::new();
-        npy.into_inner().read_to_end(&mut data).map_err(|e| io(e.to_string()))?;
-        out.insert(key, (dtype, shape, data));
-    }
+    for_each_array(path, |key, array| {
+        let descr = type_str(array.dtype)
+            .map_err(|message| NpzError::Array { path: shown.clone(), key: key.clone(), message })?
+            .to_string();
+        let shape = array.shape.iter().map(|&d| d as u64).collect();
+        out.insert(key, (descr, shape, array.data.as_slice().to_vec()));
+        Ok(())
+    })?;
     Ok(out)
 }

@@ -80,6 +80,11 @@ pub fn link_shared_for(inputs: &LinkInputs, out: &Path, target: &Target) -> Resu
     cmd.arg("-Wl,--whole-archive").arg(&shim).arg("-Wl,--no-whole-archive").arg(&runtime);
     cmd.arg(format!("-Wl,--version-script={}", script.display()));
     cmd.args(["-Wl,--no-undefined", "-Wl,-z,noexecstack", "-Wl,-z,relro", "-Wl,-z,now", "-lm"]);
+    // A relaxc built with RELAXC_SANITIZE embeds a sanitized shim (host only): link its runtimes.
+    let sanitize = env!("RELAXC_SHIM_SANITIZE");
+    if target.is_host() && !sanitize.is_empty() {
+        cmd.arg(format!("-fsanitize={sanitize}"));
+    }
     let output = cmd.output().map_err(|source| LinkError::Spawn { linker: linker.clone(), source })?;
     if !output.status.success() {
         return Err(LinkError::Failed {
