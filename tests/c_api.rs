@@ -111,3 +111,45 @@ fn c_host_bytecode_under_valgrind() {
 fn c_host_compiled_under_valgrind() {
     check_api(ExecMode::Compiled);
 }
+
+/// main(x) = x, built from an ExecBuilder program in `mode`.
+fn identity_model(mode: ExecMode) -> PathBuf {
+    use relaxc::vm::{ExecBuilder, Instr};
+    let mut b = ExecBuilder::new();
+    b.begin_function("main", &["x"]);
+    b.emit(Instr::Ret { result: 0 });
+    b.end_function(1);
+    let program = relaxc::compile::Program {
+        exec: relaxc::vm::Verified::new(b.build()).expect("valid"),
+        kernels: Vec::new(),
+        shape_funcs: Vec::new(),
+        cuda: Vec::new(),
+    };
+    let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(mode)).expect("emit");
+    let so = common::scratch_dir().join(format!("identity.{}.{}.so", common::mode_name(mode), std::process::id()));
+    relaxc::link::link_shared(&object.link_inputs(&program.kernels), &so).expect("link");
+    so
+}
+
+/// Every rvm.h function with bad arguments, a VM entered from a second thread, and results that
+/// must not alias the caller's buffers (tests/c/bad_args_test.c), in both modes and under valgrind.
+#[test]
+fn c_api_bad_arguments_are_errors_under_valgrind() {
+    let exe = common::build_c_host("bad_args_test");
+    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+        let (_, calls) = models(mode);
+        let mut options = relaxc::compile::Options::mode(mode);
+        options.native.instrument = true;
+        let tag = format!("{}_instrumented", common::mode_name(mode));
+        let instrumented = common::build_with("calls", &fixture_tar("calls"), &options, &tag).expect("build");
+        let identity = identity_model(mode);
+        let out = Command::new(&exe).arg(&calls).arg(&instrumented).arg(&identity).output().expect("run bad_args_test");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && text.contains(", 0 failed"),
+            "bad_args_test ({}):\n{text}",
+            common::mode_name(mode)
+        );
+        valgrind(&exe, &[&calls, &instrumented, &identity], &format!("bad_args_test ({})", common::mode_name(mode)));
+    }
+}

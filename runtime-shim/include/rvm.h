@@ -15,7 +15,19 @@
  *
  * Ownership: arguments are borrowed for the duration of a call; results are owned by the caller,
  * who releases them with value_release (on any thread). Every function that can fail returns 0 on
- * success and non-zero on failure, with a message for last_error() on the calling thread.
+ * success and non-zero on failure, with a message for last_error() on the calling thread; NULL
+ * where a pointer is required is such a failure (never a crash), and functions that cannot fail
+ * ignore NULL.
+ *
+ * Aliasing: a result never shares memory with a DLTensor argument. A function that returns an
+ * argument (or a view of it) returns a copy, whatever the argument's alignment, so a result stays
+ * valid after the caller's buffer is freed or reused. Tensor objects passed as arguments (values
+ * a call returned, type kTVMFFITensor) are shared, not copied, as in TVM.
+ *
+ * Constants: a model's tensor constants live in the library's writable data, as TVM keeps them in
+ * its module. A result that is a constant is that memory: writing to it (or a kernel working in
+ * place on it) changes the constant for every later call and every VM of the module, exactly as
+ * in TVM. Copy a result before writing to it unless that is what you want.
  */
 #ifndef RVM_H
 #define RVM_H
@@ -37,7 +49,8 @@ typedef TVMFFIAny rvm_value;
 /* The program of one .so: constants and functions. Thread-safe, reference counted by its VMs. */
 typedef struct rvm_module rvm_module;
 
-/* An execution context with its own allocator and register stack. One thread at a time. */
+/* An execution context with its own allocator and register stack. One thread at a time: a call
+ * made while another thread is inside a call on the same VM fails with a RuntimeError. */
 typedef struct rvm_vm rvm_vm;
 
 /* Identity of the .so: what built it and for what. Strings are owned by the library. */

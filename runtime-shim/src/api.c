@@ -72,6 +72,7 @@ static int make_constant(const rvm_const_info *c, TVMFFIAny *out) {
 
 int rvm_module_open(rvm_module **out) {
   rvm_error_clear();
+  if (!out) return rvm_raise("ValueError", "module_open: out is NULL");
   const rvm_program *p = &rvm_model_program;
   if (p->magic != RVM_PROGRAM_MAGIC)
     return rvm_raise("ValueError", "this library's program tables have the wrong magic number (not built by relaxc?)");
@@ -118,6 +119,8 @@ void rvm_module_close(rvm_module *m) {
 }
 
 static int api_module_info(const rvm_module *m, rvm_module_info *out) {
+  rvm_error_clear();
+  if (!m || !out) return rvm_raise("ValueError", "module_info: the module and out must not be NULL");
   const rvm_program *p = m->program;
   out->abi_version = RVM_ABI_VERSION;
   out->exec_mode = p->exec_mode & 0xffu;
@@ -130,11 +133,13 @@ static int api_module_info(const rvm_module *m, rvm_module_info *out) {
 }
 
 static const char *api_function_name(const rvm_module *m, int32_t index) {
-  if (index < 0 || index >= m->num_relax_funcs) return NULL;
+  if (!m || index < 0 || index >= m->num_relax_funcs) return NULL;
   return m->program->funcs[m->relax_funcs[index]].name;
 }
 
 static int api_function_find(const rvm_module *m, const char *name, int32_t *out) {
+  rvm_error_clear();
+  if (!m || !name || !out) return rvm_raise("ValueError", "function_find: the module, name and out must not be NULL");
   for (int32_t i = 0; i < m->num_relax_funcs; i++) {
     if (strcmp(m->program->funcs[m->relax_funcs[i]].name, name) == 0) {
       *out = i;
@@ -145,7 +150,7 @@ static int api_function_find(const rvm_module *m, const char *name, int32_t *out
 }
 
 static int32_t api_function_arity(const rvm_module *m, int32_t index) {
-  if (index < 0 || index >= m->num_relax_funcs) return -1;
+  if (!m || index < 0 || index >= m->num_relax_funcs) return -1;
   return m->program->funcs[m->relax_funcs[index]].num_args;
 }
 
@@ -153,12 +158,14 @@ static bool has_cuda_kernels(void) { return &rvm_model_cuda != NULL && rvm_model
 
 
 static int api_vm_create(rvm_module *m, rvm_vm **out) {
+  if (!m || !out) return rvm_raise("ValueError", "vm_create: the module and out must not be NULL");
   DLDevice dev = {has_cuda_kernels() ? kDLCUDA : kDLCPU, 0};
   return rvm_vm_create_on(m, dev, out);
 }
 
 int rvm_vm_create_on(rvm_module *m, DLDevice device, rvm_vm **out) {
   rvm_error_clear();
+  if (!m || !out) return rvm_raise("ValueError", "vm_create: the module and out must not be NULL");
   if (device.device_type == kDLCPU && has_cuda_kernels())
     return rvm_raise("ValueError", "this model's kernels run on CUDA: create its VM on a CUDA device");
   if (device.device_type == kDLCUDA && !has_cuda_kernels())
@@ -256,14 +263,68 @@ static int wrap_tensor(rvm_vm *vm, const DLTensor *t, int32_t index, TVMFFIAny *
   return 0;
 }
 
+/* Any address unique to the calling thread. */
+static _Thread_local char thread_tag;
+
+/* Claims vm for this thread; 0 on success, -1 (raised) if another thread is running a call. */
+static int vm_enter(rvm_vm *vm) {
+  const void *expected = NULL;
+  if (atomic_compare_exchange_strong_explicit(&vm->owner, &expected, &thread_tag, memory_order_acquire,
+                                              memory_order_relaxed))
+    return 0;
+  if (expected == &thread_tag) {
+    vm->owner_depth++;
+    return 0;
+  }
+  return rvm_raise("RuntimeError", "this VM is running a call on another thread: a VM serves one thread at a time "
+                                   "(create one VM per thread)");
+}
+
+static void vm_leave(rvm_vm *vm) {
+  if (vm->owner_depth > 0)
+    vm->owner_depth--;
+  else
+    atomic_store_explicit(&vm->owner, NULL, memory_order_release);
+}
+
+/* Whether tensor object `obj` is, or views, one of the call's wrappers of the caller's buffers. */
+static bool views_borrowed(const TVMFFIObject *obj, const TVMFFIAny *conv, const rvm_value *args, int32_t num_args) {
+  for (; obj && obj->type_index == kTVMFFITensor; obj = ((const rvm_tensor *)obj)->owner)
+    for (int32_t i = 0; i < num_args; i++)
+      if (args[i].type_index == kTVMFFIDLTensorPtr && conv[i].v_obj == obj && !((const rvm_tensor *)obj)->owner) return true;
+  return false;
+}
+
+/* The aliasing rule of rvm.h: a result never shares memory with a DLTensor argument. Results
+ * that are (views of) an argument's buffer, which relaxc uses in place when it is 64-byte
+ * aligned, are replaced by copies, as a misaligned argument (copied on entry) already is. */
+static int detach_results(TVMFFIAny *v, const TVMFFIAny *conv, const rvm_value *args, int32_t num_args) {
+  if (v->type_index == kTVMFFITensor && views_borrowed(v->v_obj, conv, args, num_args)) {
+    rvm_tensor *copy = rvm_tensor_copy_aligned(rvm_tensor_of_object(v->v_obj));
+    if (!copy) return -1;
+    rvm_any_release(v);
+    *v = rvm_obj_any(copy);
+  } else if (v->type_index == kTVMFFIArray) {
+    rvm_array *a = (rvm_array *)v->v_obj;
+    for (int64_t i = 0; i < a->cell.size; i++)
+      if (detach_results(&a->items[i], conv, args, num_args)) return -1;
+  }
+  return 0;
+}
+
 static int call_with(rvm_vm *vm, const TVMFFIAny *callee, int64_t func, const rvm_value *args, int32_t num_args,
                      rvm_value *result) {
   rvm_error_clear();
+  if (!vm || !result) return rvm_raise("ValueError", "vm_call: the VM and the result slot must not be NULL");
   if (rvm_is_object(result)) return rvm_raise("ValueError", "the result slot must not hold an object on entry");
   if (num_args < 0 || (num_args > 0 && !args)) return rvm_raise("ValueError", "bad argument list");
+  if (vm_enter(vm)) return -1;
   TVMFFIAny inline_args[16];
   TVMFFIAny *conv = num_args <= 16 ? inline_args : malloc(sizeof(TVMFFIAny) * (size_t)num_args);
-  if (!conv) return rvm_raise("MemoryError", "out of memory");
+  if (!conv) {
+    vm_leave(vm);
+    return rvm_raise("MemoryError", "out of memory");
+  }
   int rc = 0;
   int32_t wrapped = 0;
   for (; wrapped < num_args; wrapped++) {
@@ -282,10 +343,16 @@ static int call_with(rvm_vm *vm, const TVMFFIAny *callee, int64_t func, const rv
     if (rc == 0) rc = rvm_cuda_synchronize(vm->cuda);
     rvm_set_current_vm(previous_vm);
   }
+  if (rc == 0 && wrapped > 0 && detach_results(result, conv, args, num_args)) {
+    rvm_any_release(result);
+    *result = rvm_none();
+    rc = -1;
+  }
   for (int32_t i = 0; i < wrapped; i++)
     if (args[i].type_index == kTVMFFIDLTensorPtr) rvm_any_release(&conv[i]);
   rvm_allocator_leave(vm->allocator, previous);
   if (conv != inline_args) free(conv);
+  vm_leave(vm);
   return rc;
 }
 
@@ -294,6 +361,8 @@ int rvm_vm_call_function(rvm_vm *vm, int64_t func, const TVMFFIAny *args, int32_
 }
 
 static int api_vm_call(rvm_vm *vm, int32_t function, const rvm_value *args, int32_t num_args, rvm_value *result) {
+  rvm_error_clear();
+  if (!vm) return rvm_raise("ValueError", "vm_call: the VM is NULL");
   if (function < 0 || function >= vm->module->num_relax_funcs)
     return rvm_raise("ValueError", "function index %d out of range (the model has %d functions)", function,
                      vm->module->num_relax_funcs);
@@ -302,25 +371,44 @@ static int api_vm_call(rvm_vm *vm, int32_t function, const rvm_value *args, int3
 
 static int api_vm_call_closure(rvm_vm *vm, const rvm_value *closure, const rvm_value *args, int32_t num_args,
                                rvm_value *result) {
+  rvm_error_clear();
+  if (!closure) return rvm_raise("ValueError", "vm_call_closure: the closure is NULL");
   return call_with(vm, closure, 0, args, num_args, result);
 }
 
-static void api_vm_stats(const rvm_vm *vm, rvm_vm_stats *out) { rvm_allocator_stats(vm->allocator, out); }
-static void api_vm_reset_stats(rvm_vm *vm) { rvm_allocator_reset_stats(vm->allocator); }
+static void api_vm_stats(const rvm_vm *vm, rvm_vm_stats *out) {
+  if (!out) return;
+  if (!vm) {
+    memset(out, 0, sizeof(*out));
+    return;
+  }
+  rvm_allocator_stats(vm->allocator, out);
+}
+
+static void api_vm_reset_stats(rvm_vm *vm) {
+  if (vm) rvm_allocator_reset_stats(vm->allocator);
+}
 
 static void api_value_release(rvm_value *v) {
   if (v) rvm_any_release(v);
 }
 
 static void api_value_retain(const rvm_value *v, rvm_value *out) {
+  if (!out) return;
+  if (!v) {
+    *out = rvm_none();
+    return;
+  }
   *out = *v;
   if (rvm_is_object(v)) rvm_object_incref(v->v_obj);
 }
 
-static const char *api_value_type_name(const rvm_value *v) { return rvm_type_name(v); }
+static const char *api_value_type_name(const rvm_value *v) { return v ? rvm_type_name(v) : "NULL"; }
 
 static int api_shape_new(const int64_t *dims, int64_t n, rvm_value *out) {
-  if (n < 0 || (n > 0 && !dims)) return rvm_raise("ValueError", "bad shape");
+  rvm_error_clear();
+  if (!out) return rvm_raise("ValueError", "shape_new: out is NULL");
+  if (n < 0 || (n > 0 && !dims)) return rvm_raise("ValueError", "shape_new: %lld dims at %p", (long long)n, (const void *)dims);
   rvm_shape *s = rvm_shape_new(dims, n);
   if (!s) return -1;
   *out = rvm_obj_any(s);
@@ -328,6 +416,8 @@ static int api_shape_new(const int64_t *dims, int64_t n, rvm_value *out) {
 }
 
 static int api_shape_view(const rvm_value *v, const int64_t **dims, int64_t *n) {
+  rvm_error_clear();
+  if (!v || !dims || !n) return rvm_raise("ValueError", "shape_view: the value, dims and n must not be NULL");
   const TVMFFIShapeCell *s = rvm_as_shape(v);
   if (!s) return rvm_raise("TypeError", "expected a Shape, but got %s", rvm_type_name(v));
   *dims = s->data;
@@ -336,7 +426,9 @@ static int api_shape_view(const rvm_value *v, const int64_t **dims, int64_t *n) 
 }
 
 static int api_tuple_new(const rvm_value *items, int64_t n, rvm_value *out) {
-  if (n < 0 || (n > 0 && !items)) return rvm_raise("ValueError", "bad tuple");
+  rvm_error_clear();
+  if (!out) return rvm_raise("ValueError", "tuple_new: out is NULL");
+  if (n < 0 || (n > 0 && !items)) return rvm_raise("ValueError", "tuple_new: %lld items at %p", (long long)n, (const void *)items);
   rvm_array *a = rvm_array_new(n);
   if (!a) return -1;
   for (int64_t i = 0; i < n; i++) {
@@ -355,11 +447,13 @@ static int api_tuple_new(const rvm_value *items, int64_t n, rvm_value *out) {
 }
 
 static int64_t api_tuple_size(const rvm_value *v) {
-  if (v->type_index != kTVMFFIArray) return -1;
+  if (!v || v->type_index != kTVMFFIArray) return -1;
   return ((const rvm_array *)v->v_obj)->cell.size;
 }
 
 static int api_tuple_get(const rvm_value *v, int64_t index, rvm_value *out) {
+  rvm_error_clear();
+  if (!v || !out) return rvm_raise("ValueError", "tuple_get: the value and out must not be NULL");
   if (v->type_index != kTVMFFIArray) return rvm_raise("TypeError", "expected a tuple, but got %s", rvm_type_name(v));
   const rvm_array *a = (const rvm_array *)v->v_obj;
   if (index < 0 || index >= a->cell.size)
@@ -368,7 +462,7 @@ static int api_tuple_get(const rvm_value *v, int64_t index, rvm_value *out) {
   return 0;
 }
 
-static const DLTensor *api_tensor_view(const rvm_value *v) { return rvm_as_dltensor(v); }
+static const DLTensor *api_tensor_view(const rvm_value *v) { return v ? rvm_as_dltensor(v) : NULL; }
 
 static void dlpack_deleter(DLManagedTensorVersioned *self) {
   rvm_object_decref(self->manager_ctx);
@@ -376,6 +470,8 @@ static void dlpack_deleter(DLManagedTensorVersioned *self) {
 }
 
 static int api_tensor_export(const rvm_value *v, DLManagedTensorVersioned **out) {
+  rvm_error_clear();
+  if (!v || !out) return rvm_raise("ValueError", "tensor_export: the value and out must not be NULL");
   if (v->type_index != kTVMFFITensor) return rvm_raise("TypeError", "expected a Tensor, but got %s", rvm_type_name(v));
   DLManagedTensorVersioned *m = calloc(1, sizeof(*m));
   if (!m) return rvm_raise("MemoryError", "out of memory");
@@ -396,6 +492,8 @@ static rvm_cuda *cuda_of(TVMFFIObject *obj) {
 }
 
 static int api_tensor_to_host(const rvm_value *v, rvm_value *out) {
+  rvm_error_clear();
+  if (!v || !out) return rvm_raise("ValueError", "tensor_to_host: the value and out must not be NULL");
   DLTensor *t = rvm_as_dltensor(v);
   if (!t) return rvm_raise("TypeError", "expected a Tensor, but got %s", rvm_type_name(v));
   if (t->device.device_type == kDLCPU) {
