@@ -101,7 +101,7 @@ enum Command {
         #[arg(long)]
         expect: Option<PathBuf>,
         /// After one warm-up call, time N calls and print the median per-call latency.
-        #[arg(long, value_name = "N")]
+        #[arg(long, value_name = "N", value_parser = positive_count)]
         bench: Option<usize>,
         /// Print storage statistics of the call (peak bytes held, allocations).
         #[arg(long)]
@@ -137,7 +137,7 @@ enum Command {
         #[arg(long, value_name = "FILE.npz")]
         logits: Option<PathBuf>,
         /// Repeat the generation (after a warm-up run) and report median timings.
-        #[arg(long, value_name = "RUNS", num_args = 0..=1, default_missing_value = "10")]
+        #[arg(long, value_name = "RUNS", num_args = 0..=1, default_missing_value = "10", value_parser = positive_count)]
         bench: Option<usize>,
         /// KV cache: the most tokens held at once, prompt and new tokens included.
         #[arg(long, default_value_t = 2048)]
@@ -170,9 +170,50 @@ enum Command {
 }
 
 fn main() {
+    // Rust ignores SIGPIPE, so printing into a closed pipe (`relaxc inspect m.so | head`) would
+    // panic; with the default action the process ends quietly, as other command-line tools do.
+    // SAFETY: setting a signal's disposition to the default before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     if let Err(e) = run(Cli::parse()) {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", render_error(&e));
         std::process::exit(1);
+    }
+}
+
+/// The error and its causes, joined by ": ", leaving out a cause that its parent's message
+/// already ends with (library errors often print their source themselves).
+fn render_error(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+/// Refuses an output path that names one of the inputs, before anything is written.
+fn refuse_overwriting(flag: &str, output: &Path, inputs: &[&Path]) -> Result<()> {
+    let Ok(out) = std::fs::canonicalize(output) else { return Ok(()) }; // a new file
+    for input in inputs {
+        if std::fs::canonicalize(input).is_ok_and(|i| i == out) {
+            bail!("{flag} {} is also an input: refusing to overwrite it", output.display());
+        }
+    }
+    Ok(())
+}
+
+/// `--bench N` takes N >= 1.
+fn positive_count(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
 }
 
@@ -194,6 +235,13 @@ fn run(cli: Cli) -> Result<()> {
             target,
             jobs,
         } => {
+            let mut sources: Vec<&Path> = vec![&input];
+            sources.extend(kernels.iter().map(PathBuf::as_path));
+            sources.extend(params.as_deref());
+            refuse_overwriting("-o", &output, &sources)?;
+            if let Some(clif) = &emit_clif {
+                refuse_overwriting("--emit-clif", clif, &sources)?;
+            }
             if emit_clif.is_some() && exec_mode != relaxc::codegen::ExecMode::Compiled {
                 anyhow::bail!("--emit-clif needs --exec-mode compiled: bytecode mode generates no CLIF");
             }
@@ -233,6 +281,13 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Run { model, func, inputs, outputs, expect, bench, stats, device, profile, trace } => {
             let device = device.map(|d| parse_device(&d)).transpose()?;
+            let sources: Vec<&Path> =
+                [Some(model.as_path()), inputs.as_deref(), expect.as_deref()].into_iter().flatten().collect();
+            for (flag, out) in [("--outputs", &outputs), ("--trace", &trace)] {
+                if let Some(out) = out {
+                    refuse_overwriting(flag, out, &sources)?;
+                }
+            }
             let profile = profile.or(trace.as_ref().map(|_| 10));
             let opts = RunOptions { func, inputs, outputs, expect, bench, stats, device, profile, trace };
             run_model(&model, &opts)
@@ -251,6 +306,9 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let config =
                 relaxc::host::llm::CacheConfig { max_batch_size, max_total_seq_len, prefill_chunk_size, page_size };
+            if let Some(out) = &logits {
+                refuse_overwriting("--logits", out, &[&model])?;
+            }
             let opts = GenerateOptions { prompt, max_new_tokens, logits, bench, config, vocab_size };
             generate(&model, &opts)
         }
@@ -316,7 +374,9 @@ fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
     let RunOptions { func, inputs, outputs, expect, bench, stats, device, profile, trace } = opts;
     let (func, bench, stats) = (func.as_str(), *bench, *stats);
     let model = Model::load(path)?;
-    let f = model.find(func).with_context(|| format!("available functions: {}", model.functions().join(", ")))?;
+    let Ok(f) = model.find(func) else {
+        bail!("the model has no function {func:?} (its functions: {})", model.functions().join(", "));
+    };
     let args = match inputs.as_deref() {
         Some(p) => npz::read_inputs(p)?,
         None => Vec::new(),

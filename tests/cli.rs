@@ -99,3 +99,74 @@ fn a_model_from_an_incompatible_relaxc_is_refused_by_version() {
     assert!(err.contains("built by relaxc 9.0.0 c-api 7"), "{err}");
     assert!(err.contains("C API versions 1..=2"), "{err}");
 }
+
+fn stderr_of(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Output paths that name an input are refused before anything is written: `run m.so --outputs
+/// m.so` once overwrote the model with an npz and died of SIGBUS; `compile x.tar -o x.tar`
+/// replaced its input.
+#[test]
+fn outputs_that_name_an_input_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tar = dir.path().join("m.tar");
+    std::fs::copy(common::fixtures_dir().join("chain_1/m.tar"), &tar).expect("copy");
+    let before = std::fs::read(&tar).expect("read");
+    let out = relaxc().arg("compile").arg(&tar).arg("-o").arg(&tar).output().expect("relaxc compile");
+    assert!(!out.status.success() && stderr_of(&out).contains("is also an input"), "{}", stderr_of(&out));
+    assert_eq!(std::fs::read(&tar).expect("read"), before, "the input was changed");
+    let so = dir.path().join("m.so");
+    assert!(relaxc().arg("compile").arg(&tar).arg("-o").arg(&so).status().expect("compile").success());
+    let model = std::fs::read(&so).expect("read");
+    let inputs = common::fixtures_dir().join("chain_1/ok_basic.in.npz");
+    for outputs in [&so, &inputs] {
+        let out = relaxc()
+            .arg("run")
+            .arg(&so)
+            .arg("--inputs")
+            .arg(&inputs)
+            .arg("--outputs")
+            .arg(outputs)
+            .output()
+            .expect("run");
+        assert!(!out.status.success() && stderr_of(&out).contains("is also an input"), "{}", stderr_of(&out));
+    }
+    assert_eq!(std::fs::read(&so).expect("read"), model, "the model was changed");
+}
+
+/// Messages say what was wrong first and once; `--bench 0` is refused before the call; a closed
+/// pipe ends `inspect` quietly instead of a panic.
+#[test]
+fn messages_name_the_problem_once() {
+    let so =
+        common::build("chain_1", &common::fixtures_dir().join("chain_1/m.tar"), ExecMode::Bytecode).expect("build");
+    let inputs = common::fixtures_dir().join("chain_1/ok_basic.in.npz");
+    let out = relaxc().arg("run").arg(&so).arg("--inputs").arg(&inputs).args(["--func", "nope"]).output().expect("run");
+    assert!(
+        stderr_of(&out).starts_with("error: the model has no function \"nope\" (its functions: main)"),
+        "{}",
+        stderr_of(&out)
+    );
+    let out = relaxc().arg("run").arg(&so).arg("--inputs").arg(&inputs).args(["--bench", "0"]).output().expect("run");
+    assert!(
+        !out.status.success() && out.stdout.is_empty(),
+        "--bench 0 printed {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(stderr_of(&out).contains("must be at least 1"), "{}", stderr_of(&out));
+    let out = relaxc().args(["compile", "/nonexistent/m.tar", "-o", "/nonexistent/m.so"]).output().expect("compile");
+    let message = stderr_of(&out);
+    assert_eq!(message.matches("No such file or directory").count(), 1, "{message}");
+    // inspect into a pipe closed after the first line.
+    let mut child = relaxc()
+        .arg("inspect")
+        .arg(&so)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("inspect");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().expect("wait");
+    assert!(!stderr_of(&out).contains("panicked"), "{}", stderr_of(&out));
+}
