@@ -26,7 +26,9 @@ corpus=fuzz/corpus/$target
 seeds=$(mktemp -d)
 trap 'rm -rf "$seeds"' EXIT
 mkdir -p "$corpus"
-case "$target" in
+# Seeds from the fixtures only while the corpus is empty (the committed corpus already has them).
+[ -n "$(ls -A "$corpus")" ] && seed_from=none || seed_from=$target
+case "$seed_from" in
   parse_script) cp fixtures/script/*/m.py "$seeds/" ;;
   npz) find fixtures -name '*.npz' -size -64k | head -40 | while read -r f; do cp "$f" "$seeds/$(echo "$f" | tr / _)"; done ;;
   safetensors) find fixtures -name '*.safetensors' -exec cp {} "$seeds/" \; ;;
@@ -45,6 +47,7 @@ case "$target" in
       fi
     done ;;
   differential) head -c 64 /dev/urandom >"$seeds/random" ;;
+  none) ;;
 esac
 
 export RUSTC_BOOTSTRAP=1

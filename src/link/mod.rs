@@ -31,6 +31,11 @@ pub enum LinkError {
     Target(#[from] crate::target::TargetError),
 }
 
+/// The sanitizers the embedded host shim was built with (`RELAXC_SANITIZE` at build time; empty
+/// for a normal build). Models linked by such a relaxc need the sanitizer runtime loaded first
+/// (`LD_PRELOAD=$(cc -print-file-name=libasan.so)`), which `.ci/sanitize` arranges.
+pub const SHIM_SANITIZERS: &str = env!("RELAXC_SHIM_SANITIZE");
+
 /// The C compiler driver used to link for the host: $CC, else `cc`.
 pub fn linker() -> String {
     std::env::var("CC").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "cc".to_string())
@@ -81,9 +86,8 @@ pub fn link_shared_for(inputs: &LinkInputs, out: &Path, target: &Target) -> Resu
     cmd.arg(format!("-Wl,--version-script={}", script.display()));
     cmd.args(["-Wl,--no-undefined", "-Wl,-z,noexecstack", "-Wl,-z,relro", "-Wl,-z,now", "-lm"]);
     // A relaxc built with RELAXC_SANITIZE embeds a sanitized shim (host only): link its runtimes.
-    let sanitize = env!("RELAXC_SHIM_SANITIZE");
-    if target.is_host() && !sanitize.is_empty() {
-        cmd.arg(format!("-fsanitize={sanitize}"));
+    if target.is_host() && !SHIM_SANITIZERS.is_empty() {
+        cmd.arg(format!("-fsanitize={SHIM_SANITIZERS}"));
     }
     let output = cmd.output().map_err(|source| LinkError::Spawn { linker: linker.clone(), source })?;
     if !output.status.success() {

@@ -97,7 +97,9 @@ static void test_dyn_tuple(const char *path, size_t misalign) {
   CHECK(api->function_arity(m.module, m.main_fn) == 2, "arity");
   enum { N = 3, C = 4 };
   /* 64-byte aligned buffers; `misalign` shifts the data to exercise the runtime's copy. */
-  float *xb = aligned_alloc(64, 128 + sizeof(float) * N * C), *yb = aligned_alloc(64, 128 + sizeof(float) * N * C);
+  /* C11's aligned_alloc wants a size that is a multiple of the alignment (ASan insists). */
+  size_t bytes = (128 + sizeof(float) * N * C + 63) / 64 * 64;
+  float *xb = aligned_alloc(64, bytes), *yb = aligned_alloc(64, bytes);
   float *x = (float *)((char *)xb + misalign), *y = (float *)((char *)yb + misalign);
   for (int i = 0; i < N * C; i++) {
     x[i] = 0.25f * (float)i - 1.0f;
