@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""A/B benchmark of two relaxc builds: each compiles chain_1000 in both modes and times it with
+its own `relaxc run --bench CALLS` (median per call); rounds interleave A and B, and the table
+gives the median over rounds and B / A. Used to measure what a runtime change costs (e.g. the
+hardening checks and the VM's concurrent-use guard against the commit before them).
+
+usage: python3 bench/ab.py A_RELAXC B_RELAXC [--model chain_1000] [--rounds 7] [--calls 20000]
+"""
+import argparse
+import os
+import platform
+import re
+import statistics
+import subprocess
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cpu_name():
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def per_call_us(relaxc, so, inputs, calls):
+    out = subprocess.run([relaxc, "run", so, "--inputs", inputs, "--bench", str(calls)],
+                         capture_output=True, text=True, check=True)
+    m = re.search(r"([0-9.]+) (us|µs)", out.stdout + out.stderr)
+    if not m:
+        raise SystemExit(f"no timing in: {out.stdout}{out.stderr}")
+    return float(m.group(1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("a")
+    ap.add_argument("b")
+    ap.add_argument("--model", default="chain_1000")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=20000)
+    args = ap.parse_args()
+    fixture = os.path.join(ROOT, "fixtures/tvm", args.model)
+    inputs = os.path.join(fixture, "ok_basic.in.npz")
+    print(f"machine: {cpu_name()}, {os.cpu_count()} cores")
+    with tempfile.TemporaryDirectory() as tmp:
+        builds = {}
+        for name, relaxc in (("A", args.a), ("B", args.b)):
+            for mode in ("bytecode", "compiled"):
+                so = os.path.join(tmp, f"{name}.{mode}.so")
+                subprocess.run([relaxc, "compile", os.path.join(fixture, "m.tar"), "--exec-mode", mode, "-o", so],
+                               check=True)
+                builds[(name, mode)] = (relaxc, so)
+        times = {k: [] for k in builds}
+        for r in range(args.rounds):
+            for key, (relaxc, so) in builds.items():
+                times[key].append(per_call_us(relaxc, so, inputs, args.calls))
+    print(f"\n{args.model}, per call (us), medians of {args.rounds} interleaved rounds of {args.calls} calls:\n")
+    print("| mode | A | B | B / A |")
+    print("|---|---|---|---|")
+    for mode in ("bytecode", "compiled"):
+        a = statistics.median(times[("A", mode)])
+        b = statistics.median(times[("B", mode)])
+        print(f"| {mode} | {a:.2f} | {b:.2f} | {b / a:.3f}x |")
+
+
+if __name__ == "__main__":
+    main()
