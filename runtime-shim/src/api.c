@@ -5,6 +5,7 @@
  * place) and makes the function pool. A call wraps borrowed DLTensor inputs into Tensor objects,
  * as TVM's kernels and builtins expect, and runs the function.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -263,16 +264,16 @@ static int wrap_tensor(rvm_vm *vm, const DLTensor *t, int32_t index, TVMFFIAny *
   return 0;
 }
 
-/* Any address unique to the calling thread. */
-static _Thread_local char thread_tag;
+/* The calling thread's identity, never 0 (pthread_self, not _Thread_local: TLS in a shared object
+ * would make every model depend on the dynamic loader's __tls_get_addr). */
+static uintptr_t thread_identity(void) { return (uintptr_t)pthread_self(); }
 
 /* Claims vm for this thread; 0 on success, -1 (raised) if another thread is running a call. */
 static int vm_enter(rvm_vm *vm) {
-  const void *expected = NULL;
-  if (atomic_compare_exchange_strong_explicit(&vm->owner, &expected, &thread_tag, memory_order_acquire,
-                                              memory_order_relaxed))
+  uintptr_t self = thread_identity(), expected = 0;
+  if (atomic_compare_exchange_strong_explicit(&vm->owner, &expected, self, memory_order_acquire, memory_order_relaxed))
     return 0;
-  if (expected == &thread_tag) {
+  if (expected == self) {
     vm->owner_depth++;
     return 0;
   }
@@ -284,7 +285,7 @@ static void vm_leave(rvm_vm *vm) {
   if (vm->owner_depth > 0)
     vm->owner_depth--;
   else
-    atomic_store_explicit(&vm->owner, NULL, memory_order_release);
+    atomic_store_explicit(&vm->owner, 0, memory_order_release);
 }
 
 /* Whether tensor object `obj` is, or views, one of the call's wrappers of the caller's buffers. */

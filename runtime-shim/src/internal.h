@@ -301,10 +301,10 @@ struct rvm_vm {
   int depth;
   TVMFFISafeCallType instrument; /* the hook of an instrumented model, or NULL */
   void *instrument_self;
-  /* The thread running a call on this VM (a thread-local address), or NULL: a second thread is
-   * refused instead of corrupting the register stack. Nested calls from the same thread (a host
-   * function calling back into its VM) count in owner_depth. */
-  _Atomic(const void *) owner;
+  /* The thread running a call on this VM (pthread_self), or 0: a second thread is refused
+   * instead of corrupting the register stack. Nested calls from the same thread (a host function
+   * calling back into its VM) count in owner_depth. */
+  _Atomic uintptr_t owner;
   int owner_depth;
 };
 
