@@ -29,7 +29,7 @@ mkdir -p "$corpus"
 # Seeds from the fixtures only while the corpus is empty (the committed corpus already has them).
 [ -n "$(ls -A "$corpus")" ] && seed_from=none || seed_from=$target
 case "$seed_from" in
-  parse_script) cp fixtures/script/*/m.py "$seeds/" ;;
+  parse_script) for f in fixtures/script/*/m.py; do cp "$f" "$seeds/$(basename "$(dirname "$f")").py"; done ;;
   npz) find fixtures -name '*.npz' -size -64k | head -40 | while read -r f; do cp "$f" "$seeds/$(echo "$f" | tr / _)"; done ;;
   safetensors) find fixtures -name '*.safetensors' -exec cp {} "$seeds/" \; ;;
   import_blob | assemble)

@@ -220,3 +220,25 @@ fn hand_written_text_runs_in_both_modes() {
     assert!(errors[0].contains("in main at pc 4 (rk_gt0)"), "{}", errors[0]);
     assert_eq!(errors[0], errors[1], "the modes report the error differently");
 }
+
+/// Found by the `assemble` fuzz target: a tensor constant whose data did not match its shape
+/// passed the verifier, so an executable it accepted could not be read back (and kernels would
+/// have read past the data). The verifier now checks every tensor constant's size.
+#[test]
+fn tensor_constants_must_hold_what_their_shape_needs() {
+    use relaxc::vm::{Constant, DType, ExecBuilder, Instr, TensorConst};
+    for (shape, bytes, ok) in
+        [(vec![2, 3], 24, true), (vec![2, 3], 23, false), (vec![-1], 0, false), (vec![1 << 62, 4], 0, false)]
+    {
+        let mut b = ExecBuilder::new();
+        b.constant(Constant::Tensor(TensorConst { dtype: DType::F32, shape: shape.clone(), data: vec![0; bytes] }));
+        b.begin_function("main", &["x"]);
+        b.emit(Instr::Ret { result: 0 });
+        b.end_function(1);
+        let result = relaxc::vm::verify(&b.build());
+        assert_eq!(result.is_ok(), ok, "{shape:?} with {bytes} bytes: {result:?}");
+        if let Err(e) = result {
+            assert!(e.to_string().contains("constant 0: a tensor of shape"), "{e}");
+        }
+    }
+}

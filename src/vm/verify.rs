@@ -2,7 +2,7 @@
 //! code has to check indices at run time: every register, constant and function index, every
 //! jump target and every function's bounds are checked once, here.
 
-use super::{Arg, Executable, FuncKind, Instr, SPECIAL_REG_BEGIN, VM_REG, VOID_REG};
+use super::{Arg, Constant, Executable, FuncKind, Instr, SPECIAL_REG_BEGIN, VM_REG, VOID_REG};
 
 /// Registers one function may use; far beyond any real model, small enough to allocate.
 pub const MAX_REGISTERS: i64 = 1 << 24;
@@ -54,6 +54,28 @@ pub fn verify(exec: &Executable) -> Result<(), VerifyError> {
         pc,
         message,
     };
+    for (index, constant) in exec.constants.iter().enumerate() {
+        if let Constant::Tensor(t) = constant {
+            // TVM's rule (lanes ignored), as the byte format's reader applies it: a constant the
+            // verifier passes must write out and read back, and kernels read exactly this much.
+            let need = t
+                .shape
+                .iter()
+                .try_fold(t.dtype.bits.div_ceil(8) as i64, |acc, &d| if d < 0 { None } else { acc.checked_mul(d) });
+            if need != Some(t.data.len() as i64) {
+                let need = need.map_or("an impossible size".to_string(), |n| format!("{n} bytes"));
+                return Err(fail(
+                    None,
+                    None,
+                    format!(
+                        "constant {index}: a tensor of shape {:?} holds {} bytes of data, its shape and dtype need {need}",
+                        t.shape,
+                        t.data.len()
+                    ),
+                ));
+            }
+        }
+    }
     let n_instr = exec.instr_offset.len() as i64;
     for (k, &off) in exec.instr_offset.iter().enumerate() {
         if off < 0 || off as usize >= exec.instr_data.len() {
