@@ -73,10 +73,7 @@ fn random_programs_under_valgrind() {
     };
     let exe = common::build_c_host("run_programs");
     for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
-        let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(mode)).expect("emit");
-        let name = format!("random_vg.{}.{}.so", common::mode_name(mode), std::process::id());
-        let so = common::scratch_dir().join(name);
-        relaxc::link::link_shared(&object.link_inputs(&program.kernels), &so).expect("link");
+        let so = common::link_program("random_vg", &program, mode).expect("build");
         let out = Command::new(&exe).arg(&so).output().expect("run_programs");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success() && text.contains("600 calls"), "{text}");
@@ -129,10 +126,7 @@ fn identity_model(mode: ExecMode) -> PathBuf {
         shape_funcs: Vec::new(),
         cuda: Vec::new(),
     };
-    let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(mode)).expect("emit");
-    let so = common::scratch_dir().join(format!("identity.{}.{}.so", common::mode_name(mode), std::process::id()));
-    relaxc::link::link_shared(&object.link_inputs(&program.kernels), &so).expect("link");
-    so
+    common::link_program("identity", &program, mode).expect("build")
 }
 
 /// Every rvm.h function with bad arguments, a VM entered from a second thread, and results that

@@ -137,14 +137,7 @@ fn random_models(seed: u64, count: usize) -> Result<&'static RandomModels, Strin
             };
             let mut models = Vec::new();
             for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
-                let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(mode))
-                    .map_err(|e| e.to_string())?;
-                let so = common::scratch_dir().join(format!(
-                    "random.{seed}.{}.{}.so",
-                    common::mode_name(mode),
-                    std::process::id()
-                ));
-                relaxc::link::link_shared(&object.link_inputs(&program.kernels), &so).map_err(|e| e.to_string())?;
+                let so = common::link_program(&format!("random.{seed}"), &program, mode)?;
                 models.push((mode, Model::load(&so).map_err(|e| e.to_string())?));
             }
             Ok(RandomModels { mains: batch.mains, models })

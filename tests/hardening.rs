@@ -67,9 +67,7 @@ fn reshape_to_a_wrapping_shape_is_an_error() {
         cuda: Vec::new(),
     };
     for mode in MODES {
-        let object = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(mode)).expect("codegen");
-        let so = common::scratch_dir().join(format!("reshape.{}.{}.so", common::mode_name(mode), std::process::id()));
-        relaxc::link::link_shared(&object.link_inputs(&program.kernels), &so).expect("link");
+        let so = common::link_program("reshape", &program, mode).expect("build");
         let model = Model::load(&so).expect("loads");
         for shape in [vec![1i64 << 62, 4], vec![1 << 62, 1 << 62], vec![4, -1]] {
             let e = call_err(&model, &[f32_tensor(&[4]), Input::Shape(shape.clone())]);

@@ -224,15 +224,7 @@ impl Model {
     }
 
     fn raw_info(&self) -> abi::ModuleInfo {
-        let mut info = abi::ModuleInfo {
-            abi_version: 0,
-            exec_mode: 0,
-            compiler_version: std::ptr::null(),
-            target_triple: std::ptr::null(),
-            executable_hash: 0,
-            num_functions: 0,
-            instrumented: 0,
-        };
+        let mut info = abi::ModuleInfo::default();
         // SAFETY: module is open; info is a valid out-pointer.
         unsafe { (self.api().module_info)(self.module, &mut info) };
         info

@@ -31,6 +31,17 @@ static const rvm_api *load(const char *path) {
   return ((rvm_get_api_fn)dlsym(lib, "rvm_get_api"))(RVM_ABI_VERSION);
 }
 
+/* Loads the model at path into `api` and opens its module, a VM and `main`; the caller owns *m and
+ * *vm (vm_destroy, module_close). Non-zero, with the reason printed, on failure. */
+static int open_main(const char *path, rvm_module **m, rvm_vm **vm, int32_t *main_fn) {
+  api = load(path);
+  if (api->module_open(m) || api->vm_create(*m, vm) || api->function_find(*m, "main", main_fn)) {
+    fprintf(stderr, "%s: %s\n", path, api->last_error());
+    return -1;
+  }
+  return 0;
+}
+
 #define FAILS(call, what)                                                                       \
   do {                                                                                          \
     int rc_ = (call);                                                                           \
@@ -181,25 +192,17 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: bad_args_test CALLS.so CALLS_INSTRUMENTED.so IDENTITY.so\n");
     return 2;
   }
-  api = load(argv[1]);
   rvm_module *m;
   rvm_vm *vm;
   int32_t main_fn;
-  if (api->module_open(&m) || api->vm_create(m, &vm) || api->function_find(m, "main", &main_fn)) {
-    fprintf(stderr, "%s\n", api->last_error());
-    return 2;
-  }
+  if (open_main(argv[1], &m, &vm, &main_fn)) return 2;
   nulls(m, vm);
   bad_tensors(vm, main_fn);
   api->vm_destroy(vm);
   api->module_close(m);
 
   /* One VM, two threads. */
-  api = load(argv[2]);
-  if (api->module_open(&m) || api->vm_create(m, &vm) || api->function_find(m, "main", &main_fn)) {
-    fprintf(stderr, "%s\n", api->last_error());
-    return 2;
-  }
+  if (open_main(argv[2], &m, &vm, &main_fn)) return 2;
   static float x[6] __attribute__((aligned(64))) = {1, 2, 3, 4, 5, 6};
   int64_t shape[2] = {2, 3};
   DLTensor tx = {.data = x, .device = {kDLCPU, 0}, .ndim = 2, .dtype = {kDLFloat, 32, 1}, .shape = shape};
@@ -219,11 +222,7 @@ int main(int argc, char **argv) {
   api->module_close(m);
 
   /* Results never alias DLTensor arguments, aligned or not. */
-  api = load(argv[3]);
-  if (api->module_open(&m) || api->vm_create(m, &vm) || api->function_find(m, "main", &main_fn)) {
-    fprintf(stderr, "%s\n", api->last_error());
-    return 2;
-  }
+  if (open_main(argv[3], &m, &vm, &main_fn)) return 2;
   static float buffer[32] __attribute__((aligned(64))) = {1, 2, 3, 4, 5, 6, 7, 8};
   for (int offset = 0; offset < 2; offset++) {
     rvm_value result = {0};

@@ -137,6 +137,15 @@ pub fn build(name: &str, tar: &Path, mode: ExecMode) -> Result<PathBuf, String> 
     build_with(name, tar, &relaxc::compile::Options::mode(mode), mode_name(mode))
 }
 
+/// Compiles and links a program made in a test (random programs, ExecBuilder programs) in `mode`
+/// into the scratch directory as `<name>.<mode>.<pid>.so`.
+pub fn link_program(name: &str, program: &relaxc::compile::Program, mode: ExecMode) -> Result<PathBuf, String> {
+    let object = relaxc::compile::emit(program, &relaxc::compile::Options::mode(mode)).map_err(|e| e.to_string())?;
+    let so = scratch_dir().join(format!("{name}.{}.{}.so", mode_name(mode), std::process::id()));
+    relaxc::link::link_shared(&object.link_inputs(&program.kernels), &so).map_err(|e| e.to_string())?;
+    Ok(so)
+}
+
 /// Builds `tar` with `options` once per (name, tag) per test binary.
 pub fn build_with(name: &str, tar: &Path, options: &relaxc::compile::Options, tag: &str) -> Result<PathBuf, String> {
     static CACHE: OnceLock<Mutex<HashMap<(String, String), BuildCell>>> = OnceLock::new();

@@ -230,13 +230,12 @@ impl<'a> Gen<'a> {
         }
     }
 
-    /// A new float32[4] tensor, not yet written: in a kept storage, or in a fresh one that is
-    /// killed at once or kept. `local` code (inside a branch or a loop) keeps no storage alive,
-    /// so the outer code's view of live values stays true.
-    fn fresh_tensor(&mut self, local: bool) -> i64 {
+    /// A float32[4] tensor allocated in a kept storage (half the time, outside `local` code) or a
+    /// new 16-byte one: (tensor, storage, whether the storage is a kept one).
+    fn alloc_float4(&mut self, local: bool) -> (i64, i64, bool) {
         let s = self.s;
-        let reuse = !local && !self.storages.is_empty() && self.rng.chance(50);
-        let storage = if reuse {
+        let kept = !local && !self.storages.is_empty() && self.rng.chance(50);
+        let storage = if kept {
             self.rng.pick(&self.storages).expect("a storage")
         } else {
             let r = self.reg();
@@ -247,6 +246,15 @@ impl<'a> Gen<'a> {
         };
         let t = self.reg();
         self.call(t, s.alloc_tensor, vec![Arg::Reg(storage), Arg::Imm(0), Arg::Const(s.shape4), Arg::Const(s.f32)]);
+        (t, storage, kept)
+    }
+
+    /// A new float32[4] tensor, not yet written: in a kept storage, or in a fresh one that is
+    /// killed at once or kept. `local` code (inside a branch or a loop) keeps no storage alive,
+    /// so the outer code's view of live values stays true.
+    fn fresh_tensor(&mut self, local: bool) -> i64 {
+        let s = self.s;
+        let (t, storage, reuse) = self.alloc_float4(local);
         if !reuse {
             if local || self.rng.chance(60) {
                 self.call(storage, s.null_value, vec![]);
@@ -287,18 +295,7 @@ impl<'a> Gen<'a> {
     fn temp_op(&mut self, local: bool) {
         let s = self.s;
         let Some(input) = self.rng.pick(&self.tensors) else { return };
-        let kept = !local && !self.storages.is_empty() && self.rng.chance(50);
-        let storage = if kept {
-            self.rng.pick(&self.storages).expect("a storage")
-        } else {
-            let r = self.reg();
-            let args =
-                vec![Arg::Reg(VM_REG), Arg::Const(s.bytes16), Arg::Imm(0), Arg::Const(s.u8), Arg::Const(s.global)];
-            self.call(r, s.alloc_storage, args);
-            r
-        };
-        let t = self.reg();
-        self.call(t, s.alloc_tensor, vec![Arg::Reg(storage), Arg::Imm(0), Arg::Const(s.shape4), Arg::Const(s.f32)]);
+        let (t, storage, kept) = self.alloc_float4(local);
         let early_kill = !kept && self.rng.chance(30);
         if early_kill {
             self.call(storage, s.null_value, vec![]);
