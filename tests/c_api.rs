@@ -151,3 +151,27 @@ fn c_api_bad_arguments_are_errors_under_valgrind() {
         valgrind(&exe, &[&calls, &instrumented, &identity], &format!("bad_args_test ({})", common::mode_name(mode)));
     }
 }
+
+/// The bad-argument test must reach every entry of the API table: an entry added to `rvm_api`
+/// without a bad-argument call there fails here, naming it.
+#[test]
+fn bad_args_test_calls_every_api_entry() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let header = std::fs::read_to_string(root.join("runtime-shim/include/rvm.h")).expect("read rvm.h");
+    let test = std::fs::read_to_string(root.join("tests/c/bad_args_test.c")).expect("read bad_args_test.c");
+    let table = header
+        .split("typedef struct rvm_api {")
+        .nth(1)
+        .and_then(|rest| rest.split("} rvm_api;").next())
+        .expect("rvm.h defines struct rvm_api");
+    // An entry is a line's first `(*name)(`: a callback parameter stands later on its line.
+    let entries: Vec<&str> = table
+        .lines()
+        .filter_map(|line| line.trim_start().split_once("(*").map(|(_, rest)| rest))
+        .filter_map(|rest| rest.split_once(")(").map(|(name, _)| name))
+        .collect();
+    assert!(entries.len() >= 25, "found only {} entries in rvm_api: {entries:?}", entries.len());
+    let missing: Vec<&&str> = entries.iter().filter(|name| !test.contains(&format!("api->{name}("))).collect();
+    assert!(missing.is_empty(), "tests/c/bad_args_test.c never calls {missing:?}");
+    assert!(test.contains("get_api(0)"), "tests/c/bad_args_test.c never asks rvm_get_api for an unsupported version");
+}

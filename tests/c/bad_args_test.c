@@ -28,7 +28,9 @@ static const rvm_api *load(const char *path) {
     fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
     exit(2);
   }
-  return ((rvm_get_api_fn)dlsym(lib, "rvm_get_api"))(RVM_ABI_VERSION);
+  rvm_get_api_fn get_api = (rvm_get_api_fn)dlsym(lib, "rvm_get_api");
+  CHECK(get_api(0) == NULL && get_api(RVM_ABI_VERSION + 1) == NULL, "rvm_get_api accepts an unsupported version");
+  return get_api(RVM_ABI_VERSION);
 }
 
 /* Loads the model at path into `api` and opens its module, a VM and `main`; the caller owns *m and
@@ -47,6 +49,7 @@ static int open_main(const char *path, rvm_module **m, rvm_vm **vm, int32_t *mai
     int rc_ = (call);                                                                           \
     CHECK(rc_ != 0, "%s: succeeded", what);                                                     \
     CHECK(api->last_error()[0] != '\0', "%s: no message", what);                                \
+    CHECK(api->last_error_kind()[0] != '\0', "%s: no error kind", what);                         \
   } while (0)
 
 static void nulls(rvm_module *m, rvm_vm *vm) {
