@@ -1,7 +1,7 @@
 //! Fuzzes the text-form assembler on arbitrary text: it must return an error or an executable
 //! that the verifier judges (accepts or rejects) without panicking, and whatever verifies must
 //! write out and read back as the same executable.
-//! Run: `cargo +nightly fuzz run assemble` (seed corpus: `relaxc inspect --asm` of the fixtures).
+//! Run: `fuzz/run.sh assemble` (seed corpus: `relaxc inspect --asm` of the fixtures).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

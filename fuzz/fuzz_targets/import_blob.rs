@@ -1,6 +1,6 @@
 //! Fuzzes everything relaxc reads from an untrusted TVM export: the library blob, the
 //! VMExecutable inside it, the verifier, and the text forms of whatever verifies.
-//! Run: `cargo +nightly fuzz run import_blob` (seed corpus: the fixtures' devc.o blobs).
+//! Run: `fuzz/run.sh import_blob` (seed corpus: the fixtures' devc.o blobs).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

@@ -1,6 +1,6 @@
 //! Fuzzes the front end on arbitrary text: lexer, parser, conversion to IR, lowering and the
 //! verifier must return an error or a valid executable, never panic or hang.
-//! Run: `cargo +nightly fuzz run parse_script` (seed corpus: fixtures/script/*/m.py).
+//! Run: `fuzz/run.sh parse_script` (seed corpus: fixtures/script/*/m.py).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
