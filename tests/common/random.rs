@@ -254,8 +254,8 @@ impl<'a> Gen<'a> {
     /// so the outer code's view of live values stays true.
     fn fresh_tensor(&mut self, local: bool) -> i64 {
         let s = self.s;
-        let (t, storage, reuse) = self.alloc_float4(local);
-        if !reuse {
+        let (t, storage, kept) = self.alloc_float4(local);
+        if !kept {
             if local || self.rng.chance(60) {
                 self.call(storage, s.null_value, vec![]);
             } else {
