@@ -1,6 +1,7 @@
-//! Compiles the C runtime shim into two static archives that relaxc embeds (src/link), so one
-//! relaxc binary can build models anywhere: the core every model links whole, and the optional
-//! runtime functions (rvm_runtime.def) that the linker takes only when a model refers to them.
+//! Compiles the C runtime shim into static archives that relaxc embeds (src/link), so one relaxc
+//! binary can build models anywhere: the core every model links whole, the optional runtime
+//! functions (rvm_runtime.def) and the kernel library (runtime-kernels/, rvm_kernels.def), both
+//! of which the linker takes a file of only when a model refers to one of its functions.
 //!
 //! The shim is linked into every model, so its size matters (DESIGN.md: 64 KiB of code at most
 //! for the core). Files on the path of every call (interpreter, objects, allocator, builtins,
@@ -16,11 +17,16 @@ const COLD: &[&str] = &["sort.c", "render.c", "relax_run.c", "cuda.c", "registry
 /// Files of the optional archive (the functions of rvm_runtime.def, and what only they use).
 const OPTIONAL: &[&str] = &["sort.c", "render.c", "relax_run.c", "kv_cache.c"];
 
+/// Every directory of C sources, headers and tables embedded in relaxc.
+const SOURCE_DIRS: [&str; 4] = ["runtime-shim/include", "runtime-shim/src", "runtime-kernels/include", "runtime-kernels/src"];
+
 fn shim_build() -> cc::Build {
     let mut build = cc::Build::new();
     build
         .include("runtime-shim/include")
         .include("runtime-shim/src")
+        .include("runtime-kernels/include")
+        .include("runtime-kernels/src")
         .flag("-std=c11")
         .flag("-Wall")
         .flag("-Wextra")
@@ -61,11 +67,17 @@ fn archive(files: &[PathBuf], name: &str) {
     shim_build().files(hot).opt_level(2).objects(&cold_objects).compile(name);
 }
 
+/// The kernel library, optimised for speed (-O3 vectorizes its portable loops) and with no
+/// contraction of multiply-adds but those its code asks for, so its bits follow from its source.
+fn kernel_archive(files: &[PathBuf]) {
+    shim_build().files(files).opt_level(3).flag("-ffp-contract=off").compile("rvm_kernels");
+}
+
 /// Writes `shim_sources.rs` into OUT_DIR: every file of the shim (sources, headers, tables) and
 /// the build's file lists, so that relaxc can build the shim for another target at run time.
 fn embed_sources() {
     let mut entries = Vec::new();
-    for dir in ["runtime-shim/include", "runtime-shim/src"] {
+    for dir in SOURCE_DIRS {
         let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
             .expect("shim directory")
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -91,19 +103,25 @@ fn embed_sources() {
     std::fs::write(out, code).expect("write shim_sources.rs");
 }
 
-fn main() {
-    embed_sources();
-    let src = Path::new("runtime-shim/src");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(src)
-        .expect("runtime-shim/src")
+fn c_files(dir: &str) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect(dir)
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "c"))
         .collect();
     files.sort();
-    let (optional, core): (Vec<PathBuf>, Vec<PathBuf>) = files.into_iter().partition(|p| named(p, OPTIONAL));
+    files
+}
+
+fn main() {
+    embed_sources();
+    let (optional, core): (Vec<PathBuf>, Vec<PathBuf>) =
+        c_files("runtime-shim/src").into_iter().partition(|p| named(p, OPTIONAL));
     archive(&core, "rvm_shim");
     archive(&optional, "rvm_runtime");
+    kernel_archive(&c_files("runtime-kernels/src"));
     println!("cargo:rerun-if-changed=runtime-shim");
+    println!("cargo:rerun-if-changed=runtime-kernels");
     println!("cargo:rerun-if-env-changed=RELAXC_SANITIZE");
     println!("cargo:rustc-env=RELAXC_SHIM_SANITIZE={}", sanitizers().unwrap_or_default());
 }

@@ -392,6 +392,8 @@ typedef struct {
 typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv *penv, void *cdata);
 RVM_HIDDEN int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void *cdata, int num_task);
 RVM_HIDDEN int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv *penv);
+/* The pool's size (the caller and its workers), starting the pool if it is not yet running. */
+RVM_HIDDEN int rvm_parallel_threads(void);
 
 #define RVM_BUILTIN(suffix, name, properties, doc) \
   RVM_HIDDEN int rvm_builtin_##suffix(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result);

@@ -148,6 +148,11 @@ __attribute__((destructor(102))) static void stop_pool(void) {
   pool_started = false;
 }
 
+int rvm_parallel_threads(void) {
+  pthread_once(&pool_once, start_pool);
+  return the_pool.num_threads;
+}
+
 static int run_serially(FTVMParallelLambda f, void *cdata) {
   atomic_int counter = 0;
   TVMParallelGroupEnv env = {&counter, 1};

@@ -6,8 +6,9 @@
  * TVMFFIEnvModLookupFromImports (TVM's sort/topk kernels call tvm.contrib.sort.*), and hosts that
  * call runtime functions (the KV cache's vm.builtin.kv_state_*) or register their own.
  *
- * The built-in entries are the rows of rvm_builtins.def and rvm_runtime.def, as immortal
- * Function objects in static storage. The optional runtime functions are referenced weakly: a
+ * The built-in entries are the rows of rvm_builtins.def, rvm_runtime.def and the kernel
+ * library's rvm_kernels.def, as immortal
+ * Function objects in static storage. The optional runtime functions and kernels are referenced weakly: a
  * model that links none of a file's functions has none of them, and they are absent here. A host's functions are heap objects kept until the library is unloaded: kernels cache
  * the handle a lookup returns for the life of the process (as TVM's do), so a replaced entry must
  * stay callable. One mutex guards the host list; built-in lookups take no lock.
@@ -25,6 +26,7 @@ static void immortal_deleter(void *self, int flags) { (void)self, (void)flags; }
 #define RVM_BUILTIN(suffix, name, properties, doc) \
   extern int rvm_builtin_##suffix(void *, const TVMFFIAny *, int32_t, TVMFFIAny *) __attribute__((weak));
 #include "rvm_runtime.def"
+#include "rvm_kernels.def"
 #undef RVM_BUILTIN
 
 #define RVM_BUILTIN(suffix, name, properties, doc) \
@@ -32,6 +34,7 @@ static void immortal_deleter(void *self, int flags) { (void)self, (void)flags; }
 static rvm_function builtin_functions[] = {
 #include "rvm_builtins.def"
 #include "rvm_runtime.def"
+#include "rvm_kernels.def"
 };
 #undef RVM_BUILTIN
 
@@ -39,6 +42,7 @@ static rvm_function builtin_functions[] = {
 static const char *const builtin_names[] = {
 #include "rvm_builtins.def"
 #include "rvm_runtime.def"
+#include "rvm_kernels.def"
 };
 #undef RVM_BUILTIN
 

@@ -1,7 +1,8 @@
 //! What the runtime shim offers generated code, read from the shim's own tables so that the
 //! compiler and the shim cannot disagree: the builtins and runtime functions
-//! (`rvm_builtins.def`, the core, and `rvm_runtime.def`, the optional functions linked only into
-//! models that use them) with the properties code generation relies on, and the shim functions
+//! (`rvm_builtins.def`, the core, and `rvm_runtime.def` and the kernel library's
+//! `rvm_kernels.def`, linked only into models that use them) with the properties code generation
+//! relies on, and the shim functions
 //! native code calls (`rvm_calls.def`). Every Cranelift signature for a call into the shim or a
 //! kernel is made here.
 
@@ -15,6 +16,7 @@ use super::CodegenError;
 
 const CORE: &str = include_str!("../../runtime-shim/include/rvm_builtins.def");
 const OPTIONAL: &str = include_str!("../../runtime-shim/include/rvm_runtime.def");
+const KERNELS: &str = include_str!("../../runtime-kernels/include/rvm_kernels.def");
 const CALLS: &str = include_str!("../../runtime-shim/include/rvm_calls.def");
 
 #[derive(Clone, Debug)]
@@ -37,7 +39,8 @@ pub fn builtins() -> &'static [Builtin] {
     static TABLE: OnceLock<Vec<Builtin>> = OnceLock::new();
     TABLE.get_or_init(|| {
         let core = CORE.lines().filter_map(|l| parse_builtin(l, false));
-        core.chain(OPTIONAL.lines().filter_map(|l| parse_builtin(l, true))).collect()
+        let optional = OPTIONAL.lines().chain(KERNELS.lines()).filter_map(|l| parse_builtin(l, true));
+        core.chain(optional).collect()
     })
 }
 

@@ -74,6 +74,7 @@ pub fn link_shared_for(inputs: &LinkInputs, out: &Path, target: &Target) -> Resu
     let model = write("model.o", model_object)?;
     let shim = write("librvm_shim.a", &archives.core)?;
     let runtime = write("librvm_runtime.a", &archives.runtime)?;
+    let kernel_library = write("librvm_kernels.a", &archives.kernels)?;
     let script = write("exports.map", version_script(exports).as_bytes())?;
     let mut kernel_paths = Vec::new();
     for (i, k) in kernels.iter().enumerate() {
@@ -82,7 +83,7 @@ pub fn link_shared_for(inputs: &LinkInputs, out: &Path, target: &Target) -> Resu
     let linker = tc.program.clone();
     let mut cmd = tc.command();
     cmd.arg("-shared").arg("-o").arg(out).arg(&model).args(&kernel_paths);
-    cmd.arg("-Wl,--whole-archive").arg(&shim).arg("-Wl,--no-whole-archive").arg(&runtime);
+    cmd.arg("-Wl,--whole-archive").arg(&shim).arg("-Wl,--no-whole-archive").arg(&runtime).arg(&kernel_library);
     cmd.arg(format!("-Wl,--version-script={}", script.display()));
     cmd.args(["-Wl,--no-undefined", "-Wl,-z,noexecstack", "-Wl,-z,relro", "-Wl,-z,now", "-lm"]);
     // A relaxc built with RELAXC_SANITIZE embeds a sanitized shim (host only): link its runtimes.

@@ -13,10 +13,12 @@ include!(concat!(env!("OUT_DIR"), "/shim_sources.rs"));
 /// The runner's source: loads a model, calls a function on inputs from a file, writes the results.
 const RUNNER_SOURCE: &str = include_str!("runner.c");
 
-/// The shim's two archives for a target: the core (linked whole) and the optional functions.
+/// The shim's archives for a target: the core (linked whole), the optional functions and the
+/// kernel library (files of both taken only when referred to).
 pub struct ShimArchives {
     pub core: Vec<u8>,
     pub runtime: Vec<u8>,
+    pub kernels: Vec<u8>,
 }
 
 fn cache_root() -> PathBuf {
@@ -86,16 +88,23 @@ pub const HOST_SHIM_ARCHIVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/l
 /// The optional runtime functions (rvm_runtime.def) built for the host; the linker takes a file
 /// of it only when the model refers to one of its functions.
 pub const HOST_RUNTIME_ARCHIVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/librvm_runtime.a"));
+/// The kernel library (rvm_kernels.def) built for the host; like the optional functions, a file
+/// of it is linked only when the model refers to one of its kernels.
+pub const HOST_KERNELS_ARCHIVE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/librvm_kernels.a"));
 
 /// The shim's archives for `target` (the embedded host build for the host).
 pub fn archives(target: &Target, tc: &Toolchain) -> Result<ShimArchives, TargetError> {
     if target.is_host() {
-        return Ok(ShimArchives { core: HOST_SHIM_ARCHIVE.to_vec(), runtime: HOST_RUNTIME_ARCHIVE.to_vec() });
+        return Ok(ShimArchives {
+            core: HOST_SHIM_ARCHIVE.to_vec(),
+            runtime: HOST_RUNTIME_ARCHIVE.to_vec(),
+            kernels: HOST_KERNELS_ARCHIVE.to_vec(),
+        });
     }
     let sources: Vec<&[u8]> = SHIM_FILES.iter().map(|(_, _, text)| text.as_bytes()).collect();
     let dir = cached("runtime shim", target, tc, &sources, |work| build_shim(tc, work))?;
     let read = |name: &str| std::fs::read(dir.join(name)).map_err(|e| build_err("the cached shim", e.to_string()));
-    Ok(ShimArchives { core: read("librvm_shim.a")?, runtime: read("librvm_runtime.a")? })
+    Ok(ShimArchives { core: read("librvm_shim.a")?, runtime: read("librvm_runtime.a")?, kernels: read("librvm_kernels.a")? })
 }
 
 fn build_shim(tc: &Toolchain, work: &Path) -> Result<(), TargetError> {
@@ -104,24 +113,31 @@ fn build_shim(tc: &Toolchain, work: &Path) -> Result<(), TargetError> {
         std::fs::create_dir_all(&folder).map_err(|e| build_err("the shim sources", e.to_string()))?;
         std::fs::write(folder.join(name), text).map_err(|e| build_err("the shim sources", e.to_string()))?;
     }
-    let (mut core, mut optional) = (Vec::new(), Vec::new());
+    let (mut core, mut optional, mut kernels) = (Vec::new(), Vec::new(), Vec::new());
     for (name, dir, _) in SHIM_FILES.iter().filter(|(n, d, _)| n.ends_with(".c") && d.ends_with("src")) {
         let object = work.join(format!("{name}.o"));
-        let opt = if SHIM_COLD.contains(name) { "-Os" } else { "-O2" };
+        let kernel = dir.starts_with("runtime-kernels");
+        let opt = if kernel { "-O3" } else if SHIM_COLD.contains(name) { "-Os" } else { "-O2" };
         let mut cmd = tc.command();
-        cmd.args(["-std=c11", opt, "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-c"])
-            .arg("-I")
-            .arg(work.join("runtime-shim/include"))
-            .arg("-I")
-            .arg(work.join("runtime-shim/src"))
-            .arg(work.join(dir).join(name))
-            .arg("-o")
-            .arg(&object);
-        run(&mut cmd, &format!("compiling the runtime shim's {name}"))?;
-        if SHIM_OPTIONAL.contains(name) { optional.push(object) } else { core.push(object) }
+        cmd.args(["-std=c11", opt, "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-c"]);
+        if kernel {
+            cmd.arg("-ffp-contract=off");
+        }
+        for include in ["runtime-shim/include", "runtime-shim/src", "runtime-kernels/include", "runtime-kernels/src"] {
+            cmd.arg("-I").arg(work.join(include));
+        }
+        cmd.arg(work.join(dir).join(name)).arg("-o").arg(&object);
+        run(&mut cmd, &format!("compiling the runtime's {dir}/{name}"))?;
+        if kernel {
+            kernels.push(object);
+        } else if SHIM_OPTIONAL.contains(name) {
+            optional.push(object)
+        } else {
+            core.push(object)
+        }
     }
     let ar = tc.archiver();
-    for (archive, objects) in [("librvm_shim.a", &core), ("librvm_runtime.a", &optional)] {
+    for (archive, objects) in [("librvm_shim.a", &core), ("librvm_runtime.a", &optional), ("librvm_kernels.a", &kernels)] {
         let mut cmd = std::process::Command::new(&ar);
         cmd.arg("rcs").arg(work.join(archive)).args(objects.iter());
         run(&mut cmd, &format!("archiving {archive} with {ar}"))?;

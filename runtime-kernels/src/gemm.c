@@ -1,0 +1,309 @@
+/*
+ * gemm.c: the GEMM driver behind matmul, linear layers and convolution: packing, cache
+ * blocking, the epilogue and the split over the thread pool.
+ *
+ * The loop nest is BLIS's: B in panels of RK_NR columns ([panel][k][NR]), A packed per block of
+ * MC rows into strips of RK_MR, the reduction cut into RK_KC steps so that a strip of A and a
+ * panel of B stay in L1/L2 while the micro-kernel runs. Weights that relaxc.tvm prepacked are
+ * used in place; other B operands are packed once per call.
+ *
+ * Bits: every element sums its first RK_KC products in the micro-kernel, adds that to C, then
+ * the next RK_KC, and so on: the order depends on k alone. The pool splits whole blocks of
+ * output (rows, columns, batch) between tasks, so any thread count gives the same bits.
+ */
+#include <string.h>
+
+#include "rk.h"
+#include "rk_math.h"
+
+/* Rows of A per packed block (a multiple of RK_MR; MC x KC floats stay in L2). */
+enum { RK_MC = 96 };
+/* Column panels per block when there is work enough; fewer when the pool needs more blocks. */
+enum { RK_NC_PANELS = 16 };
+/* Below this many multiply-adds a product runs on the calling thread alone. */
+#define RK_PARALLEL_MIN_MACS (64.0 * 1024.0)
+
+rk_epilogue rk_epilogue_none(void) {
+  rk_epilogue ep = {0};
+  ep.alpha = 1.0f;
+  return ep;
+}
+
+/* ---- packing --------------------------------------------------------------------------------- */
+
+void rk_pack_a_strided(const void *operand, int64_t m0, int64_t mr, int64_t k0, int64_t kc, float *dst) {
+  const rk_matrix *a = operand;
+  if (mr < RK_MR) memset(dst, 0, sizeof(float) * RK_MR * (size_t)kc);
+  if (a->cs == 1) {
+    for (int64_t r = 0; r < mr; r++) {
+      const float *src = a->data + (m0 + r) * a->rs + k0;
+      for (int64_t k = 0; k < kc; k++) dst[k * RK_MR + r] = src[k];
+    }
+  } else {
+    for (int64_t k = 0; k < kc; k++) {
+      const float *src = a->data + m0 * a->rs + (k0 + k) * a->cs;
+      for (int64_t r = 0; r < mr; r++) dst[k * RK_MR + r] = src[r * a->rs];
+    }
+  }
+}
+
+void rk_pack_b(const rk_matrix *b, int64_t k, int64_t n, int64_t n0, int64_t panels, float *dst) {
+  for (int64_t p = 0; p < panels; p++) {
+    int64_t j0 = n0 + p * RK_NR, nr = n - j0 < RK_NR ? n - j0 : RK_NR;
+    float *out = dst + p * k * RK_NR;
+    if (nr <= 0) {
+      memset(out, 0, sizeof(float) * RK_NR * (size_t)k);
+      continue;
+    }
+    for (int64_t kk = 0; kk < k; kk++) {
+      const float *src = b->data + kk * b->rs + j0 * b->cs;
+      float *row = out + kk * RK_NR;
+      if (b->cs == 1) {
+        memcpy(row, src, sizeof(float) * (size_t)nr);
+      } else {
+        for (int64_t j = 0; j < nr; j++) row[j] = src[j * b->cs];
+      }
+      for (int64_t j = nr; j < RK_NR; j++) row[j] = 0.0f;
+    }
+  }
+}
+
+/* ---- the epilogue ---------------------------------------------------------------------------- */
+
+float rk_activate(float x, rk_act act, float lo, float hi) {
+  switch (act) {
+    case RK_ACT_RELU: return x > 0.0f ? x : 0.0f;
+    case RK_ACT_CLIP: return x < lo ? lo : (x > hi ? hi : x);
+    case RK_ACT_GELU: return rk_gelu(x);
+    case RK_ACT_GELU_TANH: return rk_gelu_tanh(x);
+    case RK_ACT_SILU: return rk_silu(x);
+    case RK_ACT_SIGMOID: return rk_sigmoid(x);
+    default: return x;
+  }
+}
+
+void rk_activate_all(float *x, int64_t n, rk_act act, float lo, float hi) {
+  switch (act) {
+    case RK_ACT_RELU:
+      for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+      break;
+    case RK_ACT_CLIP:
+      for (int64_t i = 0; i < n; i++) x[i] = x[i] < lo ? lo : (x[i] > hi ? hi : x[i]);
+      break;
+    case RK_ACT_GELU:
+      for (int64_t i = 0; i < n; i++) x[i] = rk_gelu(x[i]);
+      break;
+    case RK_ACT_GELU_TANH:
+      for (int64_t i = 0; i < n; i++) x[i] = rk_gelu_tanh(x[i]);
+      break;
+    case RK_ACT_SILU:
+      for (int64_t i = 0; i < n; i++) x[i] = rk_silu(x[i]);
+      break;
+    case RK_ACT_SIGMOID:
+      for (int64_t i = 0; i < n; i++) x[i] = rk_sigmoid(x[i]);
+      break;
+    default: break;
+  }
+}
+
+/* Writes a tile's mr x nr results into C at (i0, j0): added to what C holds unless this is the
+ * first block of k; on the last block, scaled and passed through the epilogue. */
+static void store_tile(const rk_gemm *g, const float *tile, int64_t i0, int64_t mr, int64_t j0, int64_t nr, bool first,
+                       bool last) {
+  const rk_epilogue *ep = &g->ep;
+  for (int64_t r = 0; r < mr; r++) {
+    const float *t = tile + r * RK_NR;
+    float *c = g->c + (i0 + r) * g->c_rs + j0 * g->c_cs;
+    float row[RK_NR];
+    if (first) {
+      for (int64_t j = 0; j < nr; j++) row[j] = t[j];
+    } else {
+      for (int64_t j = 0; j < nr; j++) row[j] = c[j * g->c_cs] + t[j];
+    }
+    if (last) {
+      if (ep->alpha != 1.0f)
+        for (int64_t j = 0; j < nr; j++) row[j] *= ep->alpha;
+      if (ep->bias) {
+        if (ep->bias_per_row) {
+          float b = ep->bias[i0 + r];
+          for (int64_t j = 0; j < nr; j++) row[j] += b;
+        } else {
+          for (int64_t j = 0; j < nr; j++) row[j] += ep->bias[j0 + j];
+        }
+      }
+      if (ep->residual) {
+        const float *res = ep->residual + (i0 + r) * ep->res_rs + j0 * ep->res_cs;
+        for (int64_t j = 0; j < nr; j++) row[j] += res[j * ep->res_cs];
+      }
+      rk_activate_all(row, nr, ep->act, ep->lo, ep->hi);
+    }
+    if (g->c_cs == 1) {
+      memcpy(c, row, sizeof(float) * (size_t)nr);
+    } else {
+      for (int64_t j = 0; j < nr; j++) c[j * g->c_cs] = row[j];
+    }
+  }
+}
+
+/* ---- blocks and tasks ------------------------------------------------------------------------ */
+
+typedef struct gemm_job {
+  const rk_gemm *problems;
+  int64_t count;
+  int64_t m_blocks, n_blocks, panels_per_block; /* per problem (all share the shapes) */
+  const float *const *b_packed;                  /* per problem */
+  rk_ukernel_fn ukernel;
+  rk_gemv4_fn gemv4;
+} gemm_job;
+
+/* Computes rows [m_begin, m_end) and column panels [p_begin, p_end) of one product. */
+static void run_block(const gemm_job *job, const rk_gemm *g, const float *b_packed, int64_t m_begin, int64_t m_end,
+                      int64_t p_begin, int64_t p_end, float *a_pack) {
+  float tile[RK_MR * RK_NR] __attribute__((aligned(64)));
+  int64_t strips = (m_end - m_begin + RK_MR - 1) / RK_MR;
+  for (int64_t k0 = 0; k0 < g->k; k0 += RK_KC) {
+    int64_t kc = g->k - k0 < RK_KC ? g->k - k0 : RK_KC;
+    bool first = k0 == 0, last = k0 + kc == g->k;
+    for (int64_t s = 0; s < strips; s++) {
+      int64_t i0 = m_begin + s * RK_MR, mr = m_end - i0 < RK_MR ? m_end - i0 : RK_MR;
+      g->pack_a(g->a, i0, mr, k0, kc, a_pack + s * kc * RK_MR);
+    }
+    for (int64_t p = p_begin; p < p_end; p++) {
+      const float *panel = b_packed + (p * g->k + k0) * RK_NR;
+      int64_t j0 = p * RK_NR, nr = g->n - j0 < RK_NR ? g->n - j0 : RK_NR;
+      for (int64_t s = 0; s < strips; s++) {
+        int64_t i0 = m_begin + s * RK_MR, mr = m_end - i0 < RK_MR ? m_end - i0 : RK_MR;
+        job->ukernel(kc, a_pack + s * kc * RK_MR, panel, tile, (int)mr);
+        store_tile(g, tile, i0, mr, j0, nr, first, last);
+      }
+    }
+  }
+}
+
+/* A product of at most RK_STREAM_ROWS rows (a GEMV, a short prefill) reads each weight once:
+ * all of A is packed up front, and every panel of B is walked from its first k to its last, so
+ * the weights stream from memory in the order they are laid out. */
+enum { RK_STREAM_ROWS = 3 * RK_MR };
+
+static void run_streaming(const gemm_job *job, const rk_gemm *g, const float *b_packed, int64_t p_begin, int64_t p_end,
+                          float *a_pack) {
+  float tile[RK_MR * RK_NR] __attribute__((aligned(64)));
+  int64_t strips = (g->m + RK_MR - 1) / RK_MR;
+  for (int64_t s = 0; s < strips; s++) {
+    int64_t i0 = s * RK_MR, mr = g->m - i0 < RK_MR ? g->m - i0 : RK_MR;
+    for (int64_t k0 = 0; k0 < g->k; k0 += RK_KC) {
+      int64_t kc = g->k - k0 < RK_KC ? g->k - k0 : RK_KC;
+      g->pack_a(g->a, i0, mr, k0, kc, a_pack + (s * g->k + k0) * RK_MR);
+    }
+  }
+  int64_t p = p_begin;
+  if (g->m == 1) {
+    float tiles[4 * RK_NR] __attribute__((aligned(64)));
+    for (; p + 4 <= p_end; p += 4)
+      for (int64_t k0 = 0; k0 < g->k; k0 += RK_KC) {
+        int64_t kc = g->k - k0 < RK_KC ? g->k - k0 : RK_KC;
+        job->gemv4(kc, a_pack + k0 * RK_MR, b_packed + (p * g->k + k0) * RK_NR, g->k * RK_NR, tiles);
+        for (int q = 0; q < 4; q++) {
+          int64_t j0 = (p + q) * RK_NR, nr = g->n - j0 < RK_NR ? g->n - j0 : RK_NR;
+          store_tile(g, tiles + q * RK_NR, 0, 1, j0, nr, k0 == 0, k0 + kc == g->k);
+        }
+      }
+  }
+  for (; p < p_end; p++) {
+    int64_t j0 = p * RK_NR, nr = g->n - j0 < RK_NR ? g->n - j0 : RK_NR;
+    for (int64_t k0 = 0; k0 < g->k; k0 += RK_KC) {
+      int64_t kc = g->k - k0 < RK_KC ? g->k - k0 : RK_KC;
+      const float *panel = b_packed + (p * g->k + k0) * RK_NR;
+      for (int64_t s = 0; s < strips; s++) {
+        int64_t i0 = s * RK_MR, mr = g->m - i0 < RK_MR ? g->m - i0 : RK_MR;
+        job->ukernel(kc, a_pack + (s * g->k + k0) * RK_MR, panel, tile, (int)mr);
+        store_tile(g, tile, i0, mr, j0, nr, k0 == 0, k0 + kc == g->k);
+      }
+    }
+  }
+}
+
+static int gemm_task(int task, int num_tasks, void *ctx) {
+  const gemm_job *job = ctx;
+  int64_t per_problem = job->m_blocks * job->n_blocks, begin, end;
+  rk_split(job->count * per_problem, task, num_tasks, &begin, &end);
+  if (begin == end) return 0;
+  const rk_gemm *g0 = &job->problems[0];
+  bool streaming = g0->m <= RK_STREAM_ROWS;
+  int64_t kc_max = g0->k < RK_KC ? g0->k : RK_KC;
+  size_t pack_floats = streaming ? (size_t)((g0->m + RK_MR - 1) / RK_MR * RK_MR * g0->k) : (size_t)(RK_MC * kc_max);
+  float *a_pack = rk_scratch(RK_SLOT_A_PACK, sizeof(float) * pack_floats);
+  if (!a_pack) return rk_out_of_memory("gemm");
+  int64_t panels = (g0->n + RK_NR - 1) / RK_NR;
+  for (int64_t u = begin; u < end; u++) {
+    /* Consecutive units of a task share their column block, so its panels stay in cache. */
+    int64_t p = u / per_problem, rest = u % per_problem;
+    int64_t nb = rest / job->m_blocks, mb = rest % job->m_blocks;
+    const rk_gemm *g = &job->problems[p];
+    int64_t p_begin = nb * job->panels_per_block;
+    int64_t p_end = p_begin + job->panels_per_block < panels ? p_begin + job->panels_per_block : panels;
+    if (streaming) {
+      run_streaming(job, g, job->b_packed[p], p_begin, p_end, a_pack);
+    } else {
+      int64_t m_begin = mb * RK_MC, m_end = m_begin + RK_MC < g->m ? m_begin + RK_MC : g->m;
+      run_block(job, g, job->b_packed[p], m_begin, m_end, p_begin, p_end, a_pack);
+    }
+  }
+  return 0;
+}
+
+int rk_gemm_run(const rk_gemm *problems, int64_t count) {
+  if (count <= 0) return 0;
+  const rk_gemm *g0 = &problems[0];
+  if (g0->m <= 0 || g0->n <= 0) return 0;
+  if (g0->k <= 0) {
+    /* An empty reduction: every element is the epilogue applied to zero. */
+    float zeros[RK_MR * RK_NR] = {0};
+    for (int64_t p = 0; p < count; p++)
+      for (int64_t i = 0; i < g0->m; i += RK_MR)
+        for (int64_t j = 0; j < g0->n; j += RK_NR) {
+          int64_t mr = g0->m - i < RK_MR ? g0->m - i : RK_MR, nr = g0->n - j < RK_NR ? g0->n - j : RK_NR;
+          store_tile(&problems[p], zeros, i, mr, j, nr, true, true);
+        }
+    return 0;
+  }
+  int64_t panels = (g0->n + RK_NR - 1) / RK_NR;
+  /* B operands not prepacked are packed once, here, for every block that reads them. */
+  const float *packed_inline[1];
+  const float **b_packed = count == 1 ? packed_inline : rk_scratch(RK_SLOT_B_INDEX, sizeof(float *) * (size_t)count);
+  if (!b_packed) return rk_out_of_memory("gemm");
+  size_t pack_floats = (size_t)(panels * g0->k * RK_NR);
+  int64_t to_pack = 0;
+  for (int64_t p = 0; p < count; p++) to_pack += problems[p].b_packed ? 0 : 1;
+  float *packs = NULL;
+  if (to_pack) {
+    packs = rk_scratch(RK_SLOT_B_PACK, sizeof(float) * pack_floats * (size_t)to_pack);
+    if (!packs) return rk_out_of_memory("gemm");
+  }
+  for (int64_t p = 0, i = 0; p < count; p++) {
+    if (problems[p].b_packed) {
+      b_packed[p] = problems[p].b_packed;
+    } else {
+      float *dst = packs + pack_floats * (size_t)i++;
+      rk_pack_b(&problems[p].b, g0->k, g0->n, 0, panels, dst);
+      b_packed[p] = dst;
+    }
+  }
+
+  gemm_job job = {problems, count, (g0->m + RK_MC - 1) / RK_MC, 1, panels, b_packed, rk_ukernel(rk_cpu_isa()),
+                  rk_gemv4(rk_cpu_isa())};
+  double macs = (double)count * (double)g0->m * (double)g0->n * (double)g0->k;
+  int64_t threads = macs < RK_PARALLEL_MIN_MACS ? 1 : rk_max_threads();
+  /* Enough blocks for every thread (four each, for balance), in whole panels. */
+  int64_t per_block = panels < RK_NC_PANELS ? panels : RK_NC_PANELS;
+  int64_t want = 4 * threads;
+  if (count * job.m_blocks * ((panels + per_block - 1) / per_block) < want) {
+    int64_t n_blocks = (want + count * job.m_blocks - 1) / (count * job.m_blocks);
+    per_block = (panels + n_blocks - 1) / n_blocks;
+    if (per_block < 1) per_block = 1;
+  }
+  job.panels_per_block = per_block;
+  job.n_blocks = (panels + per_block - 1) / per_block;
+  int64_t units = count * job.m_blocks * job.n_blocks;
+  return rk_parallel(threads < units ? threads : units, gemm_task, &job);
+}

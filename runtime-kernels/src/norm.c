@@ -1,0 +1,171 @@
+/*
+ * norm.c: relaxc.softmax, relaxc.layer_norm and relaxc.rms_norm along the last axis, split over
+ * the pool by rows.
+ *
+ * Sums over a row run in SUM_LANES partial sums combined in a fixed order, so a row's result
+ * depends only on the row: the loops vectorize (compiled once portably and once for AVX2), and
+ * the split into tasks never changes a bit.
+ */
+#include <stdio.h>
+
+#include "rk.h"
+#include "rk_math.h"
+
+enum { SUM_LANES = 8 };
+
+/* The lanes of a partial sum, combined in one fixed order. */
+RK_INLINE float combine(const float *lanes) {
+  return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+}
+
+RK_INLINE float row_sum(const float *x, int64_t n) {
+  float lanes[SUM_LANES] = {0};
+  int64_t i = 0;
+  for (; i + SUM_LANES <= n; i += SUM_LANES)
+    for (int l = 0; l < SUM_LANES; l++) lanes[l] += x[i + l];
+  for (int l = 0; i < n; i++, l++) lanes[l] += x[i];
+  return combine(lanes);
+}
+
+/* sum of (x - mean)^2, or of x^2 when mean is 0. */
+RK_INLINE float row_squares(const float *x, int64_t n, float mean, const bool fused) {
+  float lanes[SUM_LANES] = {0};
+  int64_t i = 0;
+  for (; i + SUM_LANES <= n; i += SUM_LANES)
+    for (int l = 0; l < SUM_LANES; l++) {
+      float d = x[i + l] - mean;
+      lanes[l] = rk_madd(fused, d, d, lanes[l]);
+    }
+  for (int l = 0; i < n; i++, l++) {
+    float d = x[i] - mean;
+    lanes[l] = rk_madd(fused, d, d, lanes[l]);
+  }
+  return combine(lanes);
+}
+
+typedef enum { NORM_SOFTMAX, NORM_LAYER, NORM_RMS } norm_kind;
+
+typedef struct norm_job {
+  norm_kind kind;
+  const float *x, *gamma, *beta;
+  float *out;
+  int64_t rows, n;
+  float eps;
+} norm_job;
+
+RK_INLINE void norm_rows(const norm_job *j, int64_t begin, int64_t end, const bool fused) {
+  int64_t n = j->n;
+  for (int64_t row = begin; row < end; row++) {
+    const float *x = j->x + row * n;
+    float *y = j->out + row * n;
+    if (j->kind == NORM_SOFTMAX) {
+      float max = x[0];
+      for (int64_t i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
+      for (int64_t i = 0; i < n; i++) y[i] = rk_exp(x[i] - max);
+      float inv = 1.0f / row_sum(y, n);
+      for (int64_t i = 0; i < n; i++) y[i] = y[i] * inv;
+    } else if (j->kind == NORM_LAYER) {
+      float mean = row_sum(x, n) / (float)n;
+      float var = row_squares(x, n, mean, fused) / (float)n;
+      float inv = 1.0f / __builtin_sqrtf(var + j->eps);
+      for (int64_t i = 0; i < n; i++) y[i] = rk_madd(fused, (x[i] - mean) * inv, j->gamma[i], j->beta ? j->beta[i] : 0.0f);
+    } else {
+      float inv = 1.0f / __builtin_sqrtf(row_squares(x, n, 0.0f, fused) / (float)n + j->eps);
+      for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv * j->gamma[i];
+    }
+  }
+}
+
+static void norm_generic(const norm_job *j, int64_t begin, int64_t end) { norm_rows(j, begin, end, RK_PORTABLE_FUSED); }
+
+#if defined(__x86_64__)
+RK_AVX2_TARGET static void norm_avx2(const norm_job *j, int64_t begin, int64_t end) { norm_rows(j, begin, end, true); }
+#endif
+
+static int norm_task(int task, int num_tasks, void *ctx) {
+  const norm_job *j = ctx;
+  int64_t begin, end;
+  rk_split(j->rows, task, num_tasks, &begin, &end);
+#if defined(__x86_64__)
+  if (rk_cpu_isa() == RK_ISA_AVX2) {
+    norm_avx2(j, begin, end);
+    return 0;
+  }
+#endif
+  norm_generic(j, begin, end);
+  return 0;
+}
+
+static int run_norm(const char *kernel, norm_job *j, const DLTensor *x, const DLTensor *out) {
+  if (x->ndim < 1) return rk_shape_error(kernel, "x must have rank 1 or more", x);
+  bool same = out->ndim == x->ndim;
+  for (int32_t d = 0; same && d < x->ndim; d++) same = out->shape[d] == x->shape[d];
+  if (!same) return rk_shape_error(kernel, "out must have x's shape", out);
+  j->n = x->shape[x->ndim - 1];
+  j->rows = j->n ? rk_numel(x) / j->n : 0;
+  j->x = rk_data(x), j->out = rk_data(out);
+  if (j->rows == 0 || j->n == 0) return 0;
+  double work = (double)j->rows * (double)j->n;
+  return rk_parallel(work < 16384.0 ? 1 : j->rows, norm_task, j);
+}
+
+static int check_param(const char *kernel, const DLTensor *p, const char *name, int64_t n) {
+  if (p && (p->ndim != 1 || p->shape[0] != n)) {
+    char what[64];
+    snprintf(what, sizeof what, "%s must have one value per element of the last axis (%lld)", name, (long long)n);
+    return rk_shape_error(kernel, what, p);
+  }
+  return 0;
+}
+
+/* (x, out): softmax along the last axis. */
+int rvm_builtin_kl_softmax(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  static const char kernel[] = "relaxc.softmax";
+  DLTensor *x, *out;
+  int rc = rk_check_count(kernel, num_args, 2);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, "out", &out);
+  if (rc) return rc;
+  norm_job j = {.kind = NORM_SOFTMAX};
+  return run_norm(kernel, &j, x, out);
+}
+
+/* (x, gamma, beta, out, eps): (x - mean) / sqrt(var + eps) * gamma + beta along the last axis. */
+int rvm_builtin_kl_layer_norm(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  static const char kernel[] = "relaxc.layer_norm";
+  DLTensor *x, *gamma, *beta, *out;
+  double eps = 0;
+  int rc = rk_check_count(kernel, num_args, 5);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, "gamma", &gamma);
+  if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 2, "beta", &beta);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 3, "out", &out);
+  if (!rc) rc = rk_arg_float(kernel, args, num_args, 4, "eps", &eps);
+  if (rc) return rc;
+  int64_t n = x->ndim ? x->shape[x->ndim - 1] : 0;
+  rc = check_param(kernel, gamma, "gamma", n);
+  if (!rc) rc = check_param(kernel, beta, "beta", n);
+  if (rc) return rc;
+  norm_job j = {.kind = NORM_LAYER, .gamma = rk_data(gamma), .beta = beta ? rk_data(beta) : NULL, .eps = (float)eps};
+  return run_norm(kernel, &j, x, out);
+}
+
+/* (x, weight, out, eps): x / sqrt(mean(x^2) + eps) * weight along the last axis. */
+int rvm_builtin_kl_rms_norm(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  static const char kernel[] = "relaxc.rms_norm";
+  DLTensor *x, *weight, *out;
+  double eps = 0;
+  int rc = rk_check_count(kernel, num_args, 4);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, "weight", &weight);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 2, "out", &out);
+  if (!rc) rc = rk_arg_float(kernel, args, num_args, 3, "eps", &eps);
+  if (rc) return rc;
+  rc = check_param(kernel, weight, "weight", x->ndim ? x->shape[x->ndim - 1] : 0);
+  if (rc) return rc;
+  norm_job j = {.kind = NORM_RMS, .gamma = rk_data(weight), .eps = (float)eps};
+  return run_norm(kernel, &j, x, out);
+}

@@ -1,0 +1,154 @@
+/*
+ * pool.c: relaxc.max_pool2d, relaxc.avg_pool2d and relaxc.global_avg_pool2d over NCHW tensors,
+ * split over the pool by (image, channel) planes.
+ *
+ * Windows follow TVM's pooling: padding counts as the lowest float for max (so a window wholly
+ * in the padding gives -FLT_MAX, as TVM's does), and avg divides by the taps inside the input,
+ * or by those inside the padded input when count_include_pad is set. The output's extent is
+ * taken from the output tensor, so TVM's ceil_mode needs nothing more.
+ */
+#include <float.h>
+
+#include "rk.h"
+
+typedef struct pool_params {
+  int64_t kh, kw, sh, sw, pad_top, pad_left, pad_bottom, pad_right, dh, dw;
+} pool_params;
+
+typedef struct pool_job {
+  pool_params p;
+  bool max, count_include_pad;
+  const float *x;
+  float *out;
+  int64_t planes, h, w, oh, ow;
+} pool_job;
+
+static void pool_plane(const pool_job *j, int64_t plane) {
+  const pool_params *p = &j->p;
+  const float *in = j->x + plane * j->h * j->w;
+  float *out = j->out + plane * j->oh * j->ow;
+  for (int64_t oy = 0; oy < j->oh; oy++) {
+    int64_t y0 = oy * p->sh - p->pad_top;
+    for (int64_t ox = 0; ox < j->ow; ox++) {
+      int64_t x0 = ox * p->sw - p->pad_left;
+      float acc = j->max ? -FLT_MAX : 0.0f;
+      int64_t inside = 0, padded = 0;
+      for (int64_t r = 0; r < p->kh; r++) {
+        int64_t y = y0 + r * p->dh;
+        if (y < -p->pad_top || y >= j->h + p->pad_bottom) continue;
+        for (int64_t s = 0; s < p->kw; s++) {
+          int64_t x = x0 + s * p->dw;
+          if (x < -p->pad_left || x >= j->w + p->pad_right) continue;
+          padded++;
+          if (y < 0 || y >= j->h || x < 0 || x >= j->w) continue;
+          float v = in[y * j->w + x];
+          inside++;
+          if (j->max) {
+            if (v > acc) acc = v;
+          } else {
+            acc += v;
+          }
+        }
+      }
+      if (!j->max) {
+        int64_t count = j->count_include_pad ? padded : inside;
+        acc = count > 0 ? acc / (float)count : 0.0f;
+      }
+      out[oy * j->ow + ox] = acc;
+    }
+  }
+}
+
+static int pool_task(int task, int num_tasks, void *ctx) {
+  const pool_job *j = ctx;
+  int64_t begin, end;
+  rk_split(j->planes, task, num_tasks, &begin, &end);
+  for (int64_t plane = begin; plane < end; plane++) pool_plane(j, plane);
+  return 0;
+}
+
+static int run_pool(const char *kernel, const TVMFFIAny *args, int32_t num_args, bool max) {
+  DLTensor *x, *out;
+  const int64_t *v = NULL;
+  int64_t n = 0, include_pad = 0;
+  int rc = rk_check_count(kernel, num_args, max ? 3 : 4);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, "out", &out);
+  if (!rc) rc = rk_arg_shape(kernel, args, num_args, 2, "params", 10, &v, &n);
+  if (!rc && !max) rc = rk_arg_int(kernel, args, num_args, 3, "count_include_pad", &include_pad);
+  if (rc) return rc;
+  pool_job j = {{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]}, max, include_pad != 0, NULL, NULL, 0, 0, 0, 0, 0};
+  const pool_params *p = &j.p;
+  if (p->kh < 1 || p->kw < 1 || p->sh < 1 || p->sw < 1 || p->dh < 1 || p->dw < 1 || p->pad_top < 0 || p->pad_left < 0 ||
+      p->pad_bottom < 0 || p->pad_right < 0)
+    return rvm_raise("ValueError", "%s: invalid params", kernel);
+  if (x->ndim != 4) return rk_shape_error(kernel, "x must be NCHW", x);
+  if (out->ndim != 4 || out->shape[0] != x->shape[0] || out->shape[1] != x->shape[1])
+    return rk_shape_error(kernel, "out must be NCHW with x's batch and channels", out);
+  j.x = rk_data(x), j.out = rk_data(out);
+  j.planes = x->shape[0] * x->shape[1], j.h = x->shape[2], j.w = x->shape[3], j.oh = out->shape[2], j.ow = out->shape[3];
+  if (j.planes == 0 || j.oh == 0 || j.ow == 0) return 0;
+  double work = (double)j.planes * (double)(j.oh * j.ow) * (double)(p->kh * p->kw);
+  return rk_parallel(work < 65536.0 ? 1 : j.planes, pool_task, &j);
+}
+
+/* (x, out, params): params = [kh, kw, stride_h, stride_w, pad_top, pad_left, pad_bottom,
+ * pad_right, dilation_h, dilation_w]. */
+int rvm_builtin_kl_max_pool2d(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  return run_pool("relaxc.max_pool2d", args, num_args, true);
+}
+
+/* (x, out, params, count_include_pad). */
+int rvm_builtin_kl_avg_pool2d(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  return run_pool("relaxc.avg_pool2d", args, num_args, false);
+}
+
+/* ---- global average --------------------------------------------------------------------------- */
+
+/* Partial sums run in this many lanes, combined in a fixed order at the end: the loops
+ * vectorize, and the bits are the same with or without vector units. */
+enum { SUM_LANES = 8 };
+
+typedef struct mean_job {
+  const float *x;
+  float *out;
+  int64_t planes, size;
+} mean_job;
+
+static int mean_task(int task, int num_tasks, void *ctx) {
+  const mean_job *j = ctx;
+  int64_t begin, end;
+  rk_split(j->planes, task, num_tasks, &begin, &end);
+  for (int64_t plane = begin; plane < end; plane++) {
+    const float *in = j->x + plane * j->size;
+    float lanes[SUM_LANES] = {0};
+    int64_t i = 0;
+    for (; i + SUM_LANES <= j->size; i += SUM_LANES)
+      for (int l = 0; l < SUM_LANES; l++) lanes[l] += in[i + l];
+    for (int l = 0; i < j->size; i++, l++) lanes[l] += in[i];
+    float sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    j->out[plane] = sum / (float)j->size;
+  }
+  return 0;
+}
+
+/* (x, out): out[n, c, 0, 0] = the mean of x[n, c]. */
+int rvm_builtin_kl_global_avg_pool2d(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  static const char kernel[] = "relaxc.global_avg_pool2d";
+  DLTensor *x, *out;
+  int rc = rk_check_count(kernel, num_args, 2);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, "out", &out);
+  if (rc) return rc;
+  if (x->ndim != 4) return rk_shape_error(kernel, "x must be NCHW", x);
+  if (out->ndim != 4 || out->shape[0] != x->shape[0] || out->shape[1] != x->shape[1] || out->shape[2] != 1 ||
+      out->shape[3] != 1)
+    return rk_shape_error(kernel, "out must be [n, c, 1, 1]", out);
+  mean_job j = {rk_data(x), rk_data(out), x->shape[0] * x->shape[1], x->shape[2] * x->shape[3]};
+  if (j.planes == 0) return 0;
+  if (j.size == 0) return rvm_raise("ValueError", "%s: x has no elements to average", kernel);
+  return rk_parallel((double)j.planes * (double)j.size < 65536.0 ? 1 : j.planes, mean_task, &j);
+}

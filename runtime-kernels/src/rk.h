@@ -1,0 +1,191 @@
+/*
+ * rk.h: what the kernel library's files share. The library sits beside the runtime shim: it uses
+ * the shim (errors, the thread pool) and the shim never calls it; a model links one of its files
+ * only when the model's program names one of the file's kernels (rvm_kernels.def).
+ *
+ * Every kernel gives the same bits at any thread count: work is split only between outputs,
+ * never inside one output's reduction, and every reduction runs in an order fixed by the shapes
+ * alone (never by the thread count, the pool's state or the alignment of a pointer).
+ */
+#ifndef RK_H
+#define RK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "internal.h"
+
+/* The kernels' entry points, one per row of rvm_kernels.def. */
+#define RVM_BUILTIN(suffix, name, properties, doc) \
+  RVM_HIDDEN int rvm_builtin_##suffix(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result);
+#include "rvm_kernels.def"
+#undef RVM_BUILTIN
+
+/* ---- CPU features ------------------------------------------------------------------------- */
+
+/* Which micro-kernels this CPU runs: x86-64 with AVX2 and FMA takes the AVX2 kernels; other
+ * x86-64 CPUs, riscv64 and anything else the portable C ones; aarch64 always NEON. Decided once
+ * per process, so one process gives the same bits for the same shapes every time. */
+typedef enum { RK_ISA_GENERIC = 0, RK_ISA_AVX2 = 1, RK_ISA_NEON = 2 } rk_isa;
+RVM_HIDDEN rk_isa rk_cpu_isa(void);
+
+/* Functions compiled for AVX2 + FMA beside their portable twins; rk_cpu_isa() picks one. */
+#if defined(__x86_64__)
+#define RK_AVX2_TARGET __attribute__((target("avx2,fma")))
+#endif
+
+/* Whether the portable code's multiply-adds are fused: where the CPU has the instruction. */
+#if defined(__FP_FAST_FMAF)
+#define RK_PORTABLE_FUSED true
+#else
+#define RK_PORTABLE_FUSED false
+#endif
+
+/* A multiply-add for loops written once and compiled per instruction set: `fused` is a
+ * constant in every instance, so this is one instruction or a multiply and an add, never a
+ * call. The library is built with -ffp-contract=off, so nothing else is fused. */
+static inline __attribute__((always_inline)) float rk_madd(bool fused, float a, float b, float c) {
+  return fused ? __builtin_fmaf(a, b, c) : a * b + c;
+}
+
+/* ---- scratch memory ----------------------------------------------------------------------- */
+
+/* A 64-byte aligned buffer of at least `nbytes` for the calling thread's kernel call (packing,
+ * padded inputs), kept by the thread and reused by its next call; NULL when out of memory.
+ * `slot` tells apart the buffers one call needs at once; a larger request for the same slot
+ * replaces the buffer, so a slot's user must not hold an older pointer to it. */
+typedef enum {
+  RK_SLOT_A_PACK = 0,   /* the GEMM's packed block of A (every task's own thread) */
+  RK_SLOT_B_PACK = 1,   /* B operands packed per call */
+  RK_SLOT_B_INDEX = 2,  /* where each problem's packed B is */
+  RK_SLOT_PROBLEMS = 3, /* a batch's list of GEMM problems */
+  RK_SLOT_INPUT = 4,    /* a padded or rearranged copy of an input */
+  RK_SCRATCH_SLOTS = 5
+} rk_slot;
+RVM_HIDDEN void *rk_scratch(rk_slot slot, size_t nbytes);
+
+/* ---- parallel loops ----------------------------------------------------------------------- */
+
+/* Runs body(task, num_tasks, ctx) for task = 0..num_tasks-1 on the runtime's pool, where
+ * num_tasks <= max_tasks is what the pool can run now (1 when it is busy or the work is small).
+ * Work is split by the body from (task, num_tasks), so the result must not depend on them. */
+typedef int (*rk_task_fn)(int task, int num_tasks, void *ctx);
+RVM_HIDDEN int rk_parallel(int64_t max_tasks, rk_task_fn body, void *ctx);
+/* How many threads rk_parallel can use at most (the pool's size). */
+RVM_HIDDEN int rk_max_threads(void);
+/* The half-open range [begin, end) of `n` items that `task` of `num_tasks` takes. */
+static inline void rk_split(int64_t n, int task, int num_tasks, int64_t *begin, int64_t *end) {
+  *begin = n * task / num_tasks;
+  *end = n * (task + 1) / num_tasks;
+}
+
+/* ---- GEMM --------------------------------------------------------------------------------- */
+
+/* The register tile of every micro-kernel: MR rows of A by NR columns of B. Packed B (weights
+ * prepacked by relaxc.tvm, or packed per call) is [ceil(N/NR)][K][NR], zero past N. */
+enum { RK_MR = 6, RK_NR = 16, RK_KC = 256 };
+
+/* Activations an epilogue applies last. */
+typedef enum {
+  RK_ACT_NONE = 0,
+  RK_ACT_RELU = 1,
+  RK_ACT_CLIP = 2, /* min(max(x, lo), hi): ReLU6 and friends */
+  RK_ACT_GELU = 3, /* x * (1 + erf(x / sqrt 2)) / 2 */
+  RK_ACT_GELU_TANH = 4,
+  RK_ACT_SILU = 5,
+  RK_ACT_SIGMOID = 6,
+  RK_ACT_COUNT
+} rk_act;
+
+/* What happens to each result c of the product: c = act(c * alpha + bias + residual). */
+typedef struct rk_epilogue {
+  float alpha;
+  const float *bias;   /* NULL, or one per column (bias_per_row false) or per row */
+  bool bias_per_row;
+  const float *residual; /* NULL, or a matrix laid out like C (res_rs, res_cs) */
+  int64_t res_rs, res_cs;
+  rk_act act;
+  float lo, hi; /* RK_ACT_CLIP */
+} rk_epilogue;
+
+/* Packs rows [m0, m0 + mr) and reduction steps [k0, k0 + kc) of A into dst[kc][RK_MR], rows past
+ * mr zero. */
+typedef void (*rk_pack_a_fn)(const void *a, int64_t m0, int64_t mr, int64_t k0, int64_t kc, float *dst);
+
+/* A strided matrix (element (i, j) at data[i * rs + j * cs]). */
+typedef struct rk_matrix {
+  const float *data;
+  int64_t rs, cs;
+} rk_matrix;
+
+/* One product C[m x n] = A[m x k] B[k x n] followed by the epilogue. A is read by its packer;
+ * B is either prepacked ([ceil(n/NR)][k][NR]) or a strided matrix packed per call. */
+typedef struct rk_gemm {
+  int64_t m, n, k;
+  rk_pack_a_fn pack_a;
+  const void *a; /* what pack_a reads: an rk_matrix for rk_pack_a_strided */
+  const float *b_packed;
+  rk_matrix b;
+  float *c;
+  int64_t c_rs, c_cs;
+  rk_epilogue ep;
+} rk_gemm;
+
+RVM_HIDDEN void rk_pack_a_strided(const void *a, int64_t m0, int64_t mr, int64_t k0, int64_t kc, float *dst);
+/* Packs columns [n0, n0 + NR * panels) of a strided B into [panels][k][NR] (zero past n). */
+RVM_HIDDEN void rk_pack_b(const rk_matrix *b, int64_t k, int64_t n, int64_t n0, int64_t panels, float *dst);
+/* Runs `count` products (a batch with the same shapes), splitting them over the pool. */
+RVM_HIDDEN int rk_gemm_run(const rk_gemm *problems, int64_t count);
+/* An epilogue that changes nothing. */
+RVM_HIDDEN rk_epilogue rk_epilogue_none(void);
+
+/* The micro-kernel: tile[r][j] = sum over k < kc of a[k][r] * b[k][j], in order of k, for
+ * r < mr (a packed as [kc][RK_MR], b as [kc][RK_NR]). Rows past mr of the tile are undefined. */
+typedef void (*rk_ukernel_fn)(int64_t kc, const float *a, const float *b, float *tile, int mr);
+RVM_HIDDEN rk_ukernel_fn rk_ukernel(rk_isa isa);
+/* One row against four panels (`stride` floats apart): tile[q][j] = sum over k < kc of
+ * a[k * RK_MR] * b[q * stride + k * RK_NR + j], in order of k, as the 1-row micro-kernel sums. */
+typedef void (*rk_gemv4_fn)(int64_t kc, const float *a, const float *b, int64_t stride, float *tile);
+RVM_HIDDEN rk_gemv4_fn rk_gemv4(rk_isa isa);
+
+/* Applies an activation to one value, as every kernel's epilogue does (rk_math.h's functions). */
+RVM_HIDDEN float rk_activate(float x, rk_act act, float lo, float hi);
+/* The same to n values in place, a loop per activation so that each vectorizes. */
+RVM_HIDDEN void rk_activate_all(float *x, int64_t n, rk_act act, float lo, float hi);
+
+/* ---- arguments ---------------------------------------------------------------------------- */
+
+/* A float32 CPU tensor argument, compact (row-major, strides NULL or matching), or a raised
+ * TypeError/ValueError naming the kernel and the argument. */
+RVM_HIDDEN int rk_arg_f32(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
+                          DLTensor **out);
+/* The same, or NULL for a None argument. */
+RVM_HIDDEN int rk_arg_f32_or_none(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i,
+                                  const char *name, DLTensor **out);
+/* An integer argument (an Int or Bool). */
+RVM_HIDDEN int rk_arg_int(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
+                          int64_t *out);
+/* A float argument (a Float, or an Int). */
+RVM_HIDDEN int rk_arg_float(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
+                            double *out);
+/* The epilogue's arguments at args[i..i+3]: the activation's name (a string: none, relu, clip,
+ * gelu, gelu_tanh, silu, sigmoid), then alpha, lo and hi (numbers); bias and residual are left
+ * for the caller. */
+RVM_HIDDEN int rk_arg_epilogue(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i,
+                               rk_epilogue *out);
+/* A Shape argument of exactly `count` dims (any count when count < 0), or a TypeError. */
+RVM_HIDDEN int rk_arg_shape(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
+                            int64_t count, const int64_t **dims, int64_t *ndim);
+/* The number of arguments must be `expected`. */
+RVM_HIDDEN int rk_check_count(const char *kernel, int32_t num_args, int32_t expected);
+/* The element data of a tensor (data + byte_offset). */
+static inline float *rk_data(const DLTensor *t) { return (float *)((char *)t->data + t->byte_offset); }
+/* The number of elements of a tensor. */
+RVM_HIDDEN int64_t rk_numel(const DLTensor *t);
+/* A ValueError naming the kernel, with a shape in the message: "<kernel>: <what> (got [2, 3])". */
+RVM_HIDDEN int rk_shape_error(const char *kernel, const char *what, const DLTensor *t);
+/* An out-of-memory error naming the kernel. */
+RVM_HIDDEN int rk_out_of_memory(const char *kernel);
+
+#endif /* RK_H */
