@@ -307,3 +307,42 @@ pub fn compile_file_with(input: &Path, options: &Options, out: &Path) -> Result<
     report.link = t.elapsed();
     Ok(report)
 }
+
+/// A kernel of the kernel library as the library for TVM exports it.
+#[derive(Debug, Clone)]
+pub struct LibraryExport {
+    /// The global name TVM calls it by (`relaxc.matmul`).
+    pub name: String,
+    /// The tvm-ffi name in the library (`kl_matmul`: the symbol `__tvm_ffi_kl_matmul`).
+    pub export: String,
+}
+
+/// The kernels `build_kernel_library` exports.
+pub fn library_exports() -> Vec<LibraryExport> {
+    codegen::shim::library_kernels()
+        .map(|k| {
+            let export = k.symbol.strip_prefix("rvm_builtin_").unwrap_or(&k.symbol).to_string();
+            LibraryExport { name: k.name.to_string(), export }
+        })
+        .collect()
+}
+
+/// Builds the kernel library as a shared object for TVM's process (relaxc.tvm registers its
+/// kernels in TVM, so TVM's VM runs a rewritten module on the code relaxc models link): every
+/// kernel exported as `__tvm_ffi_<export>`, with the runtime it needs and no program.
+pub fn build_kernel_library(out: &Path, target: &crate::target::Target) -> Result<Vec<LibraryExport>, CompileError> {
+    let program = Program {
+        exec: Verified::new(crate::vm::ExecBuilder::new().build())?,
+        kernels: Vec::new(),
+        shape_funcs: Vec::new(),
+        cuda: Vec::new(),
+    };
+    let mut options = Options::mode(ExecMode::Bytecode);
+    options.target = target.clone();
+    let object = emit(&program, &options)?;
+    let exports = library_exports();
+    let symbols: Vec<String> = exports.iter().map(|e| format!("__tvm_ffi_{}", e.export)).collect();
+    let inputs = link::LinkInputs { object: &object.bytes, exports: &symbols, kernels: &[], undefined: &symbols };
+    link::link_shared_for(&inputs, out, target)?;
+    Ok(exports)
+}

@@ -155,6 +155,21 @@ enum Command {
         #[arg(long)]
         vocab_size: Option<usize>,
     },
+    /// Build relaxc's kernel library as a shared object for TVM's own process.
+    ///
+    /// relaxc.tvm (the Python package in python/) loads it with tvm_ffi.load_module and
+    /// registers each kernel under its global name (relaxc.matmul, ...), so that TVM's VM runs a
+    /// module rewritten to call the library on the same code a relaxc model links: TVM, relaxc
+    /// bytecode and relaxc compiled give the same bits. Prints one line per kernel: its global
+    /// name, then its name in the library.
+    KernelLibrary {
+        /// The shared object to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// The CPU to build for (as for compile; default: this machine).
+        #[arg(long, value_name = "TRIPLE")]
+        target: Option<String>,
+    },
     /// Print the listing (as TVM's as_text()) and statistics of a TVM export or a compiled model.
     Inspect {
         /// A TVM export (.tar), relaxc's text form (.rvmasm) or a model built by relaxc (.so).
@@ -311,6 +326,18 @@ fn run(cli: Cli) -> Result<()> {
             }
             let opts = GenerateOptions { prompt, max_new_tokens, logits, bench, config, vocab_size };
             generate(&model, &opts)
+        }
+        Command::KernelLibrary { output, target } => {
+            let target = match target {
+                Some(t) => relaxc::target::Target::parse(&t)?,
+                None => relaxc::target::Target::host(),
+            };
+            let exports = relaxc::compile::build_kernel_library(&output, &target)
+                .with_context(|| format!("building the kernel library {}", output.display()))?;
+            for e in exports {
+                println!("{}\t{}", e.name, e.export);
+            }
+            Ok(())
         }
         Command::Inspect { input, python, asm } => {
             let exec =

@@ -52,8 +52,7 @@ __attribute__((destructor(103))) static void close_ffi_module(void) {
 
 typedef void (*set_raised_fn)(const char *kind, const char *message);
 
-/* Hands the runtime's current error to libtvm_ffi, where the tvm-ffi caller looks for it. */
-static void forward_error(void) {
+void rvm_ffi_forward_error(void) {
   set_raised_fn set = (set_raised_fn)dlsym(RTLD_DEFAULT, "TVMFFIErrorSetRaisedFromCStr");
   if (!set) {
     /* A host that loaded libtvm_ffi RTLD_LOCAL: find it by its soname. */
@@ -67,7 +66,7 @@ static void forward_error(void) {
 }
 
 static int fail(void) {
-  forward_error();
+  rvm_ffi_forward_error();
   return -1;
 }
 

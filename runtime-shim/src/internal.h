@@ -315,6 +315,9 @@ RVM_HIDDEN int rvm_vm_create_on(rvm_module *module, DLDevice device, rvm_vm **ou
 RVM_HIDDEN void rvm_vm_destroy(rvm_vm *vm);
 /* vm_call for function-table entry `func`: DLTensorPtr arguments are checked and wrapped. */
 RVM_HIDDEN int rvm_vm_call_function(rvm_vm *vm, int64_t func, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result);
+/* Hands the runtime's current error to libtvm_ffi, where a tvm-ffi caller looks for it
+ * (ffi_module.c; the kernel library's tvm-ffi exports use it too). */
+RVM_HIDDEN void rvm_ffi_forward_error(void);
 
 /* The calls generated code makes into the shim (rvm_invoke, rvm_object_incref, ...). */
 #define RVM_CALL(ret, name, params, doc) RVM_HIDDEN ret name params;

@@ -35,7 +35,7 @@ pub struct EmittedObject {
 impl EmittedObject {
     /// What the link needs of this object, with the kernel objects to link beside it.
     pub fn link_inputs<'a>(&'a self, kernels: &'a [KernelObject]) -> LinkInputs<'a> {
-        LinkInputs { object: &self.bytes, exports: &self.exports, kernels }
+        LinkInputs { object: &self.bytes, exports: &self.exports, kernels, undefined: &[] }
     }
 }
 

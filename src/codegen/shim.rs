@@ -28,6 +28,8 @@ pub struct Builtin {
     pub doc: &'static str,
     /// In the optional archive: linked only into models that refer to it.
     pub optional: bool,
+    /// A kernel of the kernel library (`rvm_kernels.def`), which is optional too.
+    pub library: bool,
     /// Only reads its tensor arguments during the call and keeps none (`RVM_READ_ONLY`).
     pub read_only: bool,
     /// Compiled mode writes its work inline (`RVM_INLINED`).
@@ -38,10 +40,16 @@ pub struct Builtin {
 pub fn builtins() -> &'static [Builtin] {
     static TABLE: OnceLock<Vec<Builtin>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let core = CORE.lines().filter_map(|l| parse_builtin(l, false));
-        let optional = OPTIONAL.lines().chain(KERNELS.lines()).filter_map(|l| parse_builtin(l, true));
-        core.chain(optional).collect()
+        let core = CORE.lines().filter_map(|l| parse_builtin(l, false, false));
+        let optional = OPTIONAL.lines().filter_map(|l| parse_builtin(l, true, false));
+        let library = KERNELS.lines().filter_map(|l| parse_builtin(l, true, true));
+        core.chain(optional).chain(library).collect()
     })
+}
+
+/// The kernels of the kernel library, in table order.
+pub fn library_kernels() -> impl Iterator<Item = &'static Builtin> {
+    builtins().iter().filter(|b| b.library)
 }
 
 /// The builtin with this bytecode name.
@@ -51,7 +59,7 @@ pub fn find_builtin(name: &str) -> Option<&'static Builtin> {
 
 /// `RVM_BUILTIN(suffix, "name", PROPERTIES, "doc")`, PROPERTIES being `RVM_PLAIN` or names
 /// joined with `|`.
-fn parse_builtin(line: &'static str, optional: bool) -> Option<Builtin> {
+fn parse_builtin(line: &'static str, optional: bool, library: bool) -> Option<Builtin> {
     let body = line.trim().strip_prefix("RVM_BUILTIN(")?.strip_suffix(')')?;
     let (suffix, rest) = body.split_once(',')?;
     let (name, rest) = rest.trim().strip_prefix('"')?.split_once('"')?;
@@ -68,6 +76,7 @@ fn parse_builtin(line: &'static str, optional: bool) -> Option<Builtin> {
         symbol: format!("rvm_builtin_{}", suffix.trim()),
         doc: doc.trim().trim_matches('"'),
         optional,
+        library,
         read_only: properties.contains(&"RVM_READ_ONLY"),
         inlined: properties.contains(&"RVM_INLINED"),
     })

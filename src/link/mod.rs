@@ -48,6 +48,9 @@ pub struct LinkInputs<'a> {
     /// Symbols the `.so` exports besides `rvm_get_api`.
     pub exports: &'a [String],
     pub kernels: &'a [KernelObject],
+    /// Symbols the link must take from the runtime's archives even though nothing refers to
+    /// them (the kernel library's tvm-ffi exports).
+    pub undefined: &'a [String],
 }
 
 /// Links a model for the host into `out`.
@@ -64,7 +67,7 @@ pub fn link_shared_for(inputs: &LinkInputs, out: &Path, target: &Target) -> Resu
         crate::target::toolchain(target)?
     };
     let archives = crate::target::shim::archives(target, &tc)?;
-    let LinkInputs { object: model_object, exports, kernels } = *inputs;
+    let LinkInputs { object: model_object, exports, kernels, undefined } = *inputs;
     let dir = tempfile::tempdir().map_err(|source| LinkError::Io { path: "temporary directory".into(), source })?;
     let write = |name: &str, bytes: &[u8]| -> Result<PathBuf, LinkError> {
         let path = dir.path().join(name);
@@ -83,6 +86,7 @@ pub fn link_shared_for(inputs: &LinkInputs, out: &Path, target: &Target) -> Resu
     let linker = tc.program.clone();
     let mut cmd = tc.command();
     cmd.arg("-shared").arg("-o").arg(out).arg(&model).args(&kernel_paths);
+    cmd.args(undefined.iter().map(|u| format!("-Wl,--undefined={u}")));
     cmd.arg("-Wl,--whole-archive").arg(&shim).arg("-Wl,--no-whole-archive").arg(&runtime).arg(&kernel_library);
     cmd.arg(format!("-Wl,--version-script={}", script.display()));
     cmd.args(["-Wl,--no-undefined", "-Wl,-z,noexecstack", "-Wl,-z,relro", "-Wl,-z,now", "-lm"]);
