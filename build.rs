@@ -18,7 +18,8 @@ const COLD: &[&str] = &["sort.c", "render.c", "relax_run.c", "cuda.c", "registry
 const OPTIONAL: &[&str] = &["sort.c", "render.c", "relax_run.c", "kv_cache.c"];
 
 /// Every directory of C sources, headers and tables embedded in relaxc.
-const SOURCE_DIRS: [&str; 4] = ["runtime-shim/include", "runtime-shim/src", "runtime-kernels/include", "runtime-kernels/src"];
+const SOURCE_DIRS: [&str; 4] =
+    ["runtime-shim/include", "runtime-shim/src", "runtime-kernels/include", "runtime-kernels/src"];
 
 fn shim_build() -> cc::Build {
     let mut build = cc::Build::new();

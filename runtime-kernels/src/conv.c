@@ -122,7 +122,7 @@ static void pack_conv_a(const void *operand, int64_t m0, int64_t mr, int64_t k0,
   }
 }
 
-/* (x, w_packed, bias, residual, out, params, activation, alpha, lo, hi); params = [kh, kw,
+/* (x, w_packed, bias, residual, params, activation, [alpha, lo, hi], out); params = [kh, kw,
  * stride_h, stride_w, pad_top, pad_left, pad_bottom, pad_right, dilation_h, dilation_w, groups];
  * w_packed [groups, ceil(oc_per_group / 16), (c / groups) * kh * kw, 16]. */
 int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
@@ -132,14 +132,14 @@ int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, T
   conv_params p = {0};
   rk_epilogue ep = {0};
   int64_t oh = 0, ow = 0;
-  int rc = rk_check_count(kernel, num_args, 10);
+  int rc = rk_check_count(kernel, num_args, 8);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, "w_packed", &w);
   if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 2, "bias", &bias);
   if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 3, "residual", &residual);
-  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 4, "out", &out);
-  if (!rc) rc = parse_params(kernel, args, num_args, 5, &p);
-  if (!rc) rc = rk_arg_epilogue(kernel, args, num_args, 6, &ep);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 7, "out", &out);
+  if (!rc) rc = parse_params(kernel, args, num_args, 4, &p);
+  if (!rc) rc = rk_arg_epilogue(kernel, args, num_args, 5, &ep);
   if (!rc) rc = check_shapes(kernel, &p, x, out, bias, residual, &oh, &ow);
   if (rc) return rc;
   int64_t batch = x->shape[0], groups = p.groups, c_in = x->shape[1] / groups, c_out = out->shape[1] / groups;
@@ -262,7 +262,7 @@ static int depthwise_task(int task, int num_tasks, void *ctx) {
   return 0;
 }
 
-/* (x, w, bias, residual, out, params, activation, alpha, lo, hi): w is [c, 1, kh, kw] as TVM
+/* (x, w, bias, residual, params, activation, [alpha, lo, hi], out): w is [c, 1, kh, kw] as TVM
  * has it; params as relaxc.conv2d's, with groups = c. */
 int rvm_builtin_kl_conv2d_depthwise(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   (void)self, (void)result;
@@ -271,14 +271,14 @@ int rvm_builtin_kl_conv2d_depthwise(void *self, const TVMFFIAny *args, int32_t n
   conv_params p = {0};
   rk_epilogue ep = {0};
   int64_t oh = 0, ow = 0;
-  int rc = rk_check_count(kernel, num_args, 10);
+  int rc = rk_check_count(kernel, num_args, 8);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, "w", &w);
   if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 2, "bias", &bias);
   if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 3, "residual", &residual);
-  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 4, "out", &out);
-  if (!rc) rc = parse_params(kernel, args, num_args, 5, &p);
-  if (!rc) rc = rk_arg_epilogue(kernel, args, num_args, 6, &ep);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 7, "out", &out);
+  if (!rc) rc = parse_params(kernel, args, num_args, 4, &p);
+  if (!rc) rc = rk_arg_epilogue(kernel, args, num_args, 5, &ep);
   if (!rc) rc = check_shapes(kernel, &p, x, out, bias, residual, &oh, &ow);
   if (rc) return rc;
   int64_t channels = x->shape[1];

@@ -178,24 +178,24 @@ static int check_residual(const char *kernel, const DLTensor *residual, const DL
   return same ? 0 : rk_shape_error(kernel, "residual must have the result's shape", residual);
 }
 
-/* (a, b, bias, residual, out, a_perm, b_perm, out_perm, activation, alpha, lo, hi) */
+/* (a, b, bias, residual, a_perm, b_perm, out_perm, activation, [alpha, lo, hi], out) */
 int rvm_builtin_kl_matmul(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   (void)self, (void)result;
   static const char kernel[] = "relaxc.matmul";
   DLTensor *a, *b, *bias, *residual, *out;
-  int rc = rk_check_count(kernel, num_args, 12);
+  int rc = rk_check_count(kernel, num_args, 10);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "a", &a);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, "b", &b);
   if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 2, "bias", &bias);
   if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 3, "residual", &residual);
-  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 4, "out", &out);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 9, "out", &out);
   view va = {0}, vb = {0}, vc = {0};
-  if (!rc) rc = permuted(kernel, a, args, num_args, 5, "a_perm", &va);
-  if (!rc) rc = permuted(kernel, b, args, num_args, 6, "b_perm", &vb);
+  if (!rc) rc = permuted(kernel, a, args, num_args, 4, "a_perm", &va);
+  if (!rc) rc = permuted(kernel, b, args, num_args, 5, "b_perm", &vb);
   if (!rc) rc = out->ndim > MAX_RANK ? rk_shape_error(kernel, "the result's rank is too large", out) : 0;
-  if (!rc) rc = result_view(kernel, out, args, num_args, 7, &vc);
+  if (!rc) rc = result_view(kernel, out, args, num_args, 6, &vc);
   rk_epilogue ep = {0};
-  if (!rc) rc = rk_arg_epilogue(kernel, args, num_args, 8, &ep);
+  if (!rc) rc = rk_arg_epilogue(kernel, args, num_args, 7, &ep);
   matmul_plan p = {0};
   if (!rc) rc = plan_matmul(kernel, &va, &vb, &vc, &p);
   if (!rc) rc = check_bias(kernel, bias, p.n);
@@ -237,20 +237,20 @@ int rvm_builtin_kl_matmul(void *self, const TVMFFIAny *args, int32_t num_args, T
 
 /* ---- relaxc.dense ---------------------------------------------------------------------------- */
 
-/* (x, w_packed, bias, residual, out, activation, alpha, lo, hi): out[..., n] = x[..., k] w, with
- * w prepacked as [ceil(n / 16)][k][16] (relaxc.tvm packs constant weights at build time). */
+/* (x, w_packed, bias, residual, activation, [alpha, lo, hi], out): out[..., n] = x[..., k] w,
+ * with w prepacked as [ceil(n / 16)][k][16] (relaxc.tvm packs constant weights at build time). */
 int rvm_builtin_kl_dense(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   (void)self, (void)result;
   static const char kernel[] = "relaxc.dense";
   DLTensor *x, *w, *bias, *residual, *out;
-  int rc = rk_check_count(kernel, num_args, 9);
+  int rc = rk_check_count(kernel, num_args, 7);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, "w_packed", &w);
   if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 2, "bias", &bias);
   if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 3, "residual", &residual);
-  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 4, "out", &out);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 6, "out", &out);
   rk_epilogue ep = {0};
-  if (!rc) rc = rk_arg_epilogue(kernel, args, num_args, 5, &ep);
+  if (!rc) rc = rk_arg_epilogue(kernel, args, num_args, 4, &ep);
   if (rc) return rc;
   if (x->ndim < 1) return rk_shape_error(kernel, "x must have rank 1 or more", x);
   if (w->ndim != 3 || w->shape[2] != RK_NR)

@@ -131,41 +131,41 @@ int rvm_builtin_kl_softmax(void *self, const TVMFFIAny *args, int32_t num_args, 
   return run_norm(kernel, &j, x, out);
 }
 
-/* (x, gamma, beta, out, eps): (x - mean) / sqrt(var + eps) * gamma + beta along the last axis. */
+/* (x, gamma, beta, [eps], out): (x - mean) / sqrt(var + eps) * gamma + beta along the last axis. */
 int rvm_builtin_kl_layer_norm(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   (void)self, (void)result;
   static const char kernel[] = "relaxc.layer_norm";
   DLTensor *x, *gamma, *beta, *out;
-  double eps = 0;
+  float eps = 0;
   int rc = rk_check_count(kernel, num_args, 5);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, "gamma", &gamma);
   if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 2, "beta", &beta);
-  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 3, "out", &out);
-  if (!rc) rc = rk_arg_float(kernel, args, num_args, 4, "eps", &eps);
+  if (!rc) rc = rk_arg_scalars(kernel, args, num_args, 3, "eps", 1, &eps);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 4, "out", &out);
   if (rc) return rc;
   int64_t n = x->ndim ? x->shape[x->ndim - 1] : 0;
   rc = check_param(kernel, gamma, "gamma", n);
   if (!rc) rc = check_param(kernel, beta, "beta", n);
   if (rc) return rc;
-  norm_job j = {.kind = NORM_LAYER, .gamma = rk_data(gamma), .beta = beta ? rk_data(beta) : NULL, .eps = (float)eps};
+  norm_job j = {.kind = NORM_LAYER, .gamma = rk_data(gamma), .beta = beta ? rk_data(beta) : NULL, .eps = eps};
   return run_norm(kernel, &j, x, out);
 }
 
-/* (x, weight, out, eps): x / sqrt(mean(x^2) + eps) * weight along the last axis. */
+/* (x, weight, [eps], out): x / sqrt(mean(x^2) + eps) * weight along the last axis. */
 int rvm_builtin_kl_rms_norm(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   (void)self, (void)result;
   static const char kernel[] = "relaxc.rms_norm";
   DLTensor *x, *weight, *out;
-  double eps = 0;
+  float eps = 0;
   int rc = rk_check_count(kernel, num_args, 4);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, "weight", &weight);
-  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 2, "out", &out);
-  if (!rc) rc = rk_arg_float(kernel, args, num_args, 3, "eps", &eps);
+  if (!rc) rc = rk_arg_scalars(kernel, args, num_args, 2, "eps", 1, &eps);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 3, "out", &out);
   if (rc) return rc;
   rc = check_param(kernel, weight, "weight", x->ndim ? x->shape[x->ndim - 1] : 0);
   if (rc) return rc;
-  norm_job j = {.kind = NORM_RMS, .gamma = rk_data(weight), .eps = (float)eps};
+  norm_job j = {.kind = NORM_RMS, .gamma = rk_data(weight), .eps = eps};
   return run_norm(kernel, &j, x, out);
 }

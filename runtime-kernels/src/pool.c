@@ -73,9 +73,9 @@ static int run_pool(const char *kernel, const TVMFFIAny *args, int32_t num_args,
   int64_t n = 0, include_pad = 0;
   int rc = rk_check_count(kernel, num_args, max ? 3 : 4);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
-  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, "out", &out);
-  if (!rc) rc = rk_arg_shape(kernel, args, num_args, 2, "params", 10, &v, &n);
-  if (!rc && !max) rc = rk_arg_int(kernel, args, num_args, 3, "count_include_pad", &include_pad);
+  if (!rc) rc = rk_arg_shape(kernel, args, num_args, 1, "params", 10, &v, &n);
+  if (!rc && !max) rc = rk_arg_int(kernel, args, num_args, 2, "count_include_pad", &include_pad);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, max ? 2 : 3, "out", &out);
   if (rc) return rc;
   pool_job j = {{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]}, max, include_pad != 0, NULL, NULL, 0, 0, 0, 0, 0};
   const pool_params *p = &j.p;
@@ -92,14 +92,14 @@ static int run_pool(const char *kernel, const TVMFFIAny *args, int32_t num_args,
   return rk_parallel(work < 65536.0 ? 1 : j.planes, pool_task, &j);
 }
 
-/* (x, out, params): params = [kh, kw, stride_h, stride_w, pad_top, pad_left, pad_bottom,
+/* (x, params, out): params = [kh, kw, stride_h, stride_w, pad_top, pad_left, pad_bottom,
  * pad_right, dilation_h, dilation_w]. */
 int rvm_builtin_kl_max_pool2d(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   (void)self, (void)result;
   return run_pool("relaxc.max_pool2d", args, num_args, true);
 }
 
-/* (x, out, params, count_include_pad). */
+/* (x, params, count_include_pad, out). */
 int rvm_builtin_kl_avg_pool2d(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   (void)self, (void)result;
   return run_pool("relaxc.avg_pool2d", args, num_args, false);

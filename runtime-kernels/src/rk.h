@@ -166,14 +166,15 @@ RVM_HIDDEN int rk_arg_f32_or_none(const char *kernel, const TVMFFIAny *args, int
 /* An integer argument (an Int or Bool). */
 RVM_HIDDEN int rk_arg_int(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
                           int64_t *out);
-/* A float argument (a Float, or an Int). */
-RVM_HIDDEN int rk_arg_float(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
-                            double *out);
-/* The epilogue's arguments at args[i..i+3]: the activation's name (a string: none, relu, clip,
- * gelu, gelu_tanh, silu, sigmoid), then alpha, lo and hi (numbers); bias and residual are left
+/* The epilogue's arguments at args[i], args[i + 1]: the activation's name (a string: none, relu,
+ * clip, gelu, gelu_tanh, silu, sigmoid), then a float32 tensor [alpha, lo, hi] (a constant
+ * costs the VM nothing, where each float PrimValue would be a call); bias and residual are left
  * for the caller. */
 RVM_HIDDEN int rk_arg_epilogue(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i,
                                rk_epilogue *out);
+/* A float32 tensor argument of exactly `count` values, copied to out. */
+RVM_HIDDEN int rk_arg_scalars(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
+                              int64_t count, float *out);
 /* A Shape argument of exactly `count` dims (any count when count < 0), or a TypeError. */
 RVM_HIDDEN int rk_arg_shape(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
                             int64_t count, const int64_t **dims, int64_t *ndim);

@@ -158,19 +158,6 @@ int rk_arg_int(const char *kernel, const TVMFFIAny *args, int32_t num_args, int3
                    i < num_args ? rvm_type_name(&args[i]) : "nothing");
 }
 
-int rk_arg_float(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
-                 double *out) {
-  if (i < num_args && args[i].type_index == kTVMFFIFloat) {
-    *out = args[i].v_float64;
-    return 0;
-  }
-  if (i < num_args && (args[i].type_index == kTVMFFIInt || args[i].type_index == kTVMFFIBool)) {
-    *out = (double)args[i].v_int64;
-    return 0;
-  }
-  return rvm_raise("TypeError", "%s: argument %d (%s) must be a number, got %s", kernel, i, name,
-                   i < num_args ? rvm_type_name(&args[i]) : "nothing");
-}
 
 int rk_shape_error(const char *kernel, const char *what, const DLTensor *t) {
   char shape[160];
@@ -181,6 +168,20 @@ int rk_shape_error(const char *kernel, const char *what, const DLTensor *t) {
 int rk_out_of_memory(const char *kernel) { return rvm_raise("MemoryError", "%s: out of memory for scratch space", kernel); }
 
 static const char *const act_names[RK_ACT_COUNT] = {"none", "relu", "clip", "gelu", "gelu_tanh", "silu", "sigmoid"};
+
+int rk_arg_scalars(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
+                   int64_t count, float *out) {
+  DLTensor *t;
+  int rc = rk_arg_f32(kernel, args, num_args, i, name, &t);
+  if (rc) return rc;
+  if (t->ndim != 1 || t->shape[0] != count) {
+    char what[96];
+    snprintf(what, sizeof what, "argument %d (%s) must be a float32 tensor of %lld values", i, name, (long long)count);
+    return rk_shape_error(kernel, what, t);
+  }
+  memcpy(out, rk_data(t), sizeof(float) * (size_t)count);
+  return 0;
+}
 
 int rk_arg_epilogue(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, rk_epilogue *out) {
   *out = rk_epilogue_none();
@@ -195,15 +196,13 @@ int rk_arg_epilogue(const char *kernel, const TVMFFIAny *args, int32_t num_args,
   if (act < 0)
     return rvm_raise("ValueError", "%s: unknown activation \"%.*s\" (known: none, relu, clip, gelu, gelu_tanh, silu, sigmoid)",
                      kernel, (int)(size > 64 ? 64 : size), name);
-  double alpha = 1.0, lo = 0.0, hi = 0.0;
-  int rc = rk_arg_float(kernel, args, num_args, i + 1, "alpha", &alpha);
-  if (!rc) rc = rk_arg_float(kernel, args, num_args, i + 2, "lo", &lo);
-  if (!rc) rc = rk_arg_float(kernel, args, num_args, i + 3, "hi", &hi);
+  float scalars[3];
+  int rc = rk_arg_scalars(kernel, args, num_args, i + 1, "alpha_lo_hi", 3, scalars);
   if (rc) return rc;
   out->act = (rk_act)act;
-  out->alpha = (float)alpha;
-  out->lo = (float)lo;
-  out->hi = (float)hi;
+  out->alpha = scalars[0];
+  out->lo = scalars[1];
+  out->hi = scalars[2];
   return 0;
 }
 

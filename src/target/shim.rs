@@ -104,7 +104,11 @@ pub fn archives(target: &Target, tc: &Toolchain) -> Result<ShimArchives, TargetE
     let sources: Vec<&[u8]> = SHIM_FILES.iter().map(|(_, _, text)| text.as_bytes()).collect();
     let dir = cached("runtime shim", target, tc, &sources, |work| build_shim(tc, work))?;
     let read = |name: &str| std::fs::read(dir.join(name)).map_err(|e| build_err("the cached shim", e.to_string()));
-    Ok(ShimArchives { core: read("librvm_shim.a")?, runtime: read("librvm_runtime.a")?, kernels: read("librvm_kernels.a")? })
+    Ok(ShimArchives {
+        core: read("librvm_shim.a")?,
+        runtime: read("librvm_runtime.a")?,
+        kernels: read("librvm_kernels.a")?,
+    })
 }
 
 fn build_shim(tc: &Toolchain, work: &Path) -> Result<(), TargetError> {
@@ -117,7 +121,13 @@ fn build_shim(tc: &Toolchain, work: &Path) -> Result<(), TargetError> {
     for (name, dir, _) in SHIM_FILES.iter().filter(|(n, d, _)| n.ends_with(".c") && d.ends_with("src")) {
         let object = work.join(format!("{name}.o"));
         let kernel = dir.starts_with("runtime-kernels");
-        let opt = if kernel { "-O3" } else if SHIM_COLD.contains(name) { "-Os" } else { "-O2" };
+        let opt = if kernel {
+            "-O3"
+        } else if SHIM_COLD.contains(name) {
+            "-Os"
+        } else {
+            "-O2"
+        };
         let mut cmd = tc.command();
         cmd.args(["-std=c11", opt, "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-c"]);
         if kernel {
@@ -137,7 +147,9 @@ fn build_shim(tc: &Toolchain, work: &Path) -> Result<(), TargetError> {
         }
     }
     let ar = tc.archiver();
-    for (archive, objects) in [("librvm_shim.a", &core), ("librvm_runtime.a", &optional), ("librvm_kernels.a", &kernels)] {
+    for (archive, objects) in
+        [("librvm_shim.a", &core), ("librvm_runtime.a", &optional), ("librvm_kernels.a", &kernels)]
+    {
         let mut cmd = std::process::Command::new(&ar);
         cmd.arg("rcs").arg(work.join(archive)).args(objects.iter());
         run(&mut cmd, &format!("archiving {archive} with {ar}"))?;

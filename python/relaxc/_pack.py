@@ -1,0 +1,29 @@
+"""Weights in the layouts relaxc's kernels read (runtime-kernels/src/rk.h).
+
+The GEMM's micro-kernel reads B in panels of 16 columns: ``[ceil(n / 16), k, 16]``, zero past n.
+Weights are constants, so they are packed here once, at build time, and stored packed in the
+model: no call pays for packing, and no second copy exists.
+"""
+
+import numpy as np
+
+PANEL = 16  # RK_NR in runtime-kernels/src/rk.h
+
+
+def pack_columns(b: np.ndarray) -> np.ndarray:
+    """B [k, n] as [ceil(n / 16), k, 16] float32."""
+    k, n = b.shape
+    panels = -(-n // PANEL)
+    padded = np.zeros((k, panels * PANEL), np.float32)
+    padded[:, :n] = b
+    return np.ascontiguousarray(padded.reshape(k, panels, PANEL).transpose(1, 0, 2))
+
+
+def pack_conv(w: np.ndarray, groups: int) -> np.ndarray:
+    """Convolution weights [oc, c / groups, kh, kw] as [groups, ceil(oc / groups / 16), k, 16],
+    with the reduction k = (c / groups) * kh * kw ordered (channel, row, column)."""
+    oc = w.shape[0]
+    per_group = oc // groups
+    k = int(np.prod(w.shape[1:]))
+    rows = w.reshape(groups, per_group, k)
+    return np.stack([pack_columns(rows[g].T) for g in range(groups)])

@@ -1,0 +1,584 @@
+"""The rewrite behind relaxc.tvm: Relax operators the kernel library covers become
+``R.call_dps_packed("relaxc.<kernel>", ...)`` calls; everything else stays for TVM's kernels.
+
+Per function, bindings are read first (what each variable is bound to, and how often each is
+used), then each anchor operator (matmul, conv2d) takes in the operators after it that only it
+feeds (a scale, a bias, batch norm, a residual add, an activation), and the last of them is
+replaced by one library call. Bindings left unused are removed by dead-code elimination.
+
+Only float32 operators are rewritten, and only in forms the kernels take as they are: what does
+not match (other dtypes or layouts, ceil-mode pooling, a softmax along another axis) is left
+alone, never approximated.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from ._pack import pack_columns, pack_conv
+
+F32 = "float32"
+
+# ---- reading the IR ------------------------------------------------------------------------------
+
+
+def _op_name(expr):
+    """The operator's name ("relax.matmul") if expr is a call to an operator, else None."""
+    if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op):
+        return expr.op.name
+    return None
+
+
+def _type(expr):
+    return getattr(expr, "ty", None)
+
+
+def _is_f32_tensor(expr):
+    t = _type(expr)
+    return isinstance(t, relax.TensorType) and t.dtype == F32
+
+
+def _dims(expr):
+    """The dims of a tensor's shape as Python ints where static, else TIR expressions; None when
+    the rank or shape is unknown."""
+    t = _type(expr)
+    if not isinstance(t, relax.TensorType) or not isinstance(t.shape, relax.ShapeExpr):
+        return None
+    return [int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in t.shape.values]
+
+
+def _same_dims(a, b):
+    if a is None or b is None or len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if isinstance(x, int) or isinstance(y, int):
+            if not (isinstance(x, int) and isinstance(y, int) and x == y):
+                return False
+        elif not tvm_ffi.structural_equal(x, y):
+            return False
+    return True
+
+
+def _attr(call, name, default=None):
+    attrs = call.attrs
+    if attrs is None:
+        return default
+    try:
+        value = attrs[name] if hasattr(attrs, "__getitem__") else getattr(attrs, name)
+    except (AttributeError, KeyError, IndexError):
+        return default
+    return default if value is None else value
+
+
+def _ints(values):
+    return [int(v) for v in values]
+
+
+def _scalar(expr):
+    """A PrimValue argument's number (clip's bounds), or None."""
+    value = getattr(expr, "value", None)
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def _walk_vars(expr, found):
+    """Appends every Var expr mentions (with repeats)."""
+    if isinstance(expr, relax.Var):
+        found.append(expr)
+    elif isinstance(expr, relax.Call):
+        for a in expr.args:
+            _walk_vars(a, found)
+    elif isinstance(expr, relax.Tuple):
+        for a in expr.fields:
+            _walk_vars(a, found)
+    elif isinstance(expr, relax.TupleGetItem):
+        _walk_vars(expr.tuple_value, found)
+    elif isinstance(expr, relax.SeqExpr):
+        for block in expr.blocks:
+            for b in block.bindings:
+                _walk_vars(b.value, found)
+        _walk_vars(expr.body, found)
+    elif isinstance(expr, relax.If):
+        _walk_vars(expr.cond, found)
+        _walk_vars(expr.true_branch, found)
+        _walk_vars(expr.false_branch, found)
+
+
+class _Bindings:
+    """What one function's variables are bound to, who uses them and how often."""
+
+    def __init__(self, func):
+        self.value = {}
+        self.users = {}
+        self.uses = {}
+        body = func.body
+        for block in body.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                if isinstance(binding, relax.VarBinding):
+                    self.value[binding.var] = value
+                mentioned = []
+                _walk_vars(value, mentioned)
+                for v in mentioned:
+                    self.uses[v] = self.uses.get(v, 0) + 1
+                    self.users.setdefault(v, [])
+                    if binding.var not in self.users[v]:
+                        self.users[v].append(binding.var)
+        mentioned = []
+        _walk_vars(body.body, mentioned)
+        for v in mentioned:
+            self.uses[v] = self.uses.get(v, 0) + 1
+
+    def bound(self, expr):
+        """What a variable is bound to (None for parameters and non-variables)."""
+        return self.value.get(expr) if isinstance(expr, relax.Var) else None
+
+    def only_user(self, var):
+        """The one binding that uses var, if var is a dataflow variable used exactly once (so that
+        folding it away changes nothing else)."""
+        if not isinstance(var, relax.DataflowVar) or self.uses.get(var, 0) != 1:
+            return None
+        users = self.users.get(var, [])
+        return users[0] if len(users) == 1 else None
+
+    def const(self, expr):
+        """expr's value as a numpy array when it is a constant, or a reshape or transpose of one."""
+        if isinstance(expr, tvm.ir.expr.GenericConst):
+            return expr.value.numpy()
+        bound = self.bound(expr)
+        if bound is None or not isinstance(bound, relax.Call):
+            return None
+        name = _op_name(bound)
+        if name == "relax.reshape":
+            inner, dims = self.const(bound.args[0]), _dims(expr)
+            if inner is None or dims is None or not all(isinstance(d, int) for d in dims):
+                return None
+            return inner.reshape(dims)
+        if name == "relax.permute_dims":
+            inner = self.const(bound.args[0])
+            if inner is None:
+                return None
+            axes = _attr(bound, "axes")
+            return np.transpose(inner, None if axes is None else _ints(axes))
+        return None
+
+
+# ---- the epilogue ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Epilogue:
+    alpha: float = 1.0
+    bias: object = None  # numpy array
+    residual: object = None  # a Relax expression laid out as the output
+    act: str = "none"
+    lo: float = 0.0
+    hi: float = 0.0
+    out_perm: object = None  # matmul only: permutation of the result
+    bn: object = None  # conv only: (gamma, beta, mean, var, eps) arrays to fold into the weights
+    absorbed: list = field(default_factory=list)
+
+    def scalars(self):
+        return relax.const(np.array([self.alpha, self.lo, self.hi], np.float32))
+
+
+_ACTIVATIONS = {
+    "relax.nn.relu": "relu",
+    "relax.nn.gelu": "gelu",
+    "relax.nn.gelu_tanh": "gelu_tanh",
+    "relax.nn.silu": "silu",
+    "relax.sigmoid": "sigmoid",
+}
+
+
+def _close(x, y):
+    return x is not None and abs(x - y) <= 1e-6 * max(1.0, abs(y))
+
+
+class _Planner:
+    """Finds what each anchor absorbs and what replaces the last binding it absorbs."""
+
+    def __init__(self, func):
+        self.b = _Bindings(func)
+        self.replace = {}  # Call (the value of the binding replaced) -> its replacement
+
+    # -- small matchers --
+
+    def _scalar_const(self, expr):
+        c = self.b.const(expr)
+        if c is None or c.size != 1 or c.dtype != np.float32:
+            return None
+        return float(c.reshape(()))
+
+    def _other(self, call, var):
+        """The operand of a binary call that is not var (None if var is not exactly one of them)."""
+        a, b = call.args[0], call.args[1]
+        if a.same_as(var) and not b.same_as(var):
+            return b
+        if b.same_as(var) and not a.same_as(var):
+            return a
+        return None
+
+    def _gelu_tail(self, x):
+        """If x feeds an erf-GELU written out (x * 0.5 * (1 + erf(x / sqrt 2)), in any order of the
+        products), the variable holding its result, and the bindings in between; else None."""
+        users = self.b.users.get(x, [])
+        if not isinstance(x, relax.DataflowVar) or self.b.uses.get(x) != 2 or len(users) != 2:
+            return None
+        for scaled in users:
+            call = self.b.value.get(scaled)
+            name = _op_name(call)
+            c = self._scalar_const(call.args[1]) if name in ("relax.divide", "relax.multiply") else None
+            if not call.args[0].same_as(x) or not (
+                (name == "relax.divide" and _close(c, math.sqrt(2.0)))
+                or (name == "relax.multiply" and _close(c, math.sqrt(0.5)))
+            ):
+                continue
+            erf = self.b.only_user(scaled)
+            if erf is None or _op_name(self.b.value[erf]) != "relax.erf":
+                continue
+            one = self.b.only_user(erf)
+            if one is None or _op_name(self.b.value[one]) != "relax.add":
+                continue
+            other = self._other(self.b.value[one], erf)
+            if other is None or not _close(self._scalar_const(other), 1.0):
+                continue
+            # Climb the products from (1 + erf) until they hold x, 0.5 and (1 + erf).
+            inner = {scaled, erf, one}
+            var = one
+            factors = [one]
+            while True:
+                user = self.b.only_user(var)
+                if user is None or _op_name(self.b.value[user]) != "relax.multiply":
+                    return None
+                call = self.b.value[user]
+                factors.append(self._other(call, var))
+                inner.add(user)
+                var = user
+                rest = [f for f in factors[1:]]
+                has_x = any(f is not None and f.same_as(x) for f in rest)
+                halves = [f for f in rest if f is not None and not f.same_as(x) and _close(self._scalar_const(f), 0.5)]
+                if len(rest) == 2 and has_x and len(halves) == 1:
+                    return var, list(inner)
+                if len(rest) >= 2:
+                    return None
+        return None
+
+    def _epilogue_step(self, kind, tail, ep, out_dims):
+        """Absorbs the operator after tail into ep, returning the new tail, or None."""
+        gelu = self._gelu_tail(tail) if ep.act == "none" else None
+        if gelu is not None:
+            ep.act = "gelu"
+            ep.absorbed.extend(gelu[1])
+            return gelu[0]
+        user = self.b.only_user(tail)
+        if user is None:
+            return None
+        call = self.b.value.get(user)
+        name = _op_name(call)
+        fresh = ep.act == "none" and ep.residual is None and ep.out_perm is None
+        if name == "relax.nn.batch_norm" and kind == "conv" and fresh and ep.bn is None:
+            return self._batch_norm(call, user, ep)
+        if call is None or not _is_f32_tensor(user):
+            return None
+        if name in ("relax.multiply", "relax.divide") and fresh and ep.bias is None and ep.bn is None:
+            c = self._scalar_const(self._other(call, tail)) if self._other(call, tail) is not None else None
+            if c is None or (name == "relax.divide" and call.args[0].same_as(tail) is False) or c == 0.0:
+                return None
+            ep.alpha = ep.alpha * c if name == "relax.multiply" else ep.alpha / c
+            return user
+        if name == "relax.add" and fresh:
+            other = self._other(call, tail)
+            if other is None:
+                return None
+            value = self.b.const(other)
+            if value is not None and ep.bias is None and ep.bn is None:
+                bias = self._bias(kind, value, out_dims)
+                if bias is not None:
+                    ep.bias = bias
+                    return user
+                return None
+            if value is None and _same_dims(_dims(other), out_dims) and _is_f32_tensor(other):
+                ep.residual = other
+                return user
+            return None
+        if name in _ACTIVATIONS and ep.act == "none":
+            ep.act = _ACTIVATIONS[name]
+            return user
+        if name == "relax.clip" and ep.act == "none":
+            lo, hi = _scalar(call.args[1]), _scalar(call.args[2])
+            if lo is None or hi is None:
+                return None
+            ep.act, ep.lo, ep.hi = "clip", lo, hi
+            return user
+        if name == "relax.permute_dims" and kind == "matmul" and ep.out_perm is None and ep.residual is None:
+            axes = _attr(call, "axes")
+            rank = len(out_dims)
+            ep.out_perm = list(range(rank))[::-1] if axes is None else [a % rank for a in _ints(axes)]
+            return user
+        return None
+
+    def _bias(self, kind, value, out_dims):
+        """A bias that broadcasts along the output's channels only, as a 1-D array; else None."""
+        channels = out_dims[1] if kind == "conv" else out_dims[-1]
+        if not isinstance(channels, int):
+            return None
+        shape = list(value.shape)
+        if kind == "conv":
+            wanted = [[channels], [channels, 1, 1], [1, channels, 1, 1]]
+        else:
+            wanted = [[1] * i + [channels] for i in range(len(out_dims))]
+        if shape not in wanted or value.dtype != np.float32:
+            return None
+        return value.reshape(channels)
+
+    def _batch_norm(self, call, user, ep):
+        """Inference batch norm over the channels, every parameter constant, only its first output
+        used: folded into the convolution's weights and bias."""
+        if _attr(call, "training", False) or int(_attr(call, "axis", 1)) != 1:
+            return None
+        params = [self.b.const(a) for a in call.args[1:5]]
+        if any(p is None for p in params):
+            return None
+        getters = self.b.users.get(user, [])
+        first = None
+        for g in getters:
+            value = self.b.value.get(g)
+            if not isinstance(value, relax.TupleGetItem):
+                return None
+            if value.index == 0:
+                first = g
+            elif self.b.uses.get(g, 0) != 0:
+                return None
+        if first is None or not isinstance(first, relax.DataflowVar):
+            return None
+        gamma, beta, mean, var = params
+        if not _attr(call, "scale", True):
+            gamma = np.ones_like(gamma)
+        if not _attr(call, "center", True):
+            beta = np.zeros_like(beta)
+        ep.bn = (gamma, beta, mean, var, float(_attr(call, "epsilon", 1e-5)))
+        ep.absorbed.append(user)
+        return first
+
+    def _absorb(self, kind, anchor, out_dims):
+        ep = _Epilogue()
+        tail = anchor
+        while True:
+            nxt = self._epilogue_step(kind, tail, ep, _dims(tail) if kind == "matmul" else out_dims)
+            if nxt is None:
+                return tail, ep
+            ep.absorbed.append(tail)
+            tail = nxt
+
+    # -- anchors --
+
+    def _finish(self, tail, kernel, args):
+        """Replaces the binding of tail with a call of kernel."""
+        value = self.b.value[tail]
+        self.replace[value] = relax.call_dps_packed(kernel, args, out_ty=_type(tail))
+
+    def _perm_operand(self, expr):
+        """An operand with a permute_dims in front of it read through the permutation instead:
+        (tensor, axes or None)."""
+        bound = self.b.bound(expr)
+        if _op_name(bound) == "relax.permute_dims" and _is_f32_tensor(bound.args[0]):
+            inner = bound.args[0]
+            rank = len(_dims(inner) or [])
+            axes = _attr(bound, "axes")
+            return inner, (list(range(rank))[::-1] if axes is None else [a % rank for a in _ints(axes)])
+        return expr, None
+
+    def matmul(self, var, call):
+        a, b = call.args[0], call.args[1]
+        out_dtype = _attr(call, "out_dtype")
+        if not (_is_f32_tensor(a) and _is_f32_tensor(b) and _is_f32_tensor(var)):
+            return
+        if out_dtype not in (None, "", F32) and str(out_dtype) not in ("", F32, "void"):
+            return
+        da, db = _dims(a), _dims(b)
+        if da is None or db is None or len(da) < 1:
+            return
+        weight = self.b.const(b)
+        if weight is not None and weight.ndim == 2:
+            tail, ep = self._absorb("dense", var, _dims(var))
+            ep.out_perm = None
+            args = [a, relax.const(pack_columns(weight)), self._bias_arg(ep), self._residual_arg(ep)]
+            self._finish(tail, "relaxc.dense", args + [relax.expr.String(ep.act), ep.scalars()])
+            return
+        pa, a_perm = self._perm_operand(a)
+        pb, b_perm = self._perm_operand(b)
+        if len(_dims(pa) or []) < 2 or len(_dims(pb) or []) < 2:
+            return
+        tail, ep = self._absorb("matmul", var, _dims(var))
+        args = [pa, pb, self._bias_arg(ep), self._residual_arg(ep), self._shape(a_perm), self._shape(b_perm),
+                self._shape(ep.out_perm), relax.expr.String(ep.act), ep.scalars()]
+        self._finish(tail, "relaxc.matmul", args)
+
+    def conv2d(self, var, call):
+        x, w = call.args[0], call.args[1]
+        if not (_is_f32_tensor(x) and _is_f32_tensor(var)):
+            return
+        if (_attr(call, "data_layout") != "NCHW" or _attr(call, "kernel_layout") != "OIHW"
+                or _attr(call, "out_layout", "NCHW") != "NCHW"):
+            return
+        weight = self.b.const(w)
+        dx, dout = _dims(x), _dims(var)
+        if weight is None or weight.dtype != np.float32 or dx is None or dout is None or not isinstance(dx[1], int):
+            return
+        groups = int(_attr(call, "groups", 1))
+        strides, dilation = _ints(_attr(call, "strides")), _ints(_attr(call, "dilation"))
+        padding = _ints(_attr(call, "padding"))
+        if len(padding) == 2:
+            padding = padding * 2
+        oc, _, kh, kw = weight.shape
+        tail, ep = self._absorb("conv", var, dout)
+        bias = ep.bias
+        if ep.bn is not None:
+            gamma, beta, mean, variance = (np.asarray(p, np.float64) for p in ep.bn[:4])
+            eps = ep.bn[4]
+            scale = gamma / np.sqrt(variance + eps)
+            weight = (weight.astype(np.float64) * scale.reshape(-1, 1, 1, 1)).astype(np.float32)
+            base = np.zeros(oc) if bias is None else bias.astype(np.float64)
+            bias = ((base - mean) * scale + beta).astype(np.float32)
+        params = [kh, kw, strides[0], strides[1], padding[0], padding[1], padding[2], padding[3], dilation[0],
+                  dilation[1], groups]
+        depthwise = groups == dx[1] and groups == oc and weight.shape[1] == 1
+        kernel = "relaxc.conv2d_depthwise" if depthwise else "relaxc.conv2d"
+        w_arg = relax.const(np.ascontiguousarray(weight)) if depthwise else relax.const(pack_conv(weight, groups))
+        ep.bias = bias
+        args = [x, w_arg, self._bias_arg(ep), self._residual_arg(ep), relax.ShapeExpr(params),
+                relax.expr.String(ep.act), ep.scalars()]
+        self._finish(tail, kernel, args)
+
+    def pool(self, var, call, name):
+        x = call.args[0]
+        if not (_is_f32_tensor(x) and _is_f32_tensor(var)) or _dims(x) is None or len(_dims(x)) != 4:
+            return
+        if _attr(call, "layout", "NCHW") != "NCHW" or _attr(call, "out_layout", "NCHW") != "NCHW":
+            return
+        if name == "relax.nn.adaptive_avg_pool2d":
+            size = _attr(call, "output_size")
+            if size is None or _ints(size) not in ([1, 1], [1]):
+                return
+            self._finish(var, "relaxc.global_avg_pool2d", [x])
+            return
+        if _attr(call, "ceil_mode", False):
+            return
+        k, s, d = _ints(_attr(call, "pool_size")), _ints(_attr(call, "strides")), _ints(_attr(call, "dilation"))
+        p = _ints(_attr(call, "padding"))
+        if len(p) == 2:
+            p = p * 2
+        params = relax.ShapeExpr([k[0], k[1], s[0], s[1], p[0], p[1], p[2], p[3], d[0], d[1]])
+        if name == "relax.nn.max_pool2d":
+            self._finish(var, "relaxc.max_pool2d", [x, params])
+        else:
+            include = int(bool(_attr(call, "count_include_pad", False)))
+            self._finish(var, "relaxc.avg_pool2d", [x, params, relax.prim_value(include)])
+
+    def mean(self, var, call):
+        x = call.args[0]
+        dims = _dims(x)
+        if not (_is_f32_tensor(x) and _is_f32_tensor(var)) or dims is None or len(dims) != 4:
+            return
+        axes = _attr(call, "axis")
+        if axes is None or sorted(a % 4 for a in _ints(axes)) != [2, 3] or not _attr(call, "keepdims", False):
+            return
+        self._finish(var, "relaxc.global_avg_pool2d", [x])
+
+    def softmax(self, var, call):
+        x = call.args[0]
+        dims = _dims(x)
+        if not (_is_f32_tensor(x) and _is_f32_tensor(var)) or dims is None:
+            return
+        if int(_attr(call, "axis", -1)) % len(dims) != len(dims) - 1:
+            return
+        self._finish(var, "relaxc.softmax", [x])
+
+    def norm(self, var, call, name):
+        x = call.args[0]
+        dims = _dims(x)
+        if not (_is_f32_tensor(x) and _is_f32_tensor(var)) or dims is None or not dims:
+            return
+        axes = _ints(_attr(call, "axes", []))
+        if [a % len(dims) for a in axes] != [len(dims) - 1]:
+            return
+        eps = relax.const(np.array([float(_attr(call, "epsilon", 1e-5))], np.float32))
+        if name == "relax.nn.rms_norm":
+            self._finish(var, "relaxc.rms_norm", [x, call.args[1], eps])
+            return
+        if not _attr(call, "scale", True):
+            return
+        beta = call.args[2] if _attr(call, "center", True) else relax.op.null_value()
+        self._finish(var, "relaxc.layer_norm", [x, call.args[1], beta, eps])
+
+    # -- arguments --
+
+    @staticmethod
+    def _bias_arg(ep):
+        return relax.op.null_value() if ep.bias is None else relax.const(np.ascontiguousarray(ep.bias, np.float32))
+
+    @staticmethod
+    def _residual_arg(ep):
+        return relax.op.null_value() if ep.residual is None else ep.residual
+
+    @staticmethod
+    def _shape(perm):
+        return relax.op.null_value() if perm is None else relax.ShapeExpr(perm)
+
+    def plan(self, func):
+        """Every replacement in func: {the call a binding held: the library call replacing it}.
+        Anchors never absorb one another (what they absorb are epilogue operators), so one pass in
+        binding order finds them all."""
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                if not isinstance(binding, relax.VarBinding):
+                    continue
+                var, value = binding.var, binding.value
+                name = _op_name(value)
+                if name == "relax.matmul":
+                    self.matmul(var, value)
+                elif name == "relax.nn.conv2d":
+                    self.conv2d(var, value)
+                elif name in ("relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d"):
+                    self.pool(var, value, name)
+                elif name == "relax.mean":
+                    self.mean(var, value)
+                elif name == "relax.nn.softmax":
+                    self.softmax(var, value)
+                elif name in ("relax.nn.layer_norm", "relax.nn.rms_norm"):
+                    self.norm(var, value, name)
+        return self.replace
+
+
+@mutator
+class _Apply(PyExprMutator):
+    def __init__(self, mod, replace):
+        super().__init__(mod)
+        self.replacements = replace
+
+    def visit_call_(self, call):
+        for old, new in self.replacements.items():
+            if old.same_as(call):
+                return super().visit_call_(new)
+        return super().visit_call_(call)
+
+
+def rewrite_module(mod):
+    """A copy of the module with every covered operator calling relaxc's kernel library."""
+    mod = mod.clone()
+    for gvar, func in list(mod.functions.items()):
+        if not isinstance(func, relax.Function):
+            continue
+        replace = _Planner(func).plan(func)
+        if not replace:
+            continue
+        rewritten = _Apply(mod, replace).visit_expr(func)
+        mod[gvar] = rewritten
+    return relax.transform.DeadCodeElimination()(mod)
