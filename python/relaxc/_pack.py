@@ -1,6 +1,7 @@
 """Weights in the layouts relaxc's kernels read (runtime-kernels/src/rk.h).
 
-The GEMM's micro-kernel reads B in panels of 16 columns: ``[ceil(n / 16), k, 16]``, zero past n.
+The GEMM's micro-kernel reads B in panels of 16 columns: ``[ceil(n / 16), k, 16]``, zero past n,
+and A in strips of 6 rows: ``[ceil(m / 6), k, 6]``, zero past m.
 Weights are constants, so they are packed here once, at build time, and stored packed in the
 model: no call pays for packing, and no second copy exists.
 """
@@ -8,6 +9,7 @@ model: no call pays for packing, and no second copy exists.
 import numpy as np
 
 PANEL = 16  # RK_NR in runtime-kernels/src/rk.h
+STRIP = 6  # RK_MR
 
 
 def pack_columns(b: np.ndarray) -> np.ndarray:
@@ -19,11 +21,21 @@ def pack_columns(b: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(k, panels, PANEL).transpose(1, 0, 2))
 
 
+def pack_rows(a: np.ndarray) -> np.ndarray:
+    """A [m, k] as [ceil(m / 6), k, 6] float32: strips of 6 rows, zero past m."""
+    m, k = a.shape
+    strips = -(-m // STRIP)
+    padded = np.zeros((strips * STRIP, k), np.float32)
+    padded[:m] = a
+    return np.ascontiguousarray(padded.reshape(strips, STRIP, k).transpose(0, 2, 1))
+
+
 def pack_conv(w: np.ndarray, groups: int) -> np.ndarray:
-    """Convolution weights [oc, c / groups, kh, kw] as [groups, ceil(oc / groups / 16), k, 16],
-    with the reduction k = (c / groups) * kh * kw ordered (channel, row, column)."""
+    """Convolution weights [oc, c / groups, kh, kw] as the GEMM's A per group:
+    [groups, ceil(oc / groups / 6), k, 6], the reduction k = (c / groups) * kh * kw ordered
+    (channel, row, column)."""
     oc = w.shape[0]
     per_group = oc // groups
     k = int(np.prod(w.shape[1:]))
     rows = w.reshape(groups, per_group, k)
-    return np.stack([pack_columns(rows[g].T) for g in range(groups)])
+    return np.stack([pack_rows(rows[g]) for g in range(groups)])

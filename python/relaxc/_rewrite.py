@@ -166,7 +166,82 @@ class _Bindings:
                 return None
             axes = _attr(bound, "axes")
             return np.transpose(inner, None if axes is None else _ints(axes))
+        if name in _ELEMENTWISE:
+            operands = [self.const(a) for a in bound.args]
+            if any(o is None for o in operands):
+                return None
+            with np.errstate(all="ignore"):
+                return np.asarray(_ELEMENTWISE[name](*operands))
         return None
+
+
+# ---- activations written out as several operators -----------------------------------------------
+
+_ELEMENTWISE = {
+    "relax.add": np.add,
+    "relax.subtract": np.subtract,
+    "relax.multiply": np.multiply,
+    "relax.divide": np.divide,
+    "relax.power": np.power,
+    "relax.negative": np.negative,
+    "relax.erf": lambda x: np.vectorize(math.erf, otypes=[np.float64])(x),
+    "relax.tanh": np.tanh,
+    "relax.exp": np.exp,
+    "relax.sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "relax.sqrt": np.sqrt,
+    "relax.maximum": np.maximum,
+    "relax.minimum": np.minimum,
+    "relax.isnan": np.isnan,
+    "relax.where": np.where,
+}
+
+# TVM's ONNX importer lowers some operators (Clip with tensor bounds) straight to TIR kernels
+# named after the topi function: these are recognised by that name.
+_TIR_ELEMENTWISE = {"maximum": np.maximum, "minimum": np.minimum}
+
+
+def _tir_elementwise(call):
+    """For a call_tir of one of _TIR_ELEMENTWISE: (function, operands); else None."""
+    if _op_name(call) != "relax.call_tir" or not isinstance(call.args[0], relax.GlobalVar):
+        return None
+    base = call.args[0].name_hint.rstrip("0123456789")
+    operands = call.args[1]
+    if base not in _TIR_ELEMENTWISE or not isinstance(operands, relax.Tuple) or len(operands.fields) != 2:
+        return None
+    return _TIR_ELEMENTWISE[base], list(operands.fields)
+
+
+_SAMPLES = np.concatenate([np.linspace(-8.0, 8.0, 161), [-50.0, -20.0, -3.3, -0.1, 0.1, 0.77, 3.3, 20.0, 50.0]])
+
+
+def _erf(x):
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+# Activations a region may compute, by the name the kernels know them by.
+_KNOWN = {
+    "gelu": lambda x: 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0))),
+    "gelu_tanh": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
+    "silu": lambda x: x / (1.0 + np.exp(-x)),
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "relu": lambda x: np.maximum(x, 0.0),
+}
+
+
+def _identify(f):
+    """The activation f computes ("clip", lo, hi for a clip), judged on sample points; else None."""
+    x = _SAMPLES
+    with np.errstate(all="ignore"):
+        y = np.asarray(f(x), np.float64)
+        if y.shape != x.shape or not np.all(np.isfinite(y)):
+            return None
+        for name, g in _KNOWN.items():
+            if np.allclose(y, g(x), rtol=1e-5, atol=1e-6):
+                return name, 0.0, 0.0
+        lo, hi = float(y[0]), float(y[-1])
+        if lo < hi and np.allclose(y, np.clip(x, lo, hi), rtol=1e-6, atol=1e-7):
+            return "clip", lo, hi
+    return None
 
 
 # ---- the epilogue ---------------------------------------------------------------------------------
@@ -207,6 +282,9 @@ class _Planner:
     def __init__(self, func):
         self.b = _Bindings(func)
         self.replace = {}  # Call (the value of the binding replaced) -> its replacement
+        self.taken = set()  # variables an anchor absorbed: no other anchor may take them too
+        self.order = [b.var for block in func.body.blocks for b in block.bindings]
+        self.position = {v: i for i, v in enumerate(self.order)}
 
     # -- small matchers --
 
@@ -225,60 +303,85 @@ class _Planner:
             return a
         return None
 
-    def _gelu_tail(self, x):
-        """If x feeds an erf-GELU written out (x * 0.5 * (1 + erf(x / sqrt 2)), in any order of the
-        products), the variable holding its result, and the bindings in between; else None."""
-        users = self.b.users.get(x, [])
-        if not isinstance(x, relax.DataflowVar) or self.b.uses.get(x) != 2 or len(users) != 2:
+    def _elementwise(self, call):
+        """(numpy function, operands) of an elementwise call; None for anything else."""
+        name = _op_name(call)
+        if name in _ELEMENTWISE:
+            return _ELEMENTWISE[name], list(call.args)
+        return _tir_elementwise(call)
+
+    def _activation_region(self, x, order):
+        """If the bindings after x that only x (and constants) feed compute an activation of x and
+        leave through one variable, (that variable, (act, lo, hi), the bindings); else None."""
+        region, members = [], {x}
+        start = self.position.get(x)
+        if start is None:
             return None
-        for scaled in users:
-            call = self.b.value.get(scaled)
-            name = _op_name(call)
-            c = self._scalar_const(call.args[1]) if name in ("relax.divide", "relax.multiply") else None
-            if not call.args[0].same_as(x) or not (
-                (name == "relax.divide" and _close(c, math.sqrt(2.0)))
-                or (name == "relax.multiply" and _close(c, math.sqrt(0.5)))
-            ):
+        idle = 0
+        for var in order[start + 1:]:
+            # Activations follow their input closely; do not scan the rest of a long function.
+            idle += 1
+            if idle > 64:
+                break
+            call = self.b.value.get(var)
+            found = self._elementwise(call) if call is not None else None
+            if found is None or var in self.taken:
                 continue
-            erf = self.b.only_user(scaled)
-            if erf is None or _op_name(self.b.value[erf]) != "relax.erf":
+            _, operands = found
+            inputs = [o for o in operands if isinstance(o, relax.Var) and o in members]
+            if not inputs or not all(o in members or self._scalar_const_any(o) for o in operands):
                 continue
-            one = self.b.only_user(erf)
-            if one is None or _op_name(self.b.value[one]) != "relax.add":
+            region.append(var)
+            members.add(var)
+            idle = 0
+        # The largest closed sub-region computing a known activation (x and every binding but the
+        # exit used only inside it): max(x, 0) then min(., 6) is one clip, not a relu and a min.
+        for tail in reversed(region):
+            inside = [v for v in region if self._reaches(v, tail, region)]
+            closed = set(inside) | {x}
+            if any(self._used_outside(v, closed) for v in [x] + inside if not v.same_as(tail)):
                 continue
-            other = self._other(self.b.value[one], erf)
-            if other is None or not _close(self._scalar_const(other), 1.0):
-                continue
-            # Climb the products from (1 + erf) until they hold x, 0.5 and (1 + erf).
-            inner = {scaled, erf, one}
-            var = one
-            factors = [one]
-            while True:
-                user = self.b.only_user(var)
-                if user is None or _op_name(self.b.value[user]) != "relax.multiply":
-                    return None
-                call = self.b.value[user]
-                factors.append(self._other(call, var))
-                inner.add(user)
-                var = user
-                rest = [f for f in factors[1:]]
-                has_x = any(f is not None and f.same_as(x) for f in rest)
-                halves = [f for f in rest if f is not None and not f.same_as(x) and _close(self._scalar_const(f), 0.5)]
-                if len(rest) == 2 and has_x and len(halves) == 1:
-                    return var, list(inner)
-                if len(rest) >= 2:
-                    return None
+
+            def evaluate(samples, inside=inside, tail=tail):
+                values = {x: samples}
+                for var in inside:
+                    fn, operands = self._elementwise(self.b.value[var])
+                    args = [values[o] if isinstance(o, relax.Var) and o in values else self.b.const(o) for o in operands]
+                    values[var] = fn(*args)
+                return values[tail]
+
+            act = _identify(evaluate)
+            if act is not None:
+                return tail, act, inside
         return None
+
+    def _scalar_const_any(self, expr):
+        """expr is a constant of one element (of any dtype: a bool from isnan, a float)."""
+        if isinstance(expr, relax.Var) and self.b.value.get(expr) is None:
+            return False
+        c = self.b.const(expr)
+        return c is not None and c.size == 1
+
+    def _used_outside(self, var, members):
+        if not isinstance(var, relax.DataflowVar):
+            return True
+        return any(u not in members for u in self.b.users.get(var, []))
+
+    def _reaches(self, var, tail, region):
+        """var feeds tail within the region (or is tail)."""
+        if var.same_as(tail):
+            return True
+        return any(u in region and self._reaches(u, tail, region) for u in self.b.users.get(var, []))
 
     def _epilogue_step(self, kind, tail, ep, out_dims):
         """Absorbs the operator after tail into ep, returning the new tail, or None."""
-        gelu = self._gelu_tail(tail) if ep.act == "none" else None
-        if gelu is not None:
-            ep.act = "gelu"
-            ep.absorbed.extend(gelu[1])
-            return gelu[0]
+        region = self._activation_region(tail, self.order) if ep.act == "none" else None
+        if region is not None:
+            last, (ep.act, ep.lo, ep.hi), inside = region
+            ep.absorbed.extend(v for v in inside if not v.same_as(last))
+            return last
         user = self.b.only_user(tail)
-        if user is None:
+        if user is None or user in self.taken:
             return None
         call = self.b.value.get(user)
         name = _op_name(call)
@@ -373,9 +476,12 @@ class _Planner:
         while True:
             nxt = self._epilogue_step(kind, tail, ep, _dims(tail) if kind == "matmul" else out_dims)
             if nxt is None:
-                return tail, ep
+                break
             ep.absorbed.append(tail)
             tail = nxt
+        self.taken.update(ep.absorbed)
+        self.taken.add(tail)
+        return tail, ep
 
     # -- anchors --
 
@@ -559,15 +665,20 @@ class _Planner:
 
 @mutator
 class _Apply(PyExprMutator):
+    """Replaces the value of each binding the planner chose (a call, or the tuple item batch norm
+    leaves behind) with its library call."""
+
     def __init__(self, mod, replace):
         super().__init__(mod)
         self.replacements = replace
 
     def visit_call_(self, call):
-        for old, new in self.replacements.items():
-            if old.same_as(call):
-                return super().visit_call_(new)
-        return super().visit_call_(call)
+        new = self.replacements.get(call)
+        return super().visit_call_(new if new is not None else call)
+
+    def visit_tuple_getitem_(self, item):
+        new = self.replacements.get(item)
+        return self.visit_expr(new) if new is not None else super().visit_tuple_getitem_(item)
 
 
 def rewrite_module(mod):

@@ -3,12 +3,12 @@
  * blocking, the epilogue and the split over the thread pool.
  *
  * The loop nest is BLIS's: B in panels of RK_NR columns ([panel][k][NR]), A packed per block of
- * MC rows into strips of RK_MR, the reduction cut into RK_KC steps so that a strip of A and a
+ * MC rows into strips of RK_MR, the reduction cut into blocks of rk_kc(k) steps so that a strip of A and a
  * panel of B stay in L1/L2 while the micro-kernel runs. Weights that relaxc.tvm prepacked are
  * used in place; other B operands are packed once per call.
  *
- * Bits: every element sums its first RK_KC products in the micro-kernel, adds that to C, then
- * the next RK_KC, and so on: the order depends on k alone. The pool splits whole blocks of
+ * Bits: every element sums its first rk_kc(k) products in the micro-kernel, adds that to C,
+ * then the next block, and so on: the order depends on k alone. The pool splits whole blocks of
  * output (rows, columns, batch) between tasks, so any thread count gives the same bits.
  */
 #include <string.h>
@@ -27,6 +27,11 @@ rk_epilogue rk_epilogue_none(void) {
   rk_epilogue ep = {0};
   ep.alpha = 1.0f;
   return ep;
+}
+
+int64_t rk_kc(int64_t k) {
+  int64_t blocks = (k + RK_KC - 1) / RK_KC;
+  return blocks <= 1 ? k : (k + blocks - 1) / blocks;
 }
 
 /* ---- packing --------------------------------------------------------------------------------- */
@@ -151,29 +156,38 @@ typedef struct gemm_job {
   const rk_gemm *problems;
   int64_t count;
   int64_t m_blocks, n_blocks, panels_per_block; /* per problem (all share the shapes) */
+  int64_t mc;                                    /* rows per block */
   const float *const *b_packed;                  /* per problem */
   rk_ukernel_fn ukernel;
   rk_gemv4_fn gemv4;
 } gemm_job;
 
-/* Computes rows [m_begin, m_end) and column panels [p_begin, p_end) of one product. */
+/* Computes rows [m_begin, m_end) and column panels [p_begin, p_end) of one product, one block of
+ * rk_kc(k) reduction steps at a time: A's strips (packed here unless prepacked) and B's panels
+ * (gathered here when B has a packer) for the block, then every strip against every panel. */
 static void run_block(const gemm_job *job, const rk_gemm *g, const float *b_packed, int64_t m_begin, int64_t m_end,
-                      int64_t p_begin, int64_t p_end, float *a_pack) {
+                     int64_t p_begin, int64_t p_end, float *a_pack, float *b_block) {
   float tile[RK_MR * RK_NR] __attribute__((aligned(64)));
   int64_t strips = (m_end - m_begin + RK_MR - 1) / RK_MR;
-  for (int64_t k0 = 0; k0 < g->k; k0 += RK_KC) {
-    int64_t kc = g->k - k0 < RK_KC ? g->k - k0 : RK_KC;
+  int64_t step = rk_kc(g->k);
+  for (int64_t k0 = 0; k0 < g->k; k0 += step) {
+    int64_t kc = g->k - k0 < step ? g->k - k0 : step;
     bool first = k0 == 0, last = k0 + kc == g->k;
-    for (int64_t s = 0; s < strips; s++) {
-      int64_t i0 = m_begin + s * RK_MR, mr = m_end - i0 < RK_MR ? m_end - i0 : RK_MR;
-      g->pack_a(g->a, i0, mr, k0, kc, a_pack + s * kc * RK_MR);
-    }
+    if (!g->a_packed)
+      for (int64_t s = 0; s < strips; s++) {
+        int64_t i0 = m_begin + s * RK_MR, mr = m_end - i0 < RK_MR ? m_end - i0 : RK_MR;
+        g->pack_a(g->a, i0, mr, k0, kc, a_pack + s * kc * RK_MR);
+      }
+    if (g->pack_b) g->pack_b(g->b_source, p_begin, p_end - p_begin, k0, kc, b_block);
+    /* A panel of B stays in L1 while the strips of A stream past it from L2. */
     for (int64_t p = p_begin; p < p_end; p++) {
-      const float *panel = b_packed + (p * g->k + k0) * RK_NR;
+      const float *panel = g->pack_b ? b_block + (p - p_begin) * kc * RK_NR : b_packed + (p * g->k + k0) * RK_NR;
       int64_t j0 = p * RK_NR, nr = g->n - j0 < RK_NR ? g->n - j0 : RK_NR;
       for (int64_t s = 0; s < strips; s++) {
         int64_t i0 = m_begin + s * RK_MR, mr = m_end - i0 < RK_MR ? m_end - i0 : RK_MR;
-        job->ukernel(kc, a_pack + s * kc * RK_MR, panel, tile, (int)mr);
+        const float *strip =
+            g->a_packed ? g->a_packed + ((i0 / RK_MR) * g->k + k0) * RK_MR : a_pack + s * kc * RK_MR;
+        job->ukernel(kc, strip, panel, tile, (int)mr);
         store_tile(g, tile, i0, mr, j0, nr, first, last);
       }
     }
@@ -185,23 +199,33 @@ static void run_block(const gemm_job *job, const rk_gemm *g, const float *b_pack
  * the weights stream from memory in the order they are laid out. */
 enum { RK_STREAM_ROWS = 3 * RK_MR };
 
+/* Rows [*begin, *end) of strip s when m rows are cut into `strips` strips of nearly equal size:
+ * 7 rows as 4 + 3, not 6 + 1, whose 1-row strip would wait on its two chains of adds. The sums of
+ * an element do not depend on which rows share its strip. */
+static void balanced_strip(int64_t m, int64_t strips, int64_t s, int64_t *begin, int64_t *end) {
+  int64_t base = m / strips, extra = m % strips;
+  *begin = s * base + (s < extra ? s : extra);
+  *end = *begin + base + (s < extra ? 1 : 0);
+}
+
 static void run_streaming(const gemm_job *job, const rk_gemm *g, const float *b_packed, int64_t p_begin, int64_t p_end,
                           float *a_pack) {
   float tile[RK_MR * RK_NR] __attribute__((aligned(64)));
-  int64_t strips = (g->m + RK_MR - 1) / RK_MR;
+  int64_t strips = (g->m + RK_MR - 1) / RK_MR, step = rk_kc(g->k);
   for (int64_t s = 0; s < strips; s++) {
-    int64_t i0 = s * RK_MR, mr = g->m - i0 < RK_MR ? g->m - i0 : RK_MR;
-    for (int64_t k0 = 0; k0 < g->k; k0 += RK_KC) {
-      int64_t kc = g->k - k0 < RK_KC ? g->k - k0 : RK_KC;
-      g->pack_a(g->a, i0, mr, k0, kc, a_pack + (s * g->k + k0) * RK_MR);
+    int64_t i0, i1;
+    balanced_strip(g->m, strips, s, &i0, &i1);
+    for (int64_t k0 = 0; k0 < g->k; k0 += step) {
+      int64_t kc = g->k - k0 < step ? g->k - k0 : step;
+      g->pack_a(g->a, i0, i1 - i0, k0, kc, a_pack + (s * g->k + k0) * RK_MR);
     }
   }
   int64_t p = p_begin;
   if (g->m == 1) {
     float tiles[4 * RK_NR] __attribute__((aligned(64)));
     for (; p + 4 <= p_end; p += 4)
-      for (int64_t k0 = 0; k0 < g->k; k0 += RK_KC) {
-        int64_t kc = g->k - k0 < RK_KC ? g->k - k0 : RK_KC;
+      for (int64_t k0 = 0; k0 < g->k; k0 += step) {
+        int64_t kc = g->k - k0 < step ? g->k - k0 : step;
         job->gemv4(kc, a_pack + k0 * RK_MR, b_packed + (p * g->k + k0) * RK_NR, g->k * RK_NR, tiles);
         for (int q = 0; q < 4; q++) {
           int64_t j0 = (p + q) * RK_NR, nr = g->n - j0 < RK_NR ? g->n - j0 : RK_NR;
@@ -211,13 +235,14 @@ static void run_streaming(const gemm_job *job, const rk_gemm *g, const float *b_
   }
   for (; p < p_end; p++) {
     int64_t j0 = p * RK_NR, nr = g->n - j0 < RK_NR ? g->n - j0 : RK_NR;
-    for (int64_t k0 = 0; k0 < g->k; k0 += RK_KC) {
-      int64_t kc = g->k - k0 < RK_KC ? g->k - k0 : RK_KC;
+    for (int64_t k0 = 0; k0 < g->k; k0 += step) {
+      int64_t kc = g->k - k0 < step ? g->k - k0 : step;
       const float *panel = b_packed + (p * g->k + k0) * RK_NR;
       for (int64_t s = 0; s < strips; s++) {
-        int64_t i0 = s * RK_MR, mr = g->m - i0 < RK_MR ? g->m - i0 : RK_MR;
-        job->ukernel(kc, a_pack + (s * g->k + k0) * RK_MR, panel, tile, (int)mr);
-        store_tile(g, tile, i0, mr, j0, nr, k0 == 0, k0 + kc == g->k);
+        int64_t i0, i1;
+        balanced_strip(g->m, strips, s, &i0, &i1);
+        job->ukernel(kc, a_pack + (s * g->k + k0) * RK_MR, panel, tile, (int)(i1 - i0));
+        store_tile(g, tile, i0, i1 - i0, j0, nr, k0 == 0, k0 + kc == g->k);
       }
     }
   }
@@ -229,11 +254,13 @@ static int gemm_task(int task, int num_tasks, void *ctx) {
   rk_split(job->count * per_problem, task, num_tasks, &begin, &end);
   if (begin == end) return 0;
   const rk_gemm *g0 = &job->problems[0];
-  bool streaming = g0->m <= RK_STREAM_ROWS;
-  int64_t kc_max = g0->k < RK_KC ? g0->k : RK_KC;
+  bool streaming = g0->m <= RK_STREAM_ROWS && !g0->pack_b && !g0->a_packed;
+  int64_t kc_max = rk_kc(g0->k);
   size_t pack_floats = streaming ? (size_t)((g0->m + RK_MR - 1) / RK_MR * RK_MR * g0->k) : (size_t)(RK_MC * kc_max);
-  float *a_pack = rk_scratch(RK_SLOT_A_PACK, sizeof(float) * pack_floats);
-  if (!a_pack) return rk_out_of_memory("gemm");
+  float *a_pack = g0->a_packed ? NULL : rk_scratch(RK_SLOT_A_PACK, sizeof(float) * pack_floats);
+  float *b_block =
+      g0->pack_b ? rk_scratch(RK_SLOT_B_BLOCK, sizeof(float) * (size_t)(job->panels_per_block * kc_max * RK_NR)) : NULL;
+  if ((!g0->a_packed && !a_pack) || (g0->pack_b && !b_block)) return rk_out_of_memory("gemm");
   int64_t panels = (g0->n + RK_NR - 1) / RK_NR;
   for (int64_t u = begin; u < end; u++) {
     /* Consecutive units of a task share their column block, so its panels stay in cache. */
@@ -245,8 +272,8 @@ static int gemm_task(int task, int num_tasks, void *ctx) {
     if (streaming) {
       run_streaming(job, g, job->b_packed[p], p_begin, p_end, a_pack);
     } else {
-      int64_t m_begin = mb * RK_MC, m_end = m_begin + RK_MC < g->m ? m_begin + RK_MC : g->m;
-      run_block(job, g, job->b_packed[p], m_begin, m_end, p_begin, p_end, a_pack);
+      int64_t m_begin = mb * job->mc, m_end = m_begin + job->mc < g->m ? m_begin + job->mc : g->m;
+      run_block(job, g, job->b_packed[p], m_begin, m_end, p_begin, p_end, a_pack, b_block);
     }
   }
   return 0;
@@ -274,14 +301,14 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
   if (!b_packed) return rk_out_of_memory("gemm");
   size_t pack_floats = (size_t)(panels * g0->k * RK_NR);
   int64_t to_pack = 0;
-  for (int64_t p = 0; p < count; p++) to_pack += problems[p].b_packed ? 0 : 1;
+  for (int64_t p = 0; p < count; p++) to_pack += problems[p].b_packed || problems[p].pack_b ? 0 : 1;
   float *packs = NULL;
   if (to_pack) {
     packs = rk_scratch(RK_SLOT_B_PACK, sizeof(float) * pack_floats * (size_t)to_pack);
     if (!packs) return rk_out_of_memory("gemm");
   }
   for (int64_t p = 0, i = 0; p < count; p++) {
-    if (problems[p].b_packed) {
+    if (problems[p].b_packed || problems[p].pack_b) {
       b_packed[p] = problems[p].b_packed;
     } else {
       float *dst = packs + pack_floats * (size_t)i++;
@@ -290,7 +317,10 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
     }
   }
 
-  gemm_job job = {problems, count, (g0->m + RK_MC - 1) / RK_MC, 1, panels, b_packed, rk_ukernel(rk_cpu_isa()),
+  /* Prepacked A needs no packing buffer, so a block may take every row: B's gathered panels are
+   * then used by all of them. */
+  int64_t mc = g0->a_packed ? (g0->m + RK_MR - 1) / RK_MR * RK_MR : RK_MC;
+  gemm_job job = {problems, count, (g0->m + mc - 1) / mc, 1, panels, mc, b_packed, rk_ukernel(rk_cpu_isa()),
                   rk_gemv4(rk_cpu_isa())};
   double macs = (double)count * (double)g0->m * (double)g0->n * (double)g0->k;
   int64_t threads = macs < RK_PARALLEL_MIN_MACS ? 1 : rk_max_threads();

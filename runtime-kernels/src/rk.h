@@ -49,6 +49,30 @@ static inline __attribute__((always_inline)) float rk_madd(bool fused, float a, 
   return fused ? __builtin_fmaf(a, b, c) : a * b + c;
 }
 
+/* Eight floats as one value: GCC's and clang's vector extension, lowered to whatever the target
+ * has (one AVX2 register, two NEON registers, scalars). Loops written with it vectorize for
+ * sure, where the auto-vectorizer may not. */
+typedef float rk_f8 __attribute__((vector_size(32)));
+
+/* The helpers below are always inlined, so how a 32-byte vector would be passed between functions
+ * built without AVX (GCC's -Wpsabi note) never arises. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+static inline __attribute__((always_inline)) rk_f8 rk_f8_load(const float *p) {
+  rk_f8 v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
+}
+
+/* A store, as a macro: a vector parameter would draw GCC's note on 32-byte argument passing. */
+#define RK_F8_STORE(p, v)                         \
+  do {                                            \
+    rk_f8 rk_stored_ = (v);                       \
+    __builtin_memcpy((p), &rk_stored_, sizeof rk_stored_); \
+  } while (0)
+
 /* ---- scratch memory ----------------------------------------------------------------------- */
 
 /* A 64-byte aligned buffer of at least `nbytes` for the calling thread's kernel call (packing,
@@ -61,7 +85,8 @@ typedef enum {
   RK_SLOT_B_INDEX = 2,  /* where each problem's packed B is */
   RK_SLOT_PROBLEMS = 3, /* a batch's list of GEMM problems */
   RK_SLOT_INPUT = 4,    /* a padded or rearranged copy of an input */
-  RK_SCRATCH_SLOTS = 5
+  RK_SLOT_B_BLOCK = 5,  /* the GEMM's block of B gathered by its packer (every task's own thread) */
+  RK_SCRATCH_SLOTS = 6
 } rk_slot;
 RVM_HIDDEN void *rk_scratch(rk_slot slot, size_t nbytes);
 
@@ -85,6 +110,10 @@ static inline void rk_split(int64_t n, int task, int num_tasks, int64_t *begin, 
 /* The register tile of every micro-kernel: MR rows of A by NR columns of B. Packed B (weights
  * prepacked by relaxc.tvm, or packed per call) is [ceil(N/NR)][K][NR], zero past N. */
 enum { RK_MR = 6, RK_NR = 16, RK_KC = 256 };
+/* The reduction is cut into blocks of this many steps (the last may be shorter): as few blocks
+ * of at most RK_KC as k allows, of equal length, so no short block pays for a pass over C. It
+ * depends on k alone, and with it every result's summation order. */
+RVM_HIDDEN int64_t rk_kc(int64_t k);
 
 /* Activations an epilogue applies last. */
 typedef enum {
@@ -112,6 +141,9 @@ typedef struct rk_epilogue {
 /* Packs rows [m0, m0 + mr) and reduction steps [k0, k0 + kc) of A into dst[kc][RK_MR], rows past
  * mr zero. */
 typedef void (*rk_pack_a_fn)(const void *a, int64_t m0, int64_t mr, int64_t k0, int64_t kc, float *dst);
+/* Packs column panels [p0, p0 + panels) and reduction steps [k0, k0 + kc) of B into
+ * dst[panels][kc][RK_NR], columns past n zero (a convolution's pixels, gathered per block). */
+typedef void (*rk_pack_b_fn)(const void *b, int64_t p0, int64_t panels, int64_t k0, int64_t kc, float *dst);
 
 /* A strided matrix (element (i, j) at data[i * rs + j * cs]). */
 typedef struct rk_matrix {
@@ -119,13 +151,18 @@ typedef struct rk_matrix {
   int64_t rs, cs;
 } rk_matrix;
 
-/* One product C[m x n] = A[m x k] B[k x n] followed by the epilogue. A is read by its packer;
- * B is either prepacked ([ceil(n/NR)][k][NR]) or a strided matrix packed per call. */
+/* One product C[m x n] = A[m x k] B[k x n] followed by the epilogue. A is prepacked
+ * ([ceil(m/MR)][k][MR], weights relaxc.tvm packed) or read by its packer block by block. B is
+ * prepacked ([ceil(n/NR)][k][NR]), gathered by its packer block by block, or a strided matrix
+ * packed once per call. */
 typedef struct rk_gemm {
   int64_t m, n, k;
+  const float *a_packed;
   rk_pack_a_fn pack_a;
   const void *a; /* what pack_a reads: an rk_matrix for rk_pack_a_strided */
   const float *b_packed;
+  rk_pack_b_fn pack_b;
+  const void *b_source; /* what pack_b reads */
   rk_matrix b;
   float *c;
   int64_t c_rs, c_cs;

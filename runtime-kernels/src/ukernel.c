@@ -65,6 +65,11 @@ static void generic_gemv4(int64_t kc, const float *a, const float *b, int64_t st
 
 #define RK_AVX2 __attribute__((target("avx2,fma")))
 
+/* B is prefetched this many floats (32 steps) ahead: a product of few rows streams its weights
+ * faster than the hardware prefetcher fetches them (7x3072x768 on the Zen 1 VM: 1.43 ms with,
+ * 1.75 ms without; no change where B stays in cache). */
+enum { UKERNEL_PREFETCH = 512 };
+
 /* The body for a constant row count: rows at or past mr fold away once inlined. */
 #define AVX2_ROW(r)                                    \
   if (mr > r) {                                        \
@@ -83,6 +88,7 @@ RK_AVX2 static inline __attribute__((always_inline)) void avx2_body(int64_t kc, 
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   for (int64_t k = 0; k < kc; k++) {
+    _mm_prefetch((const char *)(b + UKERNEL_PREFETCH), _MM_HINT_T0);
     __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
     AVX2_ROW(0) AVX2_ROW(1) AVX2_ROW(2) AVX2_ROW(3) AVX2_ROW(4) AVX2_ROW(5)
     a += RK_MR;
