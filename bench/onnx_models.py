@@ -12,7 +12,9 @@ seeded random weights (no framework needed), in the forms exporters write them:
   gpt        one GPT-2 block: pre-LayerNorm, fused QKV projection split three ways, causal mask,
              tanh-GELU written out, residuals; [b, s, 768]
 
-Each builder takes the batch (and sequence length) and returns (onnx.ModelProto, inputs).
+Each builder takes the batch (and sequence length) and returns (onnx.ModelProto, inputs). Sizes
+can be scaled down (the fixtures in fixtures/tvm/lib_* are small versions), and `batch=None`
+makes the batch dim symbolic ("n"; the inputs then have batch 2).
 """
 import numpy as np
 import onnx
@@ -42,7 +44,10 @@ class _Graph:
         self.nodes.append(helper.make_node(op, inputs, [out], **attrs))
         return out
 
-    def model(self, inputs, output, out_shape):
+    def model(self, inputs, output, out_shape, batch=1):
+        symbolic = lambda shape: ["n" if d is None else d for d in shape]  # noqa: E731
+        inputs = [(n, symbolic(s)) for n, s in inputs]
+        out_shape = symbolic(out_shape)
         graph = helper.make_graph(
             self.nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
             [helper.make_tensor_value_info(output, TensorProto.FLOAT, out_shape)], self.inits)
@@ -84,11 +89,16 @@ class _Graph:
         return self.node("Gemm", [y, self.weight((c, classes), c), self.const(np.zeros(classes, np.float32))])
 
 
-def resnet(batch, seed=1):
+def _input(seed, batch, shape):
+    rng = np.random.default_rng(seed + 100)
+    return [rng.standard_normal([2 if batch is None else batch, *shape]).astype(np.float32)]
+
+
+def resnet(batch, seed=1, widths=(32, 64, 128, 256), size=56):
     g = _Graph(seed)
-    y = g.conv_bn("x", 3, 32, 3)
-    cin = 32
-    for cout, stride in [(32, 1), (64, 2), (128, 2), (256, 2)]:
+    y = g.conv_bn("x", 3, widths[0], 3)
+    cin = widths[0]
+    for cout, stride in zip(widths, [1, 2, 2, 2]):
         for block in range(2):
             s = stride if block == 0 else 1
             h = g.conv_bn(y, cin, cout, 3, s)
@@ -97,11 +107,11 @@ def resnet(batch, seed=1):
             y = g.node("Relu", [g.node("Add", [h, shortcut])])
             cin = cout
     out = g.classifier(y, cin)
-    model = g.model([("x", [batch, 3, 56, 56])], out, [batch, 10])
-    return model, [np.random.default_rng(seed + 100).standard_normal((batch, 3, 56, 56)).astype(np.float32)]
+    model = g.model([("x", [batch, 3, size, size])], out, [batch, 10])
+    return model, _input(seed, batch, (3, size, size))
 
 
-def mobilenet(batch, seed=2):
+def mobilenet(batch, seed=2, size=96):
     g = _Graph(seed)
     y = g.conv_bn("x", 3, 16, 3, 2, act="relu6")
     cin = 16
@@ -117,13 +127,14 @@ def mobilenet(batch, seed=2):
             cin = c
     y = g.conv_bn(y, cin, 320, 1, act="relu6")
     out = g.classifier(y, 320)
-    model = g.model([("x", [batch, 3, 96, 96])], out, [batch, 10])
-    return model, [np.random.default_rng(seed + 100).standard_normal((batch, 3, 96, 96)).astype(np.float32)]
+    model = g.model([("x", [batch, 3, size, size])], out, [batch, 10])
+    return model, _input(seed, batch, (3, size, size))
 
 
-def _attention(g, q, k, v, batch, seq, heads, d, mask=None):
+def _attention(g, q, k, v, seq, heads, d, mask=None):
     head = d // heads
-    shape = g.const(np.array([batch, seq, heads, head], np.int64))
+    # Reshape's 0 copies the input's dim: the batch may be symbolic.
+    shape = g.const(np.array([0, seq, heads, head], np.int64))
     qh = g.node("Transpose", [g.node("Reshape", [q, shape])], perm=[0, 2, 1, 3])
     kh = g.node("Transpose", [g.node("Reshape", [k, shape])], perm=[0, 2, 3, 1])
     vh = g.node("Transpose", [g.node("Reshape", [v, shape])], perm=[0, 2, 1, 3])
@@ -132,20 +143,20 @@ def _attention(g, q, k, v, batch, seq, heads, d, mask=None):
         s = g.node("Add", [s, mask])
     p = g.node("Softmax", [s], axis=-1)
     o = g.node("Transpose", [g.node("MatMul", [p, vh])], perm=[0, 2, 1, 3])
-    return g.node("Reshape", [o, g.const(np.array([batch, seq, d], np.int64))])
+    return g.node("Reshape", [o, g.const(np.array([0, seq, d], np.int64))])
 
 
 def bert(batch, seq, seed=3, d=768, heads=12, ffn=3072):
     g = _Graph(seed)
     q, k, v = g.linear("x", d, d), g.linear("x", d, d), g.linear("x", d, d)
-    a = _attention(g, q, k, v, batch, seq, heads, d)
+    a = _attention(g, q, k, v, seq, heads, d)
     h = g.layer_norm(g.node("Add", [g.linear(a, d, d), "x"]), d)
     f = g.linear(h, d, ffn)
     erf = g.node("Erf", [g.node("Div", [f, g.const(np.float32(np.sqrt(2.0)))])])
     gelu = g.node("Mul", [g.node("Mul", [f, g.node("Add", [erf, g.const(np.float32(1.0))])]), g.const(np.float32(0.5))])
     out = g.layer_norm(g.node("Add", [g.linear(gelu, ffn, d), h]), d)
     model = g.model([("x", [batch, seq, d])], out, [batch, seq, d])
-    return model, [np.random.default_rng(seed + 100).standard_normal((batch, seq, d)).astype(np.float32)]
+    return model, _input(seed, batch, (seq, d))
 
 
 def gpt(batch, seq, seed=4, d=768, heads=12, ffn=3072):
@@ -155,7 +166,7 @@ def gpt(batch, seq, seed=4, d=768, heads=12, ffn=3072):
     q, k, v = (g.name("split") for _ in range(3))
     g.nodes.append(helper.make_node("Split", [qkv, g.const(np.array([d, d, d], np.int64))], [q, k, v], axis=-1))
     mask = g.const(np.triu(np.full((seq, seq), -1e4, np.float32), 1))
-    a = _attention(g, q, k, v, batch, seq, heads, d, mask)
+    a = _attention(g, q, k, v, seq, heads, d, mask)
     x1 = g.node("Add", ["x", g.linear(a, d, d)])
     f = g.linear(g.layer_norm(x1, d), d, ffn)
     cube = g.node("Mul", [g.node("Mul", [f, f]), f])
@@ -165,7 +176,7 @@ def gpt(batch, seq, seed=4, d=768, heads=12, ffn=3072):
                           g.node("Add", [g.node("Tanh", [inner]), g.const(np.float32(1.0))])])
     out = g.node("Add", [x1, g.linear(gelu, ffn, d)])
     model = g.model([("x", [batch, seq, d])], out, [batch, seq, d])
-    return model, [np.random.default_rng(seed + 100).standard_normal((batch, seq, d)).astype(np.float32)]
+    return model, _input(seed, batch, (seq, d))
 
 
 # The configurations the end-to-end benchmark runs: (label, builder, arguments).

@@ -1,7 +1,8 @@
 //! The tiny Llama (fixtures/tvm/tiny_llama) run on relaxc's paged KV cache, in both modes, against
 //! TVM's recorded runs: greedy tokens and every step's logits bit for bit; batches, chunked
 //! prefill, forks, popn, remove and clear; TVM's error texts; no storage allocated by a decode
-//! step after warm-up.
+//! step after warm-up. The same runs of tiny_llama_lib, the model built with relaxc.tvm.build
+//! (its projections and norms on relaxc's kernel library), against TVM's VM on those kernels.
 
 mod common;
 
@@ -12,12 +13,23 @@ use relaxc::host::llm::{CacheConfig, Llm, Logits};
 use relaxc::host::{HostError, Model, npz};
 use serde_json::Value as Json;
 
+const LLM: &str = "tiny_llama";
+const LIBRARY_LLM: &str = "tiny_llama_lib";
+
 fn fixture() -> PathBuf {
-    common::fixtures_dir().join("tiny_llama")
+    fixture_named(LLM)
+}
+
+fn fixture_named(name: &str) -> PathBuf {
+    common::fixtures_dir().join(name)
 }
 
 fn scenarios() -> Json {
-    let text = std::fs::read_to_string(fixture().join("scenarios.json")).expect("scenarios.json");
+    scenarios_of(LLM)
+}
+
+fn scenarios_of(name: &str) -> Json {
+    let text = std::fs::read_to_string(fixture_named(name).join("scenarios.json")).expect("scenarios.json");
     serde_json::from_str(&text).expect("valid JSON")
 }
 
@@ -33,7 +45,11 @@ fn config(s: &Json) -> CacheConfig {
 }
 
 fn build(mode: ExecMode) -> PathBuf {
-    common::build("tiny_llama", &fixture().join("m.tar"), mode).expect("build tiny_llama")
+    build_named(LLM, mode)
+}
+
+fn build_named(name: &str, mode: ExecMode) -> PathBuf {
+    common::build(name, &fixture_named(name).join("m.tar"), mode).unwrap_or_else(|e| panic!("build {name}: {e}"))
 }
 
 fn ints(v: &Json) -> Vec<i64> {
@@ -75,14 +91,14 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
-fn run_scenarios(mode: ExecMode) {
-    let so = build(mode);
+fn run_scenarios(fixture_name: &str, mode: ExecMode) {
+    let so = build_named(fixture_name, mode);
     let model = Model::load(&so).expect("load");
-    let all = scenarios();
+    let all = scenarios_of(fixture_name);
     let cfg = config(&all);
     for scenario in all["scenarios"].as_array().expect("scenarios") {
         let name = scenario["name"].as_str().expect("name");
-        let want = npz::read_arrays(&fixture().join(format!("{name}.npz"))).expect("logits");
+        let want = npz::read_arrays(&fixture_named(fixture_name).join(format!("{name}.npz"))).expect("logits");
         let mut llm = Llm::new(&model, &so, cfg).expect("create the cache");
         for (i, s) in scenario["steps"].as_array().expect("steps").iter().enumerate() {
             let got = step(&mut llm, s).unwrap_or_else(|e| panic!("{name} step {i} ({s}): {e}"));
@@ -101,23 +117,33 @@ fn run_scenarios(mode: ExecMode) {
 
 #[test]
 fn scenarios_match_tvm_bytecode() {
-    run_scenarios(ExecMode::Bytecode);
+    run_scenarios(LLM, ExecMode::Bytecode);
 }
 
 #[test]
 fn scenarios_match_tvm_compiled() {
-    run_scenarios(ExecMode::Compiled);
+    run_scenarios(LLM, ExecMode::Compiled);
 }
 
-fn generate_matches(mode: ExecMode) {
-    let so = build(mode);
+#[test]
+fn library_scenarios_match_tvm_bytecode() {
+    run_scenarios(LIBRARY_LLM, ExecMode::Bytecode);
+}
+
+#[test]
+fn library_scenarios_match_tvm_compiled() {
+    run_scenarios(LIBRARY_LLM, ExecMode::Compiled);
+}
+
+fn generate_matches(fixture_name: &str, mode: ExecMode) {
+    let so = build_named(fixture_name, mode);
     let model = Model::load(&so).expect("load");
-    let want = npz::read_arrays(&fixture().join("generate.npz")).expect("generate.npz");
+    let want = npz::read_arrays(&fixture_named(fixture_name).join("generate.npz")).expect("generate.npz");
     let prompt: Vec<i32> =
         want["prompt"].2.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
     let want_tokens: Vec<i32> =
         want["tokens"].2.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    let mut llm = Llm::new(&model, &so, config(&scenarios())).expect("cache");
+    let mut llm = Llm::new(&model, &so, config(&scenarios_of(fixture_name))).expect("cache");
     assert_eq!(llm.vocab, Some(64), "the vocabulary size read from embed's table");
     llm.add_sequence(0).expect("add");
     let mut logits = vec![llm.prefill(&[0], &[prompt]).expect("prefill")];
@@ -147,12 +173,34 @@ fn generate_matches(mode: ExecMode) {
 
 #[test]
 fn greedy_generation_matches_tvm_bytecode() {
-    generate_matches(ExecMode::Bytecode);
+    generate_matches(LLM, ExecMode::Bytecode);
 }
 
 #[test]
 fn greedy_generation_matches_tvm_compiled() {
-    generate_matches(ExecMode::Compiled);
+    generate_matches(LLM, ExecMode::Compiled);
+}
+
+#[test]
+fn library_greedy_generation_matches_tvm_bytecode() {
+    generate_matches(LIBRARY_LLM, ExecMode::Bytecode);
+}
+
+#[test]
+fn library_greedy_generation_matches_tvm_compiled() {
+    generate_matches(LIBRARY_LLM, ExecMode::Compiled);
+}
+
+/// The library build generates the default build's tokens, with logits within 1e-4.
+#[test]
+fn library_generation_is_close_to_tvms_default_kernels() {
+    let lib = npz::read_arrays(&fixture_named(LIBRARY_LLM).join("generate.npz")).expect("library generate.npz");
+    let default = npz::read_arrays(&fixture().join("generate.npz")).expect("generate.npz");
+    assert_eq!(lib["tokens"].2, default["tokens"].2, "greedy tokens");
+    let (a, b) = (f32s(&lib["logits"].2), f32s(&default["logits"].2));
+    let scale = b.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    let worst = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+    assert!(worst <= 1e-4 * scale, "logits {worst} apart (scale {scale})");
 }
 
 #[test]

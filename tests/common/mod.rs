@@ -29,6 +29,7 @@ pub fn scratch_dir() -> PathBuf {
 /// A model with inputs and TVM's results: a TVM export (`fixtures/tvm/<name>/m.tar`) or a
 /// TVMScript program relaxc compiles itself (`fixtures/script/<name>/m.py`, with the shared
 /// `kernels.c` and its `w.safetensors` if any).
+#[derive(Clone)]
 pub struct Fixture {
     pub name: String,
     pub dir: PathBuf,
