@@ -111,7 +111,7 @@ int64_t rk_numel(const DLTensor *t) {
 }
 
 static bool compact(const DLTensor *t) {
-  if (!t->strides) return true;
+  if (!t->strides || rk_numel(t) == 0) return true; /* an empty tensor has no layout to get wrong */
   int64_t expected = 1;
   for (int32_t i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] != 1 && t->strides[i] != expected) return false;

@@ -1,0 +1,351 @@
+"""relaxc's kernel library, kernel by kernel, against numpy: the library that `relaxc
+kernel-library` builds (the kernels a model links, exported as tvm-ffi functions), called on
+numpy arrays through tvm_ffi. Shapes that end off the micro-kernel's tile (n not a multiple of
+16, m not of 6, k not of the block), every epilogue, permutations and broadcasting, convolution
+parameters, errors; and the same bits at 1, 2 and 3 threads at sizes the pool splits.
+
+Needs numpy, pytest and apache-tvm-ffi (no TVM). Weights are packed by relaxc's Python package
+(python/relaxc/_pack.py), as relaxc.tvm packs them.
+"""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tvm_ffi
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from relaxc._pack import pack_columns, pack_conv  # noqa: E402
+
+from test_tvm_ffi import relaxc_binary  # noqa: E402
+
+ACTS = {
+    "none": lambda x: x,
+    "relu": lambda x: np.maximum(x, 0),
+    "clip": lambda x: np.clip(x, -0.5, 0.75),
+    "gelu": lambda x: 0.5 * x * (1 + np.vectorize(__import__("math").erf)(x / np.sqrt(2))),
+    "gelu_tanh": lambda x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3))),
+    "silu": lambda x: x / (1 + np.exp(-x)),
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+}
+
+
+@pytest.fixture(scope="session")
+def library(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("kernels") / "librelaxc_kernels.so")
+    out = subprocess.run([relaxc_binary(), "kernel-library", "-o", path], capture_output=True, text=True, check=True)
+    names = dict(line.split("\t") for line in out.stdout.splitlines())
+    module = tvm_ffi.load_module(path)
+    return {name: module[export] for name, export in names.items()}
+
+
+def t(a):
+    return None if a is None else tvm_ffi.from_dlpack(np.ascontiguousarray(a))
+
+
+def scalars(alpha=1.0, lo=-0.5, hi=0.75):
+    return t(np.array([alpha, lo, hi], np.float32))
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def close(got, want, tol=2e-5):
+    want = np.asarray(want, np.float64)
+    scale = max(1.0, float(np.abs(want).max()) if want.size else 1.0)
+    err = float(np.abs(got.astype(np.float64) - want).max()) if want.size else 0.0
+    assert err <= tol * scale, f"{err:.3e} from numpy (scale {scale:.3g})"
+
+
+def epilogue(x, act, alpha=1.0, bias=None, residual=None):
+    y = alpha * x
+    if bias is not None:
+        y = y + bias
+    if residual is not None:
+        y = y + residual
+    return ACTS[act](y)
+
+
+# ---- dense and matmul ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("m", [1, 2, 5, 7, 13, 19, 64, 101])
+@pytest.mark.parametrize("n,k", [(1, 1), (15, 7), (16, 256), (17, 300), (33, 513), (100, 40)])
+def test_dense_shapes(library, m, n, k):
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    x, w = rand(rng, m, k), rand(rng, k, n)
+    out = np.zeros((m, n), np.float32)
+    library["relaxc.dense"](t(x), t(pack_columns(w)), None, None, "none", scalars(), t(out))
+    close(out, x.astype(np.float64) @ w)
+
+
+@pytest.mark.parametrize("act", sorted(ACTS))
+def test_dense_epilogues(library, act):
+    rng = np.random.default_rng(7)
+    x, w, b, r = rand(rng, 2, 9, 40), rand(rng, 40, 23), rand(rng, 23), rand(rng, 2, 9, 23)
+    out = np.zeros((2, 9, 23), np.float32)
+    library["relaxc.dense"](t(x), t(pack_columns(w)), t(b), t(r), act, scalars(0.5), t(out))
+    close(out, epilogue(x.astype(np.float64) @ w, act, 0.5, b, r))
+
+
+def test_dense_empty_reduction_is_the_epilogue_of_zero(library):
+    b = np.arange(5, dtype=np.float32)
+    out = np.full((3, 5), 9.0, np.float32)
+    library["relaxc.dense"](t(np.zeros((3, 0), np.float32)), t(np.zeros((1, 0, 16), np.float32)), t(b), None, "relu",
+                            scalars(), t(out))
+    close(out, np.tile(b, (3, 1)))
+
+
+def matmul(library, a, b, a_perm=None, b_perm=None, out_perm=None, bias=None, residual=None, act="none", alpha=1.0):
+    la = a if a_perm is None else np.transpose(a, a_perm)
+    lb = b if b_perm is None else np.transpose(b, b_perm)
+    want = np.matmul(la.astype(np.float64), lb)
+    want = epilogue(want, act, alpha, bias)
+    if out_perm is not None:
+        want = np.transpose(want, out_perm)
+    if residual is not None:
+        want = ACTS[act](np.transpose(epilogue(np.matmul(la.astype(np.float64), lb), "none", alpha, bias),
+                                      out_perm or range(want.ndim)) + residual)
+    out = np.zeros(want.shape, np.float32)
+    shape = lambda p: None if p is None else tvm_ffi.Shape(list(p))  # noqa: E731
+    library["relaxc.matmul"](t(a), t(b), t(bias), t(residual), shape(a_perm), shape(b_perm), shape(out_perm), act,
+                             scalars(alpha), t(out))
+    return out, want
+
+
+def test_matmul_attention_patterns(library):
+    rng = np.random.default_rng(3)
+    q, k, v = rand(rng, 2, 7, 4, 16), rand(rng, 2, 7, 4, 16), rand(rng, 2, 7, 4, 16)
+    # scores = q' k'^T with q' = q.permute(0, 2, 1, 3), k read as (0, 2, 3, 1); scaled.
+    got, want = matmul(library, q, k, a_perm=(0, 2, 1, 3), b_perm=(0, 2, 3, 1), alpha=0.25)
+    close(got, want)
+    # context = p v', written straight into [b, s, h, d].
+    p = rand(rng, 2, 4, 7, 7)
+    got, want = matmul(library, p, v, b_perm=(0, 2, 1, 3), out_perm=(0, 2, 1, 3))
+    close(got, want)
+
+
+@pytest.mark.parametrize("sa,sb", [((5, 3, 8), (8, 11)), ((3, 1, 6, 5), (2, 5, 17)), ((1, 9, 33), (4, 33, 2)),
+                                   ((2, 3, 7, 20), (2, 3, 20, 31))])
+def test_matmul_broadcast_batches(library, sa, sb):
+    rng = np.random.default_rng(len(sa) * 7 + sb[-1])
+    a, b = rand(rng, *sa), rand(rng, *sb)
+    got, want = matmul(library, a, b, bias=rand(rng, sb[-1]), act="gelu")
+    close(got, want)
+
+
+def test_matmul_residual_in_the_output_layout(library):
+    rng = np.random.default_rng(5)
+    a, b = rand(rng, 2, 3, 5, 8), rand(rng, 8, 6)
+    r = rand(rng, 2, 5, 3, 6)
+    got, want = matmul(library, a, b, out_perm=(0, 2, 1, 3), residual=r, act="relu")
+    close(got, want)
+
+
+# ---- convolution -----------------------------------------------------------------------------------
+
+def conv_reference(x, w, stride, pad, dil, groups):
+    n, c, h, wd = x.shape
+    oc, cg, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad[0], pad[2]), (pad[1], pad[3])))
+    oh = (h + pad[0] + pad[2] - dil[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (wd + pad[1] + pad[3] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+    out = np.zeros((n, oc, oh, ow))
+    per = oc // groups
+    for g in range(groups):
+        for r in range(kh):
+            for s in range(kw):
+                patch = xp[:, g * cg:(g + 1) * cg, r * dil[0]: r * dil[0] + stride[0] * (oh - 1) + 1: stride[0],
+                           s * dil[1]: s * dil[1] + stride[1] * (ow - 1) + 1: stride[1]]
+                out[:, g * per:(g + 1) * per] += np.einsum("nchw,oc->nohw", patch, w[g * per:(g + 1) * per, :, r, s])
+    return out
+
+
+CONVS = [  # n, c, h, w, oc, kh, kw, stride, pad (t, l, b, r), dilation, groups
+    (1, 3, 9, 11, 5, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
+    (2, 8, 10, 10, 16, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),
+    (1, 6, 7, 9, 9, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 3),
+    (1, 4, 12, 12, 7, 3, 2, (1, 2), (2, 0, 1, 1), (2, 1), 1),
+    (3, 16, 6, 6, 40, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 2),
+    (1, 32, 17, 13, 33, 1, 1, (2, 1), (0, 0, 0, 0), (1, 1), 1),
+]
+
+
+@pytest.mark.parametrize("case", CONVS)
+def test_conv2d(library, case):
+    n, c, h, wd, oc, kh, kw, stride, pad, dil, groups = case
+    rng = np.random.default_rng(sum(case[:7]))
+    x, w, b = rand(rng, n, c, h, wd), rand(rng, oc, c // groups, kh, kw), rand(rng, oc)
+    want = conv_reference(x, w, stride, pad, dil, groups)
+    r = rand(rng, *want.shape)
+    out = np.zeros(want.shape, np.float32)
+    params = tvm_ffi.Shape([kh, kw, *stride, *pad, *dil, groups])
+    library["relaxc.conv2d"](t(x), t(pack_conv(w, groups)), t(b), t(r), params, "clip", scalars(), t(out))
+    close(out, np.clip(want + b.reshape(1, -1, 1, 1) + r, -0.5, 0.75))
+
+
+@pytest.mark.parametrize("stride,pad,k,dil", [((1, 1), (1, 1, 1, 1), 3, 1), ((2, 2), (1, 1, 1, 1), 3, 1),
+                                              ((2, 1), (0, 2, 1, 0), 5, 1), ((1, 1), (2, 2, 2, 2), 3, 2),
+                                              ((3, 3), (0, 0, 0, 0), 3, 1)])
+def test_depthwise(library, stride, pad, k, dil):
+    rng = np.random.default_rng(k * 10 + stride[0])
+    x, w, b = rand(rng, 2, 6, 19, 23), rand(rng, 6, 1, k, k), rand(rng, 6)
+    want = conv_reference(x, w, stride, pad, (dil, dil), 6)
+    out = np.zeros(want.shape, np.float32)
+    params = tvm_ffi.Shape([k, k, *stride, *pad, dil, dil, 6])
+    library["relaxc.conv2d_depthwise"](t(x), t(w), t(b), None, params, "relu", scalars(), t(out))
+    close(out, np.maximum(want + b.reshape(1, -1, 1, 1), 0))
+
+
+# ---- pooling, softmax, norms -------------------------------------------------------------------------
+
+def pool_reference(x, k, stride, pad, kind, include_pad):
+    n, c, h, w = x.shape
+    oh = (h + pad[0] + pad[2] - k[0]) // stride[0] + 1
+    ow = (w + pad[1] + pad[3] - k[1]) // stride[1] + 1
+    out = np.zeros((n, c, oh, ow))
+    for y in range(oh):
+        for z in range(ow):
+            y0, z0 = y * stride[0] - pad[0], z * stride[1] - pad[1]
+            ys, zs = slice(max(y0, 0), min(y0 + k[0], h)), slice(max(z0, 0), min(z0 + k[1], w))
+            window = x[:, :, ys, zs].astype(np.float64)
+            if kind == "max":
+                out[:, :, y, z] = window.max(axis=(2, 3))
+            else:
+                count = (min(y0 + k[0], h + pad[2]) - max(y0, -pad[0])) * (min(z0 + k[1], w + pad[3]) - max(z0, -pad[1]))
+                out[:, :, y, z] = window.sum(axis=(2, 3)) / (count if include_pad else window.shape[2] * window.shape[3])
+    return out
+
+
+@pytest.mark.parametrize("kind,include_pad", [("max", 0), ("avg", 0), ("avg", 1)])
+@pytest.mark.parametrize("k,stride,pad", [((3, 3), (2, 2), (1, 1, 1, 1)), ((2, 2), (2, 2), (0, 0, 0, 0)),
+                                          ((3, 2), (1, 2), (1, 0, 1, 1))])
+def test_pooling(library, kind, include_pad, k, stride, pad):
+    rng = np.random.default_rng(k[0] + stride[1])
+    x = rand(rng, 2, 3, 11, 10)
+    want = pool_reference(x, k, stride, pad, kind, include_pad)
+    out = np.zeros(want.shape, np.float32)
+    params = tvm_ffi.Shape([*k, *stride, *pad, 1, 1])
+    if kind == "max":
+        library["relaxc.max_pool2d"](t(x), params, t(out))
+    else:
+        library["relaxc.avg_pool2d"](t(x), params, include_pad, t(out))
+    close(out, want, 1e-6)
+
+
+def test_global_average(library):
+    x = rand(np.random.default_rng(1), 3, 5, 7, 9)
+    out = np.zeros((3, 5, 1, 1), np.float32)
+    library["relaxc.global_avg_pool2d"](t(x), t(out))
+    close(out, x.astype(np.float64).mean(axis=(2, 3), keepdims=True), 1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 5, 8, 13, 64, 1000])
+def test_softmax_and_norms(library, n):
+    rng = np.random.default_rng(n)
+    x, g, b = rand(rng, 3, 4, n) * 3, rand(rng, n), rand(rng, n)
+    out = np.zeros_like(x)
+    library["relaxc.softmax"](t(x), t(out))
+    e = np.exp(x.astype(np.float64) - x.max(axis=-1, keepdims=True))
+    close(out, e / e.sum(axis=-1, keepdims=True), 1e-6)
+    eps = t(np.array([1e-5], np.float32))
+    library["relaxc.layer_norm"](t(x), t(g), t(b), eps, t(out))
+    xd = x.astype(np.float64)
+    mean, var = xd.mean(axis=-1, keepdims=True), xd.var(axis=-1, keepdims=True)
+    close(out, (xd - mean) / np.sqrt(var + 1e-5) * g + b, 1e-5)
+    library["relaxc.rms_norm"](t(x), t(g), eps, t(out))
+    close(out, xd / np.sqrt((xd * xd).mean(axis=-1, keepdims=True) + 1e-5) * g, 1e-5)
+
+
+def test_softmax_of_masked_rows(library):
+    x = np.array([[0.0, -np.inf, 1.0, -1e30]], np.float32)
+    out = np.zeros_like(x)
+    library["relaxc.softmax"](t(x), t(out))
+    close(out, [[1 / (1 + np.e), 0, np.e / (1 + np.e), 0]], 1e-6)
+
+
+# ---- errors --------------------------------------------------------------------------------------------
+
+def test_errors_name_the_kernel_and_the_argument(library):
+    x = np.zeros((2, 4), np.float32)
+    w = pack_columns(np.zeros((4, 3), np.float32))
+    out = np.zeros((2, 3), np.float32)
+    dense = library["relaxc.dense"]
+    cases = [
+        (lambda: dense(t(x.astype(np.float64)), t(w), None, None, "none", scalars(), t(out)), TypeError,
+         "relaxc.dense: argument 0 (x) must be float32, got float64"),
+        (lambda: dense(t(x), t(w), None, None, "none", scalars(), t(np.zeros((2, 40), np.float32))), ValueError,
+         "w_packed has the wrong number of panels"),
+        (lambda: dense(t(x), t(w), None, None, "swish", scalars(), t(out)), ValueError, "unknown activation \"swish\""),
+        (lambda: dense(t(x), t(w), t(np.zeros(4, np.float32)), None, "none", scalars(), t(out)), ValueError,
+         "bias must have shape [3]"),
+        (lambda: dense(t(x), t(w), None, None, "none", t(out)), TypeError, "relaxc.dense expects 7 arguments, got 6"),
+        (lambda: dense(t(x), 3, None, None, "none", scalars(), t(out)), TypeError,
+         "argument 1 (w_packed) must be a tensor"),
+        (lambda: library["relaxc.conv2d"](t(np.zeros((1, 2, 4, 4), np.float32)), t(pack_conv(np.zeros((2, 2, 3, 3), np.float32), 1)),
+                                          None, None, tvm_ffi.Shape([3, 3, 0, 1, 1, 1, 1, 1, 1, 1, 1]), "none", scalars(),
+                                          t(np.zeros((1, 2, 4, 4), np.float32))), ValueError, "relaxc.conv2d: invalid params"),
+        (lambda: library["relaxc.matmul"](t(x), t(x), None, None, None, None, None, "none", scalars(), t(out)), ValueError,
+         "the reduction lengths differ: [2, 4] times [2, 4]"),
+        (lambda: library["relaxc.matmul"](t(x), t(x), None, None, None, tvm_ffi.Shape([0, 0]), None, "none", scalars(),
+                                          t(np.zeros((2, 2), np.float32))), ValueError, "b_perm is not a permutation"),
+    ]
+    for call, kind, text in cases:
+        with pytest.raises(kind) as e:
+            call()
+        assert text in str(e.value), str(e.value)
+
+
+# ---- threads -------------------------------------------------------------------------------------------
+
+THREAD_SCRIPT = r"""
+import sys, numpy as np, tvm_ffi
+sys.path.insert(0, sys.argv[3])
+from relaxc._pack import pack_columns, pack_conv
+path, out_path = sys.argv[1], sys.argv[2]
+names = dict(l.split("\t") for l in open(path + ".tsv").read().splitlines())
+m = tvm_ffi.load_module(path)
+k = {n: m[e] for n, e in names.items()}
+rng = np.random.default_rng(11)
+r = lambda *s: rng.standard_normal(s).astype(np.float32)
+t = lambda a: tvm_ffi.from_dlpack(np.ascontiguousarray(a))
+sc = t(np.array([1.0, 0.0, 6.0], np.float32))
+res = {}
+x, w = r(64, 300), r(300, 200)
+res["dense"] = np.zeros((64, 200), np.float32); k["relaxc.dense"](t(x), t(pack_columns(w)), None, None, "gelu", sc, t(res["dense"]))
+x1 = r(1, 700)
+res["gemv"] = np.zeros((1, 900), np.float32); k["relaxc.dense"](t(x1), t(pack_columns(r(700, 900))), None, None, "none", sc, t(res["gemv"]))
+a, b = r(4, 8, 33, 40), r(4, 8, 40, 29)
+res["matmul"] = np.zeros((4, 8, 33, 29), np.float32); k["relaxc.matmul"](t(a), t(b), None, None, None, None, None, "none", sc, t(res["matmul"]))
+x = r(2, 16, 30, 30); cw = r(24, 16, 3, 3)
+res["conv"] = np.zeros((2, 24, 30, 30), np.float32)
+k["relaxc.conv2d"](t(x), t(pack_conv(cw, 1)), None, None, tvm_ffi.Shape([3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1]), "clip", sc, t(res["conv"]))
+res["dw"] = np.zeros((2, 16, 15, 15), np.float32)
+k["relaxc.conv2d_depthwise"](t(x), t(r(16, 1, 3, 3)), None, None, tvm_ffi.Shape([3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 16]), "relu", sc, t(res["dw"]))
+big = r(300, 500)
+res["softmax"] = np.zeros_like(big); k["relaxc.softmax"](t(big), t(res["softmax"]))
+res["ln"] = np.zeros_like(big); k["relaxc.layer_norm"](t(big), t(r(500)), t(r(500)), t(np.array([1e-5], np.float32)), t(res["ln"]))
+res["pool"] = np.zeros((2, 16, 15, 15), np.float32); k["relaxc.max_pool2d"](t(x), tvm_ffi.Shape([3, 3, 2, 2, 1, 1, 1, 1, 1, 1]), t(res["pool"]))
+np.savez(out_path, **res)
+"""
+
+
+def test_same_bits_at_any_thread_count(library, tmp_path):
+    path = str(tmp_path / "lib.so")
+    out = subprocess.run([relaxc_binary(), "kernel-library", "-o", path], capture_output=True, text=True, check=True)
+    (tmp_path / "lib.so.tsv").write_text(out.stdout)
+    script = tmp_path / "run.py"
+    script.write_text(THREAD_SCRIPT)
+    results = {}
+    for threads in [1, 2, 3]:
+        dest = str(tmp_path / f"t{threads}.npz")
+        env = dict(os.environ, TVM_NUM_THREADS=str(threads))
+        env.pop("OMP_NUM_THREADS", None)
+        subprocess.run([sys.executable, str(script), path, dest, os.path.join(ROOT, "python")], check=True, env=env)
+        results[threads] = np.load(dest)
+    for name in results[1].files:
+        for threads in [2, 3]:
+            assert np.array_equal(results[1][name].view(np.uint32), results[threads][name].view(np.uint32)), \
+                f"{name}: {threads} threads give other bits than 1"
