@@ -115,8 +115,9 @@ fn shared_layouts_agree_between_c_and_rust() {
     // relaxc::abi mirrors; any field moved on either side shows up as a difference.
     let structs = abi::c_structs();
     let constants = abi::c_constants();
-    let mut probe =
-        String::from("#include <stddef.h>\n#include <stdio.h>\n#include \"internal.h\"\nint main(void) {\n");
+    let mut probe = String::from(
+        "#include <stddef.h>\n#include <stdio.h>\n#include \"internal.h\"\n#include \"rk.h\"\nint main(void) {\n",
+    );
     for s in &structs {
         probe.push_str(&format!("  printf(\"{0} %zu\\n\", sizeof({0}));\n", s.c_name));
         for (field, _) in &s.fields {
@@ -137,6 +138,10 @@ fn shared_layouts_agree_between_c_and_rust() {
         .arg(common::root().join("runtime-shim/include"))
         .arg("-I")
         .arg(common::root().join("runtime-shim/src"))
+        .arg("-I")
+        .arg(common::root().join("runtime-kernels/include"))
+        .arg("-I")
+        .arg(common::root().join("runtime-kernels/src"))
         .arg(&source)
         .arg("-o")
         .arg(&exe)

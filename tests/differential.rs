@@ -25,7 +25,7 @@ fn run_case(fixture: &common::Fixture, case: &str, ok: bool, mode: ExecMode) -> 
     let result = vm.call(main, &inputs);
     if ok {
         let outputs = result?.to_output().flatten();
-        common::compare_outputs(&outputs, &fixture.dir.join(format!("ok_{case}.out.npz")))?;
+        fixture.check_outputs(&outputs, case)?;
         // A second call on the same VM reuses pooled storage and must give the same bytes.
         let again = vm.call(main, &inputs)?.to_output().flatten();
         if again != outputs {
@@ -206,7 +206,7 @@ fn mixed_case(fixture: &common::Fixture, case: &str, tag: &str, keep: Vec<String
     let inputs = npz::read_inputs(&fixture.dir.join(format!("ok_{case}.in.npz")))?;
     let mut vm = model.vm()?;
     let outputs = vm.call(model.find("main")?, &inputs)?.to_output().flatten();
-    common::compare_outputs(&outputs, &fixture.dir.join(format!("ok_{case}.out.npz")))?;
+    fixture.check_outputs(&outputs, case)?;
     Ok(())
 }
 

@@ -130,3 +130,41 @@ fn text_form_compiles_and_runs() {
     let err = common::build_with("dynamic_asm", &asm_path, &options, "bytecode").expect_err("no shape functions");
     assert!(err.contains("shape_func_main_0 is not defined"), "{err}");
 }
+
+/// A program of library operators (fixtures/script/ops) needs no C: `relaxc compile` with only its
+/// weights, then `relaxc run`, gives TVM's results within the fixture's tolerance, both modes.
+#[test]
+fn library_operators_need_no_kernels() {
+    let dir = common::root().join("fixtures/script/ops");
+    let fixture = common::script_fixtures().into_iter().find(|f| f.name == "ops").expect("the ops fixture");
+    for mode in ["bytecode", "compiled"] {
+        let so = common::scratch_dir().join(format!("ops_no_kernels.{mode}.{}.so", std::process::id()));
+        let out = common::scratch_dir().join(format!("ops_no_kernels.{mode}.{}.npz", std::process::id()));
+        let compiled = std::process::Command::new(env!("CARGO_BIN_EXE_relaxc"))
+            .arg("compile")
+            .arg(dir.join("m.py"))
+            .arg("--params")
+            .arg(dir.join("w.safetensors"))
+            .args(["--exec-mode", mode, "-o"])
+            .arg(&so)
+            .output()
+            .expect("relaxc compile");
+        assert!(compiled.status.success(), "{}", String::from_utf8_lossy(&compiled.stderr));
+        let ran = std::process::Command::new(env!("CARGO_BIN_EXE_relaxc"))
+            .arg("run")
+            .arg(&so)
+            .arg("--inputs")
+            .arg(dir.join("ok_n3.in.npz"))
+            .arg("--outputs")
+            .arg(&out)
+            .output()
+            .expect("relaxc run");
+        assert!(ran.status.success(), "{}", String::from_utf8_lossy(&ran.stderr));
+        let model = relaxc::host::Model::load(&so).expect("load");
+        let inputs = relaxc::host::npz::read_inputs(&dir.join("ok_n3.in.npz")).expect("inputs");
+        let mut vm = model.vm().expect("vm");
+        let outputs = vm.call(model.find("main").expect("main"), &inputs).expect("call").to_output().flatten();
+        fixture.check_outputs(&outputs, "n3").unwrap_or_else(|e| panic!("{mode}: {e}"));
+        let _ = std::fs::remove_file(&out);
+    }
+}

@@ -10,12 +10,14 @@
 
 mod api;
 mod cuda;
+mod kernels;
 mod objects;
 mod program;
 mod tvm_ffi;
 
 pub use api::*;
 pub use cuda::*;
+pub use kernels::*;
 pub use objects::*;
 pub use program::*;
 pub use tvm_ffi::*;
@@ -108,5 +110,6 @@ pub fn c_constants() -> Vec<(&'static str, u64)> {
     all.extend(objects::constants());
     all.extend(cuda::constants());
     all.extend(api::constants());
+    all.extend(kernels::constants());
     all
 }

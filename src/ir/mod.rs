@@ -204,6 +204,8 @@ pub enum Atom {
     DataType(DType),
     /// A module function used as a value.
     Func(String),
+    /// None: an optional argument left out (a kernel's bias), passed as TVM passes it, %void.
+    None,
 }
 
 #[derive(Clone, Debug)]

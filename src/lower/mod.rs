@@ -221,6 +221,7 @@ impl<'a> FnGen<'a> {
             Atom::Float(v) => self.c(Constant::Float(*v)),
             Atom::Str(s) => self.c(Constant::Str(s.clone())),
             Atom::DataType(d) => self.c(dtype_const(*d)),
+            Atom::None => Arg::Reg(VOID_REG),
             Atom::Shape(dims) => match dims.iter().map(|d| d.as_int()).collect::<Option<Vec<i64>>>() {
                 Some(v) => self.c(Constant::Shape(v)),
                 None => {

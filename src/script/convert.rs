@@ -10,6 +10,8 @@ use crate::diag::{SourceError, Span};
 use crate::ir::{Atom, BinOp, Binding, Block, Function, Module, Op, PrimExpr, StructInfo, VarId, VarInfo};
 use crate::vm::{DType, TensorConst};
 
+mod ops;
+
 type Result<T> = std::result::Result<T, SourceError>;
 
 fn err<T>(span: Span, message: impl Into<String>) -> Result<T> {
@@ -177,7 +179,7 @@ impl Converter<'_> {
             Atom::Float(_) => StructInfo::Prim(DType::new(2, 64, 1)),
             Atom::Str(_) => StructInfo::Str,
             Atom::Shape(d) => StructInfo::Shape { ndim: d.len() as i64, dims: Some(d.clone()) },
-            Atom::DataType(_) => StructInfo::Object,
+            Atom::DataType(_) | Atom::None => StructInfo::Object,
             Atom::Func(_) => StructInfo::Callable,
         }
     }
@@ -723,7 +725,10 @@ impl Converter<'_> {
                 let s = StructInfo::Tuple(atoms.iter().map(|a| self.sinfo_of(a)).collect());
                 Ok((Op::Tuple(atoms), s))
             }
-            _ => self.call_function(func, &name, args, span),
+            _ => match self.library_operator(&name, args, kwargs, span) {
+                Some(found) => found,
+                None => self.call_function(func, &name, args, span),
+            },
         }
     }
 
@@ -776,8 +781,11 @@ impl Converter<'_> {
                     return err(
                         func.span(),
                         format!(
-                            "{name} is outside relaxc's subset: relaxc has no operator library; implement the operation \
-                             as a C kernel and call it with R.call_dps_packed"
+                            "{name} is outside relaxc's subset: relaxc's kernel library covers R.matmul, R.nn.conv2d, \
+                             R.nn.relu, R.nn.gelu, R.nn.gelu_tanh, R.nn.silu, R.sigmoid, R.clip, R.nn.softmax, \
+                             R.nn.layer_norm, R.nn.rms_norm, R.nn.max_pool2d, R.nn.avg_pool2d and \
+                             R.nn.adaptive_avg_pool2d; implement other operations as a C kernel and call it with \
+                             R.call_dps_packed"
                         ),
                     );
                 }

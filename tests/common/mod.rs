@@ -172,6 +172,58 @@ pub fn private_copy(so: &Path) -> Result<PathBuf, String> {
     Ok(copy)
 }
 
+impl Fixture {
+    /// How far results may be from TVM's, relative to each output's largest magnitude: a
+    /// `tolerance` file holds it for fixtures whose operators TVM runs on its own kernels and
+    /// relaxc on its kernel library (fixtures/script/ops); none means bit for bit.
+    pub fn tolerance(&self) -> Option<f64> {
+        let text = std::fs::read_to_string(self.dir.join("tolerance")).ok()?;
+        Some(text.trim().parse().unwrap_or_else(|_| panic!("{}: tolerance is not a number", self.name)))
+    }
+
+    /// The results of case `case` against TVM's: bit for bit, or within the fixture's tolerance.
+    pub fn check_outputs(&self, outputs: &[Output], case: &str) -> Result<(), String> {
+        let expected = self.dir.join(format!("ok_{case}.out.npz"));
+        match self.tolerance() {
+            Some(tolerance) => compare_outputs_within(outputs, &expected, tolerance),
+            None => compare_outputs(outputs, &expected),
+        }
+    }
+}
+
+/// Results within `tolerance` of TVM's recorded ones (float32 relative to the output's largest
+/// magnitude, at least 1; other dtypes exactly), same names, dtypes and shapes.
+pub fn compare_outputs_within(outputs: &[Output], expected: &Path, tolerance: f64) -> Result<(), String> {
+    let want = npz::read_arrays(expected).map_err(|e| e.to_string())?;
+    if outputs.len() != want.len() {
+        return Err(format!("{} results, TVM gave {}", outputs.len(), want.len()));
+    }
+    let f32s = |d: &[u8]| -> Vec<f64> {
+        d.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64).collect()
+    };
+    for (i, out) in outputs.iter().enumerate() {
+        let key = format!("out{i}");
+        let (dtype, shape, data) = npz::output_array(out).map_err(|e| format!("{key}: {e}"))?;
+        let (wdtype, wshape, wdata) = want.get(&key).ok_or_else(|| format!("TVM has no {key}"))?;
+        if dtype != *wdtype || shape != *wshape {
+            return Err(format!("{key}: got {dtype} {shape:?}, TVM gave {wdtype} {wshape:?}"));
+        }
+        if dtype != "<f4" {
+            if data != *wdata {
+                return Err(format!("{key}: differs from TVM's"));
+            }
+            continue;
+        }
+        let (got, reference) = (f32s(&data), f32s(wdata));
+        let scale = reference.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+        let worst = got.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / scale;
+        if worst.is_nan() || worst > tolerance {
+            return Err(format!("{key}: {worst:.2e} from TVM's (tolerance {tolerance:e})"));
+        }
+    }
+    Ok(())
+}
+
 /// Results equal TVM's recorded ones: same names, dtypes, shapes and bytes.
 pub fn compare_outputs(outputs: &[Output], expected: &Path) -> Result<(), String> {
     let want = npz::read_arrays(expected).map_err(|e| e.to_string())?;
