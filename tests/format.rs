@@ -124,13 +124,10 @@ fn text_form_round_trips_to_identical_bytes() {
     for f in common::fixtures() {
         check(&f.name, &tvm::import_tar(&f.tar()).unwrap_or_else(|e| panic!("{}: {e}", f.name)).exec);
     }
-    let inputs = relaxc::compile::ScriptInputs {
-        kernels: vec![common::root().join("fixtures/script/kernels.c")],
-        ..Default::default()
-    };
     let mut scripts = 0;
     for fixture in common::script_fixtures() {
         let program = fixture.source();
+        let inputs = fixture.options(relaxc::codegen::ExecMode::Bytecode).script;
         let loaded = relaxc::compile::load_script(&program, &inputs).unwrap_or_else(|e| panic!("{e:#}"));
         check(&program.display().to_string(), &loaded.exec);
         scripts += 1;

@@ -1,0 +1,263 @@
+#!/usr/bin/env python3
+"""Mid-size Llama: relaxc (the model built with relaxc.tvm.build, compiled mode) against
+llama.cpp (llama-cpp-python from PyPI) on the very same weights, and TVM's default build for the
+greedy tokens.
+
+The model is fixtures/tvm/llm.py's Llama at a real size: vocab 32000, hidden 1024, 8 layers, 16
+query heads and 4 KV heads of 64, FFN 2816 (156 M parameters, f32, seeded random weights), built
+with TVM's nn front end, weights bound as constants. The same weights are written as a GGUF file
+(f32) for llama.cpp, Q and K rows permuted as llama.cpp's converter permutes a Hugging Face
+Llama's (llama.cpp rotates adjacent pairs, TVM's RoPE the two halves).
+
+Before timing, the first prefill's logits of relaxc and llama.cpp must agree, and relaxc's first
+8 greedy tokens must be TVM's (default kernels). Then, in interleaved rounds, at 1 and 2 threads:
+prefill time of a 6-token prompt and decode tokens/s over --tokens new tokens; medians.
+
+Needs TVM 0.27, llama-cpp-python, gguf and numpy; builds are cached in --work (default
+/tmp/relaxc-llm-midsize, about 2.5 GB).
+
+usage: python3 bench/llm_midsize.py [--relaxc target/release/relaxc] [--tokens 32] [--rounds 3]
+"""
+import argparse
+import importlib.util
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPT = [1, 17, 42, 5, 9, 33]
+SIZES = dict(vocab=32000, hidden=1024, layers=8, heads=16, kv_heads=4, head_dim=64, ffn=2816)
+SEED = 20261124
+
+
+def llm_module():
+    spec = importlib.util.spec_from_file_location("tiny_llm", os.path.join(ROOT, "fixtures/tvm/llm.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build(work, relaxc):
+    """The relaxc model (.so), the GGUF file and TVM's greedy tokens, built once per work dir."""
+    so, gguf_path, tokens_path = (os.path.join(work, n) for n in ("llama_lib.so", "llama.gguf", "tvm_tokens.npy"))
+    if all(os.path.exists(p) for p in (so, gguf_path, tokens_path)):
+        return so, gguf_path, np.load(tokens_path)
+    os.makedirs(work, exist_ok=True)
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    os.environ.setdefault("RELAXC", relaxc)
+    import tvm
+    from tvm import relax
+
+    import relaxc.tvm
+
+    llm = llm_module()
+    shape = llm.Shape(**SIZES)
+    mod, values = llm.export_with_weights(shape, SEED)
+    weights = {k: v.numpy() for k, v in values.items()}
+    print(f"model: {sum(w.size for w in weights.values()) / 1e6:.1f} M parameters", flush=True)
+    write_gguf(gguf_path, weights, shape)
+    for fn in ["embed", "prefill", "decode"]:
+        mod = relax.transform.BindParams(fn, values)(mod)
+    t = time.time()
+    ex = relaxc.tvm.build(mod, target="llvm")
+    tar = os.path.join(work, "llama_lib.tar")
+    ex.export_library(tar)
+    print(f"relaxc.tvm.build + export: {time.time() - t:.0f} s", flush=True)
+    t = time.time()
+    subprocess.run([relaxc, "compile", tar, "--exec-mode", "compiled", "-o", so], check=True)
+    print(f"relaxc compile: {time.time() - t:.0f} s", flush=True)
+    os.remove(tar)
+    t = time.time()
+    default = relax.build(mod, target="llvm")
+    tokens = tvm_greedy(default, 8, shape.hidden)
+    print(f"TVM default build, 8 greedy tokens: {time.time() - t:.0f} s", flush=True)
+    np.save(tokens_path, np.array(tokens, np.int32))
+    return so, gguf_path, np.array(tokens, np.int32)
+
+
+def tvm_greedy(ex, n, hidden):
+    """TVM's own VM and KV cache, greedy, as fixtures/tvm/llm.py drives it."""
+    import tvm
+    import tvm_ffi
+    from tvm import relax
+
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    g = tvm.get_global_func
+    add, begin, end = g("vm.builtin.kv_state_add_sequence"), g("vm.builtin.kv_state_begin_forward"), g("vm.builtin.kv_state_end_forward")
+    kv = vm["create_paged_kv_cache"](*[tvm_ffi.Shape([v]) for v in [1, 512, 64, 16]], tvm_ffi.Shape([0]))
+    add(kv, 0)
+
+    def step(ids):
+        e = vm["embed"](tvm.runtime.tensor(np.array(ids, "int32"))).numpy()
+        fn = "prefill" if len(ids) > 1 else "decode"
+        begin(kv, tvm_ffi.Shape([0]), tvm_ffi.Shape([len(ids)]))
+        logits, _ = vm[fn](tvm.runtime.tensor(e.reshape(1, len(ids), hidden)), kv)
+        end(kv)
+        return int(logits.numpy().reshape(-1).argmax())
+
+    tokens = [step(PROMPT)]
+    while len(tokens) < n:
+        tokens.append(step([tokens[-1]]))
+    return tokens
+
+
+def permute_rope(w, heads):
+    """Rows of a Q or K projection reordered so that llama.cpp's adjacent-pair rotation computes
+    TVM's half rotation (llama.cpp's convert_hf_to_gguf does the same to a Hugging Face Llama)."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(path, w, c):
+    import gguf
+
+    out = gguf.GGUFWriter(path, "llama")
+    out.add_name("relaxc-midsize")
+    out.add_context_length(2048)
+    out.add_embedding_length(c.hidden)
+    out.add_block_count(c.layers)
+    out.add_feed_forward_length(c.ffn)
+    out.add_head_count(c.heads)
+    out.add_head_count_kv(c.kv_heads)
+    out.add_rope_dimension_count(c.head_dim)
+    out.add_layer_norm_rms_eps(1e-5)
+    out.add_rope_freq_base(10000.0)
+    out.add_file_type(gguf.LlamaFileType.ALL_F32)
+    # A vocabulary only so that llama.cpp loads the model: the benchmark feeds token ids.
+    out.add_tokenizer_model("llama")
+    out.add_token_list([f"<t{i}>".encode() for i in range(c.vocab)])
+    out.add_token_scores([0.0] * c.vocab)
+    out.add_token_types([gguf.TokenType.NORMAL] * c.vocab)
+    out.add_bos_token_id(1)
+    out.add_eos_token_id(2)
+    out.add_tensor("token_embd.weight", w["embed_tokens.weight"])
+    q_rows, kv_rows = c.heads * c.head_dim, c.kv_heads * c.head_dim
+    for i in range(c.layers):
+        p = f"layers.{i}."
+        qkv = w[p + "attn.qkv_proj.weight"]
+        q, k, v = qkv[:q_rows], qkv[q_rows:q_rows + kv_rows], qkv[q_rows + kv_rows:]
+        gate_up = w[p + "mlp.gate_up.weight"]
+        for name, tensor in [
+            ("attn_norm", w[p + "attn_norm.weight"]),
+            ("attn_q", permute_rope(q, c.heads)),
+            ("attn_k", permute_rope(k, c.kv_heads)),
+            ("attn_v", v),
+            ("attn_output", w[p + "attn.o_proj.weight"]),
+            ("ffn_norm", w[p + "mlp_norm.weight"]),
+            ("ffn_gate", gate_up[: c.ffn]),
+            ("ffn_up", gate_up[c.ffn:]),
+            ("ffn_down", w[p + "mlp.down.weight"]),
+        ]:
+            out.add_tensor(f"blk.{i}.{name}.weight", np.ascontiguousarray(tensor, np.float32))
+    out.add_tensor("output_norm.weight", w["norm.weight"])
+    out.add_tensor("output.weight", w["lm_head.weight"])
+    out.write_header_to_file()
+    out.write_kv_data_to_file()
+    out.write_tensors_to_file()
+    out.close()
+
+
+def relaxc_generate(relaxc, so, threads, tokens, runs, logits=None):
+    cmd = [relaxc, "generate", so, "--prompt", ",".join(map(str, PROMPT)), "--max-new-tokens", str(tokens),
+           "--max-total-seq-len", "512", "--prefill-chunk-size", "64"]
+    if runs:
+        cmd += ["--bench", str(runs)]
+    if logits:
+        cmd += ["--logits", logits]
+    env = dict(os.environ, TVM_NUM_THREADS=str(threads))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    new = [int(t) for t in out.splitlines()[0].split(":")[1].split()]
+    prefill = float(re.search(r"prefill: (?:median )?([0-9.]+) ms", out).group(1))
+    tps = float(re.search(r"decode: (?:median )?([0-9.]+) tokens/s", out).group(1))
+    return new, prefill, tps
+
+
+LLAMA_CPP = r"""
+import sys, time, json, numpy as np
+from llama_cpp import Llama
+path, threads, tokens, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+prompt = json.loads(sys.argv[5])
+llm = Llama(model_path=path, n_ctx=512, n_batch=64, n_threads=threads, n_threads_batch=threads, verbose=False)
+prefills, rates, first, generated = [], [], None, None
+for run in range(runs + 1):
+    llm.reset()
+    t = time.perf_counter()
+    llm.eval(prompt)
+    logits = np.array(llm.scores[llm.n_tokens - 1], np.float32)
+    prefill = time.perf_counter() - t
+    out = [int(logits.argmax())]
+    t = time.perf_counter()
+    while len(out) < tokens:
+        llm.eval([out[-1]])
+        out.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+    decode = time.perf_counter() - t
+    if run == 0:
+        first, generated = logits, out
+    else:
+        prefills.append(prefill * 1e3)
+        rates.append((tokens - 1) / decode)
+np.save(sys.argv[6], first)
+print(json.dumps({"tokens": generated, "prefill_ms": float(np.median(prefills)), "tps": float(np.median(rates))}))
+"""
+
+
+def llama_cpp(gguf_path, threads, tokens, runs, logits_path):
+    import json
+
+    out = subprocess.run([sys.executable, "-c", LLAMA_CPP, gguf_path, str(threads), str(tokens), str(runs), json.dumps(PROMPT),
+                          logits_path], check=True, capture_output=True, text=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    return r["tokens"], r["prefill_ms"], r["tps"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--relaxc", default=os.path.join(ROOT, "target/release/relaxc"))
+    ap.add_argument("--work", default="/tmp/relaxc-llm-midsize")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3, help="generations per measurement (after a warm-up)")
+    args = ap.parse_args()
+    relaxc = os.path.abspath(args.relaxc)
+    so, gguf_path, tvm_tokens = build(args.work, relaxc)
+
+    # Agreement before timing: first prefill's logits, and TVM's first 8 greedy tokens.
+    ours = os.path.join(args.work, "relaxc_logits.npz")
+    new, _, _ = relaxc_generate(relaxc, so, 2, 8, 0, logits=ours)
+    theirs = os.path.join(args.work, "llama_cpp_logits.npy")
+    cpp_tokens, _, _ = llama_cpp(gguf_path, 2, 8, 0, theirs)
+    a, b = np.load(ours)["logits"][0], np.load(theirs)
+    diff = float(np.abs(a - b).max() / np.abs(b).max())
+    print(f"first prefill logits: relaxc vs llama.cpp max |diff| {diff:.2e} of the largest logit; argmax {a.argmax()} / {b.argmax()}")
+    print(f"greedy tokens: TVM default {list(tvm_tokens)}, relaxc {new}, llama.cpp {cpp_tokens}")
+    if diff > 1e-3 or list(tvm_tokens) != new[:8]:
+        sys.exit("relaxc disagrees with llama.cpp or TVM: not timing")
+
+    results = {}
+    for r in range(args.rounds):
+        for threads in [1, 2]:
+            _, p, t = relaxc_generate(relaxc, so, threads, args.tokens, args.runs)
+            results.setdefault(("relaxc", threads), []).append((p, t))
+            _, p, t = llama_cpp(gguf_path, threads, args.tokens, args.runs, theirs)
+            results.setdefault(("llama.cpp", threads), []).append((p, t))
+        print(f"round {r + 1} of {args.rounds} done", flush=True)
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+    print(f"\n{cpu}, {os.cpu_count()} cores; {len(PROMPT)}-token prompt, {args.tokens} new tokens; medians of {args.rounds} "
+          f"rounds of {args.runs} runs")
+    print("| threads | relaxc prefill (ms) | llama.cpp prefill (ms) | relaxc decode (tok/s) | llama.cpp decode (tok/s) | decode relaxc / llama.cpp |")
+    print("|---|---|---|---|---|---|")
+    for threads in [1, 2]:
+        rp = statistics.median(p for p, _ in results[("relaxc", threads)])
+        rt = statistics.median(t for _, t in results[("relaxc", threads)])
+        lp = statistics.median(p for p, _ in results[("llama.cpp", threads)])
+        lt = statistics.median(t for _, t in results[("llama.cpp", threads)])
+        print(f"| {threads} | {rp:.1f} | {lp:.1f} | {rt:.2f} | {lt:.2f} | {rt / lt:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
