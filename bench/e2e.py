@@ -85,7 +85,7 @@ def microseconds(text):
     return float(value) * (1000 if unit == "ms" else 1)
 
 
-def prepare(work, relaxc, models):
+def prepare(work, relaxc_bin, models):
     import numpy as np
     import onnx
     from tvm.relax.frontend.onnx import from_onnx
@@ -99,7 +99,7 @@ def prepare(work, relaxc, models):
         np.savez(inputs, **{f"arg{i}": a for i, a in enumerate(args)})
         tar = os.path.join(work, f"{label}.tar")
         relaxc.tvm.build(from_onnx(model, keep_params_in_input=False), target="llvm").export_library(tar)
-        subprocess.run([relaxc, "compile", tar, "--exec-mode", "compiled", "-o", so], check=True)
+        subprocess.run([relaxc_bin, "compile", tar, "--exec-mode", "compiled", "-o", so], check=True)
         built.append((label, onnx_path, so, inputs))
     return built
 

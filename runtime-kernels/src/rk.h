@@ -191,6 +191,20 @@ RVM_HIDDEN float rk_activate(float x, rk_act act, float lo, float hi);
 /* The same to n values in place, a loop per activation so that each vectorizes. */
 RVM_HIDDEN void rk_activate_all(float *x, int64_t n, rk_act act, float lo, float hi);
 
+/* ---- convolution parameters ------------------------------------------------------------------ */
+
+/* A convolution's attributes, in the order of its params shape. */
+typedef struct conv_params {
+  int64_t kh, kw, sh, sw, pad_top, pad_left, pad_bottom, pad_right, dh, dw, groups;
+} conv_params;
+
+/* Argument i as a convolution's params shape, checked (positive sizes, no negative padding). */
+RVM_HIDDEN int rk_conv_params(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, conv_params *p);
+/* x and out NCHW and consistent with p, bias one per output channel, residual out's shape; fills
+ * the output's extents. */
+RVM_HIDDEN int rk_conv_check_shapes(const char *kernel, const conv_params *p, const DLTensor *x, const DLTensor *out,
+                                    const DLTensor *bias, const DLTensor *residual, int64_t *oh, int64_t *ow);
+
 /* ---- arguments ---------------------------------------------------------------------------- */
 
 /* A float32 CPU tensor argument, compact (row-major, strides NULL or matching), or a raised
