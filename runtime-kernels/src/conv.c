@@ -70,7 +70,8 @@ static void pack_conv_b(const void *source, int64_t p0, int64_t panels, int64_t 
       const float *src = b->image + ic * plane + kr * p->dh * b->wp + ks * p->dw;
       float *row = out + k * RK_NR;
       if (consecutive) {
-        memcpy(row, src + base[0], sizeof(float) * RK_NR);
+        RK_F8_STORE(row, rk_f8_load(src + base[0]));
+        RK_F8_STORE(row + 8, rk_f8_load(src + base[0] + 8));
       } else {
         for (int64_t j = 0; j < valid; j++) row[j] = src[base[j]];
         for (int64_t j = valid; j < RK_NR; j++) row[j] = 0.0f;

@@ -111,39 +111,64 @@ void rk_activate_all(float *x, int64_t n, rk_act act, float lo, float hi) {
   }
 }
 
+/* The epilogue on one row of RK_NR results in place: scale, bias, residual, activation. */
+static inline __attribute__((always_inline)) void finish_row(const rk_epilogue *ep, float *row, int64_t i, int64_t j0,
+                                                            const float *res, int64_t res_cs, int64_t nr) {
+  if (ep->alpha != 1.0f)
+    for (int j = 0; j < RK_NR; j++) row[j] *= ep->alpha;
+  if (ep->bias) {
+    if (ep->bias_per_row) {
+      float b = ep->bias[i];
+      for (int j = 0; j < RK_NR; j++) row[j] += b;
+    } else {
+      for (int64_t j = 0; j < nr; j++) row[j] += ep->bias[j0 + j];
+    }
+  }
+  if (res)
+    for (int64_t j = 0; j < nr; j++) row[j] += res[j * res_cs];
+  switch (ep->act) {
+    case RK_ACT_NONE: break;
+    case RK_ACT_RELU:
+      for (int j = 0; j < RK_NR; j++) row[j] = row[j] > 0.0f ? row[j] : 0.0f;
+      break;
+    case RK_ACT_CLIP:
+      for (int j = 0; j < RK_NR; j++) row[j] = row[j] < ep->lo ? ep->lo : (row[j] > ep->hi ? ep->hi : row[j]);
+      break;
+    default: rk_activate_all(row, RK_NR, ep->act, ep->lo, ep->hi); break;
+  }
+}
+
 /* Writes a tile's mr x nr results into C at (i0, j0): added to what C holds unless this is the
- * first block of k; on the last block, scaled and passed through the epilogue. */
-static void store_tile(const rk_gemm *g, const float *tile, int64_t i0, int64_t mr, int64_t j0, int64_t nr, bool first,
-                       bool last) {
+ * first block of k; on the last block, passed through the epilogue. Rows are handled whole
+ * (RK_NR values, the loops vectorize); only the first nr are stored. */
+static inline __attribute__((always_inline)) void store_tile(const rk_gemm *g, const float *tile, int64_t i0, int64_t mr,
+                                                            int64_t j0, int64_t nr, bool first, bool last) {
   const rk_epilogue *ep = &g->ep;
+  bool contiguous = g->c_cs == 1 && nr == RK_NR;
   for (int64_t r = 0; r < mr; r++) {
-    const float *t = tile + r * RK_NR;
     float *c = g->c + (i0 + r) * g->c_rs + j0 * g->c_cs;
     float row[RK_NR];
-    if (first) {
-      for (int64_t j = 0; j < nr; j++) row[j] = t[j];
-    } else {
-      for (int64_t j = 0; j < nr; j++) row[j] = c[j * g->c_cs] + t[j];
+    rk_f8 lo = rk_f8_load(tile + r * RK_NR), hi = rk_f8_load(tile + r * RK_NR + 8);
+    if (!first) {
+      if (contiguous) {
+        lo += rk_f8_load(c);
+        hi += rk_f8_load(c + 8);
+      } else {
+        float old[RK_NR] = {0};
+        for (int64_t j = 0; j < nr; j++) old[j] = c[j * g->c_cs];
+        lo += rk_f8_load(old);
+        hi += rk_f8_load(old + 8);
+      }
     }
+    RK_F8_STORE(row, lo);
+    RK_F8_STORE(row + 8, hi);
     if (last) {
-      if (ep->alpha != 1.0f)
-        for (int64_t j = 0; j < nr; j++) row[j] *= ep->alpha;
-      if (ep->bias) {
-        if (ep->bias_per_row) {
-          float b = ep->bias[i0 + r];
-          for (int64_t j = 0; j < nr; j++) row[j] += b;
-        } else {
-          for (int64_t j = 0; j < nr; j++) row[j] += ep->bias[j0 + j];
-        }
-      }
-      if (ep->residual) {
-        const float *res = ep->residual + (i0 + r) * ep->res_rs + j0 * ep->res_cs;
-        for (int64_t j = 0; j < nr; j++) row[j] += res[j * ep->res_cs];
-      }
-      rk_activate_all(row, nr, ep->act, ep->lo, ep->hi);
+      const float *res = ep->residual ? ep->residual + (i0 + r) * ep->res_rs + j0 * ep->res_cs : NULL;
+      finish_row(ep, row, i0 + r, j0, res, ep->res_cs, nr);
     }
-    if (g->c_cs == 1) {
-      memcpy(c, row, sizeof(float) * (size_t)nr);
+    if (contiguous) {
+      RK_F8_STORE(c, rk_f8_load(row));
+      RK_F8_STORE(c + 8, rk_f8_load(row + 8));
     } else {
       for (int64_t j = 0; j < nr; j++) c[j * g->c_cs] = row[j];
     }
@@ -159,15 +184,37 @@ typedef struct gemm_job {
   int64_t mc;                                    /* rows per block */
   const float *const *b_packed;                  /* per problem */
   rk_ukernel_fn ukernel;
+  rk_ukernel_c_fn ukernel_c;                     /* NULL where the instruction set has none */
   rk_gemv4_fn gemv4;
 } gemm_job;
+
+/* One tile: rows [i0, i0 + mr) by columns [j0, j0 + nr) from a strip of A and a panel of B. A
+ * full tile whose epilogue the C-writing micro-kernel has goes straight from registers to C;
+ * any other through a tile and store_tile (the same bits either way). */
+static inline __attribute__((always_inline)) void compute_tile(const gemm_job *job, const rk_gemm *g, int64_t kc,
+                                                              const float *strip, const float *panel, int64_t i0,
+                                                              int64_t mr, int64_t j0, int64_t nr, bool first,
+                                                              bool last) {
+  const rk_epilogue *ep = &g->ep;
+  bool simple_epilogue = ep->act <= RK_ACT_CLIP && (!ep->residual || ep->res_cs == 1);
+  if (job->ukernel_c && nr == RK_NR && g->c_cs == 1 && (!last || simple_epilogue)) {
+    rk_tile_epilogue t = {first, last, ep->alpha, ep->lo, ep->hi, ep->act, NULL, ep->bias_per_row, NULL, ep->res_rs};
+    if (ep->bias) t.bias = ep->bias + (ep->bias_per_row ? i0 : j0);
+    if (ep->residual) t.residual = ep->residual + i0 * ep->res_rs + j0;
+    job->ukernel_c(kc, strip, panel, g->c + i0 * g->c_rs + j0, g->c_rs, (int)mr, &t);
+    return;
+  }
+  float tile[RK_MR * RK_NR] __attribute__((aligned(64)));
+  job->ukernel(kc, strip, panel, tile, (int)mr);
+  store_tile(g, tile, i0, mr, j0, nr, first, last);
+}
 
 /* Computes rows [m_begin, m_end) and column panels [p_begin, p_end) of one product, one block of
  * rk_kc(k) reduction steps at a time: A's strips (packed here unless prepacked) and B's panels
  * (gathered here when B has a packer) for the block, then every strip against every panel. */
-static void run_block(const gemm_job *job, const rk_gemm *g, const float *b_packed, int64_t m_begin, int64_t m_end,
+static inline __attribute__((always_inline)) void run_block(const gemm_job *job, const rk_gemm *g,
+                                                           const float *b_packed, int64_t m_begin, int64_t m_end,
                      int64_t p_begin, int64_t p_end, float *a_pack, float *b_block) {
-  float tile[RK_MR * RK_NR] __attribute__((aligned(64)));
   int64_t strips = (m_end - m_begin + RK_MR - 1) / RK_MR;
   int64_t step = rk_kc(g->k);
   for (int64_t k0 = 0; k0 < g->k; k0 += step) {
@@ -187,8 +234,7 @@ static void run_block(const gemm_job *job, const rk_gemm *g, const float *b_pack
         int64_t i0 = m_begin + s * RK_MR, mr = m_end - i0 < RK_MR ? m_end - i0 : RK_MR;
         const float *strip =
             g->a_packed ? g->a_packed + ((i0 / RK_MR) * g->k + k0) * RK_MR : a_pack + s * kc * RK_MR;
-        job->ukernel(kc, strip, panel, tile, (int)mr);
-        store_tile(g, tile, i0, mr, j0, nr, first, last);
+        compute_tile(job, g, kc, strip, panel, i0, mr, j0, nr, first, last);
       }
     }
   }
@@ -208,9 +254,9 @@ static void balanced_strip(int64_t m, int64_t strips, int64_t s, int64_t *begin,
   *end = *begin + base + (s < extra ? 1 : 0);
 }
 
-static void run_streaming(const gemm_job *job, const rk_gemm *g, const float *b_packed, int64_t p_begin, int64_t p_end,
-                          float *a_pack) {
-  float tile[RK_MR * RK_NR] __attribute__((aligned(64)));
+static inline __attribute__((always_inline)) void run_streaming(const gemm_job *job, const rk_gemm *g,
+                                                               const float *b_packed, int64_t p_begin, int64_t p_end,
+                                                               float *a_pack) {
   int64_t strips = (g->m + RK_MR - 1) / RK_MR, step = rk_kc(g->k);
   for (int64_t s = 0; s < strips; s++) {
     int64_t i0, i1;
@@ -241,27 +287,19 @@ static void run_streaming(const gemm_job *job, const rk_gemm *g, const float *b_
       for (int64_t s = 0; s < strips; s++) {
         int64_t i0, i1;
         balanced_strip(g->m, strips, s, &i0, &i1);
-        job->ukernel(kc, a_pack + (s * g->k + k0) * RK_MR, panel, tile, (int)(i1 - i0));
-        store_tile(g, tile, i0, i1 - i0, j0, nr, k0 == 0, k0 + kc == g->k);
+        compute_tile(job, g, kc, a_pack + (s * g->k + k0) * RK_MR, panel, i0, i1 - i0, j0, nr, k0 == 0,
+                     k0 + kc == g->k);
       }
     }
   }
 }
 
-static int gemm_task(int task, int num_tasks, void *ctx) {
-  const gemm_job *job = ctx;
-  int64_t per_problem = job->m_blocks * job->n_blocks, begin, end;
-  rk_split(job->count * per_problem, task, num_tasks, &begin, &end);
-  if (begin == end) return 0;
+/* Units [begin, end) of the job: blocks of a product's rows and column panels. */
+static inline __attribute__((always_inline)) void run_units(const gemm_job *job, int64_t begin, int64_t end,
+                                                           float *a_pack, float *b_block) {
   const rk_gemm *g0 = &job->problems[0];
   bool streaming = g0->m <= RK_STREAM_ROWS && !g0->pack_b && !g0->a_packed;
-  int64_t kc_max = rk_kc(g0->k);
-  size_t pack_floats = streaming ? (size_t)((g0->m + RK_MR - 1) / RK_MR * RK_MR * g0->k) : (size_t)(RK_MC * kc_max);
-  float *a_pack = g0->a_packed ? NULL : rk_scratch(RK_SLOT_A_PACK, sizeof(float) * pack_floats);
-  float *b_block =
-      g0->pack_b ? rk_scratch(RK_SLOT_B_BLOCK, sizeof(float) * (size_t)(job->panels_per_block * kc_max * RK_NR)) : NULL;
-  if ((!g0->a_packed && !a_pack) || (g0->pack_b && !b_block)) return rk_out_of_memory("gemm");
-  int64_t panels = (g0->n + RK_NR - 1) / RK_NR;
+  int64_t per_problem = job->m_blocks * job->n_blocks, panels = (g0->n + RK_NR - 1) / RK_NR;
   for (int64_t u = begin; u < end; u++) {
     /* Consecutive units of a task share their column block, so its panels stay in cache. */
     int64_t p = u / per_problem, rest = u % per_problem;
@@ -276,6 +314,40 @@ static int gemm_task(int task, int num_tasks, void *ctx) {
       run_block(job, g, job->b_packed[p], m_begin, m_end, p_begin, p_end, a_pack, b_block);
     }
   }
+}
+
+/* The driver compiled twice, so that its packing and epilogue use AVX2 where the CPU has it. */
+static void run_units_generic(const gemm_job *job, int64_t begin, int64_t end, float *a_pack, float *b_block) {
+  run_units(job, begin, end, a_pack, b_block);
+}
+
+#if defined(__x86_64__)
+RK_AVX2_TARGET static void run_units_avx2(const gemm_job *job, int64_t begin, int64_t end, float *a_pack,
+                                          float *b_block) {
+  run_units(job, begin, end, a_pack, b_block);
+}
+#endif
+
+static int gemm_task(int task, int num_tasks, void *ctx) {
+  const gemm_job *job = ctx;
+  int64_t begin, end;
+  rk_split(job->count * job->m_blocks * job->n_blocks, task, num_tasks, &begin, &end);
+  if (begin == end) return 0;
+  const rk_gemm *g0 = &job->problems[0];
+  bool streaming = g0->m <= RK_STREAM_ROWS && !g0->pack_b && !g0->a_packed;
+  int64_t kc_max = rk_kc(g0->k);
+  size_t pack_floats = streaming ? (size_t)((g0->m + RK_MR - 1) / RK_MR * RK_MR * g0->k) : (size_t)(RK_MC * kc_max);
+  float *a_pack = g0->a_packed ? NULL : rk_scratch(RK_SLOT_A_PACK, sizeof(float) * pack_floats);
+  float *b_block =
+      g0->pack_b ? rk_scratch(RK_SLOT_B_BLOCK, sizeof(float) * (size_t)(job->panels_per_block * kc_max * RK_NR)) : NULL;
+  if ((!g0->a_packed && !a_pack) || (g0->pack_b && !b_block)) return rk_out_of_memory("gemm");
+#if defined(__x86_64__)
+  if (rk_cpu_isa() == RK_ISA_AVX2) {
+    run_units_avx2(job, begin, end, a_pack, b_block);
+    return 0;
+  }
+#endif
+  run_units_generic(job, begin, end, a_pack, b_block);
   return 0;
 }
 
@@ -320,8 +392,8 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
   /* Prepacked A needs no packing buffer, so a block may take every row: B's gathered panels are
    * then used by all of them. */
   int64_t mc = g0->a_packed ? (g0->m + RK_MR - 1) / RK_MR * RK_MR : RK_MC;
-  gemm_job job = {problems, count, (g0->m + mc - 1) / mc, 1, panels, mc, b_packed, rk_ukernel(rk_cpu_isa()),
-                  rk_gemv4(rk_cpu_isa())};
+  gemm_job job = {problems,          count, (g0->m + mc - 1) / mc, 1, panels, mc, b_packed, rk_ukernel(rk_cpu_isa()),
+                  rk_ukernel_c(rk_cpu_isa()), rk_gemv4(rk_cpu_isa())};
   double macs = (double)count * (double)g0->m * (double)g0->n * (double)g0->k;
   int64_t threads = macs < RK_PARALLEL_MIN_MACS ? 1 : rk_max_threads();
   /* Enough blocks for every thread (four each, for balance), in whole panels. */

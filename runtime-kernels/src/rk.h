@@ -186,6 +186,26 @@ RVM_HIDDEN rk_ukernel_fn rk_ukernel(rk_isa isa);
 typedef void (*rk_gemv4_fn)(int64_t kc, const float *a, const float *b, int64_t stride, float *tile);
 RVM_HIDDEN rk_gemv4_fn rk_gemv4(rk_isa isa);
 
+/* What a micro-kernel that writes C itself does after its sums (the tile is full: RK_NR
+ * contiguous columns): add C's values unless `first`; on `last`, scale, add the bias (per row
+ * of the tile or per column) and the residual rows, and apply none, relu or clip, exactly as
+ * store_tile would, so that which of the two writes a tile never changes a bit. */
+typedef struct rk_tile_epilogue {
+  bool first, last;
+  float alpha, lo, hi;
+  rk_act act;              /* RK_ACT_NONE, RK_ACT_RELU or RK_ACT_CLIP */
+  const float *bias;       /* NULL, or the tile's first row's value (per row) or first column's */
+  bool bias_per_row;
+  const float *residual;   /* NULL, or the tile's first row of the residual */
+  int64_t res_rs;
+} rk_tile_epilogue;
+
+/* The micro-kernel writing rows of C (c, row stride c_rs) itself; NULL where the instruction set
+ * has none (the portable and NEON builds write through a tile). */
+typedef void (*rk_ukernel_c_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t c_rs, int mr,
+                                const rk_tile_epilogue *ep);
+RVM_HIDDEN rk_ukernel_c_fn rk_ukernel_c(rk_isa isa);
+
 /* Applies an activation to one value, as every kernel's epilogue does (rk_math.h's functions). */
 RVM_HIDDEN float rk_activate(float x, rk_act act, float lo, float hi);
 /* The same to n values in place, a loop per activation so that each vectorizes. */

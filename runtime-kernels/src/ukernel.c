@@ -137,6 +137,79 @@ RK_AVX2 static void avx2_gemv4(int64_t kc, const float *a, const float *b, int64
   _mm256_storeu_ps(tile + 56, c31);
 }
 
+/* One row r of the tile into C: the epilogue of rk_tile_epilogue, in store_tile's order. relu
+ * and clip by comparison and blend, as the scalar `x > 0 ? x : 0` and
+ * `x < lo ? lo : (x > hi ? hi : x)`: NaN and -0.0 come out as they do there. */
+#define AVX2_ROW_OUT(r)                                                                          \
+  if (mr > r) {                                                                                  \
+    float *cr = c + r * c_rs;                                                                    \
+    __m256 v0 = c##r##0, v1 = c##r##1;                                                           \
+    if (!ep->first) {                                                                            \
+      v0 = _mm256_add_ps(_mm256_loadu_ps(cr), v0);                                               \
+      v1 = _mm256_add_ps(_mm256_loadu_ps(cr + 8), v1);                                           \
+    }                                                                                            \
+    if (ep->last) {                                                                              \
+      if (ep->alpha != 1.0f) {                                                                   \
+        v0 = _mm256_mul_ps(v0, alpha);                                                           \
+        v1 = _mm256_mul_ps(v1, alpha);                                                           \
+      }                                                                                          \
+      if (ep->bias) {                                                                            \
+        if (ep->bias_per_row) {                                                                  \
+          __m256 b = _mm256_broadcast_ss(ep->bias + r);                                          \
+          v0 = _mm256_add_ps(v0, b);                                                             \
+          v1 = _mm256_add_ps(v1, b);                                                             \
+        } else {                                                                                 \
+          v0 = _mm256_add_ps(v0, _mm256_loadu_ps(ep->bias));                                     \
+          v1 = _mm256_add_ps(v1, _mm256_loadu_ps(ep->bias + 8));                                 \
+        }                                                                                        \
+      }                                                                                          \
+      if (ep->residual) {                                                                        \
+        v0 = _mm256_add_ps(v0, _mm256_loadu_ps(ep->residual + r * ep->res_rs));                  \
+        v1 = _mm256_add_ps(v1, _mm256_loadu_ps(ep->residual + r * ep->res_rs + 8));              \
+      }                                                                                          \
+      if (ep->act == RK_ACT_RELU) {                                                              \
+        v0 = _mm256_blendv_ps(zero, v0, _mm256_cmp_ps(v0, zero, _CMP_GT_OQ));                    \
+        v1 = _mm256_blendv_ps(zero, v1, _mm256_cmp_ps(v1, zero, _CMP_GT_OQ));                    \
+      } else if (ep->act == RK_ACT_CLIP) {                                                       \
+        v0 = _mm256_blendv_ps(_mm256_blendv_ps(v0, hi, _mm256_cmp_ps(v0, hi, _CMP_GT_OQ)), lo,   \
+                              _mm256_cmp_ps(v0, lo, _CMP_LT_OQ));                                \
+        v1 = _mm256_blendv_ps(_mm256_blendv_ps(v1, hi, _mm256_cmp_ps(v1, hi, _CMP_GT_OQ)), lo,   \
+                              _mm256_cmp_ps(v1, lo, _CMP_LT_OQ));                                \
+      }                                                                                          \
+    }                                                                                            \
+    _mm256_storeu_ps(cr, v0);                                                                    \
+    _mm256_storeu_ps(cr + 8, v1);                                                                \
+  }
+
+RK_AVX2 static inline __attribute__((always_inline)) void avx2_body_c(int64_t kc, const float *a, const float *b,
+                                                                      float *c, int64_t c_rs, const int mr,
+                                                                      const rk_tile_epilogue *ep) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  for (int64_t k = 0; k < kc; k++) {
+    _mm_prefetch((const char *)(b + UKERNEL_PREFETCH), _MM_HINT_T0);
+    __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+    AVX2_ROW(0) AVX2_ROW(1) AVX2_ROW(2) AVX2_ROW(3) AVX2_ROW(4) AVX2_ROW(5)
+    a += RK_MR;
+    b += RK_NR;
+  }
+  __m256 zero = _mm256_setzero_ps(), alpha = _mm256_set1_ps(ep->alpha);
+  __m256 lo = _mm256_set1_ps(ep->lo), hi = _mm256_set1_ps(ep->hi);
+  AVX2_ROW_OUT(0) AVX2_ROW_OUT(1) AVX2_ROW_OUT(2) AVX2_ROW_OUT(3) AVX2_ROW_OUT(4) AVX2_ROW_OUT(5)
+}
+
+RK_AVX2 static void avx2_ukernel_c(int64_t kc, const float *a, const float *b, float *c, int64_t c_rs, int mr,
+                                   const rk_tile_epilogue *ep) {
+  switch (mr) {
+    case 1: avx2_body_c(kc, a, b, c, c_rs, 1, ep); break;
+    case 2: avx2_body_c(kc, a, b, c, c_rs, 2, ep); break;
+    case 3: avx2_body_c(kc, a, b, c, c_rs, 3, ep); break;
+    case 4: avx2_body_c(kc, a, b, c, c_rs, 4, ep); break;
+    case 5: avx2_body_c(kc, a, b, c, c_rs, 5, ep); break;
+    default: avx2_body_c(kc, a, b, c, c_rs, 6, ep); break;
+  }
+}
+
 static bool cpu_has_avx2_fma(void) {
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
@@ -246,6 +319,14 @@ rk_gemv4_fn rk_gemv4(rk_isa isa) {
 #endif
     default: return generic_gemv4;
   }
+}
+
+rk_ukernel_c_fn rk_ukernel_c(rk_isa isa) {
+#if defined(__x86_64__)
+  if (isa == RK_ISA_AVX2) return avx2_ukernel_c;
+#endif
+  (void)isa;
+  return NULL;
 }
 
 rk_ukernel_fn rk_ukernel(rk_isa isa) {
