@@ -4,9 +4,13 @@
  *
  * TVM's kernels split their loops themselves: task t of n covers its share, so the runtime only
  * has to run tasks 0..n-1 at once and wait for all of them. As in TVM, the calling thread runs
- * task 0 and persistent workers run the rest; workers spin briefly for the next job (kernels
- * come in quick succession) and then sleep. The pool is sized once, at the first parallel
- * kernel, from TVM_NUM_THREADS (TVM's variable, so deployment scripts keep working), then
+ * task 0 and persistent workers run the rest. Between jobs a worker spins for the next one for
+ * RELAXC_POOL_SPIN_US microseconds (2000 by default) before it sleeps: a model's parallel
+ * kernels come between short serial ones, and a sleeping worker costs the next launch a
+ * wake-up of tens of microseconds on a VM (TVM's workers spin 300,000 sched_yields, OpenMP's
+ * 200 ms). The launcher takes the lock to wake workers only when one sleeps, and the caller
+ * waits for the workers the same way. The pool is sized once, at the first parallel kernel,
+ * from TVM_NUM_THREADS (TVM's variable, so deployment scripts keep working), then
  * OMP_NUM_THREADS, else the number of online CPUs; no thread exists before that.
  *
  * One pool serves the whole library. A launch that finds it busy (another VM's kernel on
@@ -19,11 +23,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
 
-enum { MAX_THREADS = 1024, SPIN_ROUNDS = 1 << 14, SYNC_STRIDE = 16 /* ints: one cache line each */ };
+enum { MAX_THREADS = 1024, SYNC_STRIDE = 16 /* ints: one cache line each */ };
+/* Spins between looks at the clock (a vDSO call): a few microseconds of pause instructions. */
+enum { SPINS_PER_CLOCK = 256 };
+#define DEFAULT_SPIN_US 2000
 
 typedef struct pool {
   int num_threads; /* the caller plus the workers */
@@ -39,6 +47,9 @@ typedef struct pool {
   TVMParallelGroupEnv env;
   atomic_int pending; /* worker tasks not finished */
   atomic_int failed;  /* a task failed; its error is below */
+  atomic_int sleepers; /* workers asleep on `wake` (or about to be) */
+  atomic_bool caller_sleeps; /* the launcher asleep on `done` (or about to be) */
+  int64_t spin_ns;     /* how long a waiting thread spins before it sleeps */
   char error_kind[48];
   char error_message[2048];
   atomic_int *sync; /* barrier counters, SYNC_STRIDE apart */
@@ -76,6 +87,50 @@ static int configured_threads(void) {
   return fallback;
 }
 
+static int64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* RELAXC_POOL_SPIN_US, else the default; a value that is not a number of microseconds is
+ * reported once and ignored. */
+static int64_t configured_spin_ns(void) {
+  const char *v = getenv("RELAXC_POOL_SPIN_US");
+  if (!v) return (int64_t)DEFAULT_SPIN_US * 1000;
+  char *end = NULL;
+  errno = 0;
+  long us = strtol(v, &end, 10);
+  if (errno == 0 && end != v && *end == '\0' && us >= 0 && us <= 10000000) return (int64_t)us * 1000;
+  fprintf(stderr, "relaxc runtime: warning: RELAXC_POOL_SPIN_US=\"%s\" is not a number of microseconds; using %d\n", v,
+          DEFAULT_SPIN_US);
+  return (int64_t)DEFAULT_SPIN_US * 1000;
+}
+
+/* Spins until `done(p)` holds or the pool's spin time has passed; whether it holds. */
+static bool spin_until(pool *p, bool (*done)(pool *, unsigned), unsigned arg) {
+  int64_t deadline = 0;
+  for (;;) {
+    for (int i = 0; i < SPINS_PER_CLOCK; i++) {
+      if (done(p, arg)) return true;
+      cpu_relax();
+    }
+    int64_t t = now_ns();
+    if (deadline == 0) deadline = t + p->spin_ns;
+    if (t >= deadline) return done(p, arg);
+  }
+}
+
+/* Both checks are sequentially consistent loads: each follows, on the sleeping side, a
+ * sequentially consistent write of `sleepers` or `caller_sleeps` that the other side reads after
+ * its own write, so one of the two always sees the other. */
+static bool job_posted(pool *p, unsigned seen) { return atomic_load(&p->generation) != seen || atomic_load(&p->stop); }
+
+static bool workers_finished(pool *p, unsigned unused) {
+  (void)unused;
+  return atomic_load(&p->pending) == 0;
+}
+
 static void record_failure(pool *p) {
   int expected = 0;
   if (atomic_compare_exchange_strong(&p->failed, &expected, 1)) {
@@ -89,22 +144,20 @@ static void *worker_main(void *arg) {
   int id = (int)(intptr_t)arg;
   unsigned seen = 0;
   for (;;) {
-    unsigned g = atomic_load_explicit(&p->generation, memory_order_acquire);
-    for (int spin = 0; g == seen && spin < SPIN_ROUNDS && !atomic_load_explicit(&p->stop, memory_order_relaxed); spin++) {
-      cpu_relax();
-      g = atomic_load_explicit(&p->generation, memory_order_acquire);
-    }
-    if (g == seen) {
+    if (!spin_until(p, job_posted, seen)) {
+      /* Sleep. Counting itself a sleeper before it looks at `generation` again (both sequentially
+       * consistent) means a launcher that moves `generation` either is seen here or sees the
+       * sleeper and takes the lock to wake it. */
       pthread_mutex_lock(&p->lock);
-      while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen &&
-             !atomic_load_explicit(&p->stop, memory_order_relaxed))
-        pthread_cond_wait(&p->wake, &p->lock);
+      atomic_fetch_add(&p->sleepers, 1);
+      while (!job_posted(p, seen)) pthread_cond_wait(&p->wake, &p->lock);
+      atomic_fetch_sub(&p->sleepers, 1);
       pthread_mutex_unlock(&p->lock);
     }
     if (atomic_load_explicit(&p->stop, memory_order_relaxed)) return NULL;
-    seen = g;
+    seen = atomic_load(&p->generation);
     if (id < p->env.num_task && p->f(id, &p->env, p->cdata) != 0) record_failure(p);
-    if (atomic_fetch_sub_explicit(&p->pending, 1, memory_order_acq_rel) == 1) {
+    if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_sleeps)) {
       pthread_mutex_lock(&p->lock);
       pthread_cond_signal(&p->done);
       pthread_mutex_unlock(&p->lock);
@@ -115,6 +168,7 @@ static void *worker_main(void *arg) {
 static void start_pool(void) {
   pool *p = &the_pool;
   p->num_threads = configured_threads();
+  p->spin_ns = configured_spin_ns();
   pthread_mutex_init(&p->lock, NULL);
   pthread_cond_init(&p->wake, NULL);
   pthread_cond_init(&p->done, NULL);
@@ -179,16 +233,19 @@ RVM_HIDDEN int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void *cdata,
   p->env.num_task = num_task;
   atomic_store_explicit(&p->failed, 0, memory_order_relaxed);
   atomic_store_explicit(&p->pending, p->num_threads - 1, memory_order_relaxed);
-  pthread_mutex_lock(&p->lock);
-  atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
-  pthread_cond_broadcast(&p->wake);
-  pthread_mutex_unlock(&p->lock);
+  atomic_fetch_add(&p->generation, 1);
+  if (atomic_load(&p->sleepers) > 0) {
+    pthread_mutex_lock(&p->lock);
+    pthread_cond_broadcast(&p->wake);
+    pthread_mutex_unlock(&p->lock);
+  }
 
   int rc = flambda(0, &p->env, cdata);
-  for (int spin = 0; atomic_load_explicit(&p->pending, memory_order_acquire) > 0 && spin < SPIN_ROUNDS; spin++) cpu_relax();
-  if (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) {
+  if (!spin_until(p, workers_finished, 0)) {
     pthread_mutex_lock(&p->lock);
-    while (atomic_load_explicit(&p->pending, memory_order_acquire) > 0) pthread_cond_wait(&p->done, &p->lock);
+    atomic_store(&p->caller_sleeps, true);
+    while (!workers_finished(p, 0)) pthread_cond_wait(&p->done, &p->lock);
+    atomic_store(&p->caller_sleeps, false);
     pthread_mutex_unlock(&p->lock);
   }
   if (rc == 0 && atomic_load_explicit(&p->failed, memory_order_acquire)) rc = rvm_raise(p->error_kind, "%s", p->error_message);
