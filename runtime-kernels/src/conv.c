@@ -54,26 +54,35 @@ static void pack_conv_b(const void *source, int64_t p0, int64_t panels, int64_t 
   const conv_params *p = b->p;
   int64_t taps = p->kh * p->kw, plane = b->hp * b->wp;
   for (int64_t q = 0; q < panels; q++) {
-    int64_t base[RK_NR], valid = 0;
-    for (int64_t j = 0; j < RK_NR; j++) {
-      int64_t pixel = (p0 + q) * RK_NR + j;
-      if (pixel >= b->pixels) break;
-      base[j] = pixel / b->ow * p->sh * b->wp + pixel % b->ow * p->sw;
+    /* The panel's pixels as runs of ones side by side in the input (a run per output row at
+     * stride 1; of single pixels at stride 2): each run is one copy per reduction step. */
+    int64_t start[RK_NR], length[RK_NR], runs = 0, valid = 0;
+    int64_t first = (p0 + q) * RK_NR, y = first / b->ow, x = first % b->ow;
+    for (int64_t j = 0; j < RK_NR && first + j < b->pixels; j++) {
+      int64_t at = y * p->sh * b->wp + x * p->sw;
+      if (runs > 0 && start[runs - 1] + length[runs - 1] == at) {
+        length[runs - 1]++;
+      } else {
+        start[runs] = at, length[runs] = 1, runs++;
+      }
       valid++;
+      if (++x == b->ow) x = 0, y++;
     }
-    /* Sixteen pixels side by side in the input (stride 1 within a row, or a 1x1 convolution
-     * whose rows follow one another) are one copy per reduction step. */
-    bool consecutive = valid == RK_NR && base[RK_NR - 1] - base[0] == RK_NR - 1;
     float *out = dst + q * kc * RK_NR;
     int64_t ic = k0 / taps, tap = k0 % taps, kr = tap / p->kw, ks = tap % p->kw;
     for (int64_t k = 0; k < kc; k++) {
       const float *src = b->image + ic * plane + kr * p->dh * b->wp + ks * p->dw;
       float *row = out + k * RK_NR;
-      if (consecutive) {
-        RK_F8_STORE(row, rk_f8_load(src + base[0]));
-        RK_F8_STORE(row + 8, rk_f8_load(src + base[0] + 8));
+      if (runs == 1 && valid == RK_NR) {
+        RK_F8_STORE(row, rk_f8_load(src + start[0]));
+        RK_F8_STORE(row + 8, rk_f8_load(src + start[0] + 8));
       } else {
-        for (int64_t j = 0; j < valid; j++) row[j] = src[base[j]];
+        float *at = row;
+        for (int64_t r = 0; r < runs; r++) {
+          const float *from = src + start[r];
+          for (int64_t i = 0; i < length[r]; i++) at[i] = from[i];
+          at += length[r];
+        }
         for (int64_t j = valid; j < RK_NR; j++) row[j] = 0.0f;
       }
       if (++ks == p->kw) {

@@ -23,38 +23,50 @@ typedef struct pool_job {
   int64_t planes, h, w, oh, ow;
 } pool_job;
 
-static void pool_plane(const pool_job *j, int64_t plane) {
+/* The taps [*lo, *hi) of a window starting at `start` (with dilation d, k taps) that land inside
+ * [0, extent), and how many land inside the padded extent [-pad_before, extent + pad_after). */
+static void tap_range(int64_t start, int64_t k, int64_t d, int64_t extent, int64_t pad_before, int64_t pad_after,
+                      int64_t *lo, int64_t *hi, int64_t *padded) {
+  *lo = 0, *hi = k, *padded = 0;
+  while (*lo < k && start + *lo * d < 0) (*lo)++;
+  while (*hi > *lo && start + (*hi - 1) * d >= extent) (*hi)--;
+  for (int64_t t = 0; t < k; t++) {
+    int64_t at = start + t * d;
+    *padded += at >= -pad_before && at < extent + pad_after;
+  }
+}
+
+/* One plane, max or average (a constant once inlined, so the tap loop does one thing). */
+static inline __attribute__((always_inline)) void pool_plane(const pool_job *j, int64_t plane, int64_t *ranges,
+                                                            const bool max) {
   const pool_params *p = &j->p;
   const float *in = j->x + plane * j->h * j->w;
   float *out = j->out + plane * j->oh * j->ow;
+  int64_t w = j->w, ow = j->ow, sw = p->sw, dw = p->dw, dh = p->dh;
+  bool include_pad = j->count_include_pad;
+  /* Each output column's taps inside the input, and inside the padded input. */
+  int64_t *s_lo = ranges, *s_hi = ranges + ow, *s_pad = ranges + 2 * ow;
+  for (int64_t ox = 0; ox < ow; ox++)
+    tap_range(ox * sw - p->pad_left, p->kw, dw, w, p->pad_left, p->pad_right, &s_lo[ox], &s_hi[ox], &s_pad[ox]);
   for (int64_t oy = 0; oy < j->oh; oy++) {
-    int64_t y0 = oy * p->sh - p->pad_top;
-    for (int64_t ox = 0; ox < j->ow; ox++) {
-      int64_t x0 = ox * p->sw - p->pad_left;
-      float acc = j->max ? -FLT_MAX : 0.0f;
-      int64_t inside = 0, padded = 0;
-      for (int64_t r = 0; r < p->kh; r++) {
-        int64_t y = y0 + r * p->dh;
-        if (y < -p->pad_top || y >= j->h + p->pad_bottom) continue;
-        for (int64_t s = 0; s < p->kw; s++) {
-          int64_t x = x0 + s * p->dw;
-          if (x < -p->pad_left || x >= j->w + p->pad_right) continue;
-          padded++;
-          if (y < 0 || y >= j->h || x < 0 || x >= j->w) continue;
-          float v = in[y * j->w + x];
-          inside++;
-          if (j->max) {
-            if (v > acc) acc = v;
-          } else {
-            acc += v;
-          }
+    int64_t y0 = oy * p->sh - p->pad_top, r_lo, r_hi, r_pad;
+    tap_range(y0, p->kh, dh, j->h, p->pad_top, p->pad_bottom, &r_lo, &r_hi, &r_pad);
+    for (int64_t ox = 0; ox < ow; ox++) {
+      const float *corner = in + y0 * w + ox * sw - p->pad_left;
+      int64_t lo = s_lo[ox], hi = s_hi[ox];
+      float acc = max ? -FLT_MAX : 0.0f;
+      for (int64_t r = r_lo; r < r_hi; r++) {
+        const float *row = corner + r * dh * w;
+        for (int64_t t = lo; t < hi; t++) {
+          float v = row[t * dw];
+          acc = max ? (v > acc ? v : acc) : acc + v;
         }
       }
-      if (!j->max) {
-        int64_t count = j->count_include_pad ? padded : inside;
+      if (!max) {
+        int64_t count = include_pad ? r_pad * s_pad[ox] : (r_hi - r_lo) * (hi - lo);
         acc = count > 0 ? acc / (float)count : 0.0f;
       }
-      out[oy * j->ow + ox] = acc;
+      out[oy * ow + ox] = acc;
     }
   }
 }
@@ -63,7 +75,16 @@ static int pool_task(int task, int num_tasks, void *ctx) {
   const pool_job *j = ctx;
   int64_t begin, end;
   rk_split(j->planes, task, num_tasks, &begin, &end);
-  for (int64_t plane = begin; plane < end; plane++) pool_plane(j, plane);
+  if (begin == end) return 0;
+  int64_t *ranges = rk_scratch(RK_SLOT_INPUT, sizeof(int64_t) * 3 * (size_t)j->ow);
+  if (!ranges) return rk_out_of_memory(j->max ? "relaxc.max_pool2d" : "relaxc.avg_pool2d");
+  for (int64_t plane = begin; plane < end; plane++) {
+    if (j->max) {
+      pool_plane(j, plane, ranges, true);
+    } else {
+      pool_plane(j, plane, ranges, false);
+    }
+  }
   return 0;
 }
 
