@@ -103,20 +103,13 @@ static void pack_conv_b(const void *source, int64_t p0, int64_t panels, int64_t 
 int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   (void)self, (void)result;
   static const char kernel[] = "relaxc.conv2d";
-  DLTensor *x, *w, *bias, *residual, *out;
-  conv_params p = {0};
-  rk_epilogue ep = {0};
-  int64_t oh = 0, ow = 0;
-  int rc = rk_check_count(kernel, num_args, 8);
-  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
-  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, "w_packed", &w);
-  if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 2, "bias", &bias);
-  if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 3, "residual", &residual);
-  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 7, "out", &out);
-  if (!rc) rc = rk_conv_params(kernel, args, num_args, 4, &p);
-  if (!rc) rc = rk_arg_epilogue(kernel, args, num_args, 5, &ep);
-  if (!rc) rc = rk_conv_check_shapes(kernel, &p, x, out, bias, residual, &oh, &ow);
+  conv_args a;
+  int rc = rk_conv_args(kernel, "w_packed", args, num_args, &a);
   if (rc) return rc;
+  DLTensor *x = a.x, *w = a.w, *bias = a.bias, *residual = a.residual, *out = a.out;
+  const conv_params p = a.p;
+  rk_epilogue ep = a.ep;
+  int64_t oh = a.oh, ow = a.ow;
   int64_t batch = x->shape[0], groups = p.groups, c_in = x->shape[1] / groups, c_out = out->shape[1] / groups;
   int64_t k = c_in * p.kh * p.kw, strips = (c_out + RK_MR - 1) / RK_MR, pixels = oh * ow;
   if (w->ndim != 4 || w->shape[0] != groups || w->shape[1] != strips || w->shape[2] != k || w->shape[3] != RK_MR)

@@ -7,7 +7,7 @@
 
 enum { NUM_PARAMS = 11 };
 
-int rk_conv_params(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, conv_params *p) {
+static int conv_params_arg(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, conv_params *p) {
   const int64_t *v;
   int64_t n;
   int rc = rk_arg_shape(kernel, args, num_args, i, "params", NUM_PARAMS, &v, &n);
@@ -29,7 +29,7 @@ static int64_t out_extent(int64_t in, int64_t pad, int64_t k, int64_t stride, in
 }
 
 /* Checks x, out, bias and residual against the params; fills the output extents. */
-int rk_conv_check_shapes(const char *kernel, const conv_params *p, const DLTensor *x, const DLTensor *out,
+static int check_shapes(const char *kernel, const conv_params *p, const DLTensor *x, const DLTensor *out,
                         const DLTensor *bias, const DLTensor *residual, int64_t *oh, int64_t *ow) {
   if (x->ndim != 4) return rk_shape_error(kernel, "x must be NCHW", x);
   if (out->ndim != 4) return rk_shape_error(kernel, "out must be NCHW", out);
@@ -49,3 +49,17 @@ int rk_conv_check_shapes(const char *kernel, const conv_params *p, const DLTenso
   return 0;
 }
 
+
+int rk_conv_args(const char *kernel, const char *w_name, const TVMFFIAny *args, int32_t num_args, conv_args *a) {
+  *a = (conv_args){0};
+  int rc = rk_check_count(kernel, num_args, 8);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &a->x);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, w_name, &a->w);
+  if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 2, "bias", &a->bias);
+  if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 3, "residual", &a->residual);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 7, "out", &a->out);
+  if (!rc) rc = conv_params_arg(kernel, args, num_args, 4, &a->p);
+  if (!rc) rc = rk_arg_epilogue(kernel, args, num_args, 5, &a->ep);
+  if (!rc) rc = check_shapes(kernel, &a->p, a->x, a->out, a->bias, a->residual, &a->oh, &a->ow);
+  return rc;
+}

@@ -153,20 +153,12 @@ static int depthwise_task(int task, int num_tasks, void *ctx) {
 int rvm_builtin_kl_conv2d_depthwise(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   (void)self, (void)result;
   static const char kernel[] = "relaxc.conv2d_depthwise";
-  DLTensor *x, *w, *bias, *residual, *out;
-  conv_params p = {0};
-  rk_epilogue ep = {0};
-  int64_t oh = 0, ow = 0;
-  int rc = rk_check_count(kernel, num_args, 8);
-  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
-  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 1, "w", &w);
-  if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 2, "bias", &bias);
-  if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 3, "residual", &residual);
-  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 7, "out", &out);
-  if (!rc) rc = rk_conv_params(kernel, args, num_args, 4, &p);
-  if (!rc) rc = rk_arg_epilogue(kernel, args, num_args, 5, &ep);
-  if (!rc) rc = rk_conv_check_shapes(kernel, &p, x, out, bias, residual, &oh, &ow);
+  conv_args a;
+  int rc = rk_conv_args(kernel, "w", args, num_args, &a);
   if (rc) return rc;
+  DLTensor *x = a.x, *w = a.w, *out = a.out;
+  const conv_params p = a.p;
+  int64_t oh = a.oh, ow = a.ow;
   int64_t channels = x->shape[1];
   if (p.groups != channels || out->shape[1] != channels)
     return rk_shape_error(kernel, "a depthwise convolution has one group per channel and as many outputs", out);
@@ -178,8 +170,8 @@ int rvm_builtin_kl_conv2d_depthwise(void *self, const TVMFFIAny *args, int32_t n
   depthwise_job job = {&p,
                        rk_data(x),
                        rk_data(w),
-                       bias ? rk_data(bias) : NULL,
-                       residual ? rk_data(residual) : NULL,
+                       a.bias ? rk_data(a.bias) : NULL,
+                       a.residual ? rk_data(a.residual) : NULL,
                        rk_data(out),
                        x->shape[0] * channels,
                        channels,
@@ -190,7 +182,7 @@ int rvm_builtin_kl_conv2d_depthwise(void *self, const TVMFFIAny *args, int32_t n
                        x->shape[2] + p.pad_top + p.pad_bottom,
                        x->shape[3] + p.pad_left + p.pad_right,
                        p.kh * p.kw,
-                       ep};
+                       a.ep};
   if (job.planes == 0 || oh == 0 || ow == 0) return 0;
   double work = (double)job.planes * (double)(oh * ow) * (double)job.taps;
   return rk_parallel(work < 32768.0 ? 1 : work_items(&job), depthwise_task, &job);

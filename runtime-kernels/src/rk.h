@@ -218,12 +218,18 @@ typedef struct conv_params {
   int64_t kh, kw, sh, sw, pad_top, pad_left, pad_bottom, pad_right, dh, dw, groups;
 } conv_params;
 
-/* Argument i as a convolution's params shape, checked (positive sizes, no negative padding). */
-RVM_HIDDEN int rk_conv_params(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, conv_params *p);
-/* x and out NCHW and consistent with p, bias one per output channel, residual out's shape; fills
- * the output's extents. */
-RVM_HIDDEN int rk_conv_check_shapes(const char *kernel, const conv_params *p, const DLTensor *x, const DLTensor *out,
-                                    const DLTensor *bias, const DLTensor *residual, int64_t *oh, int64_t *ow);
+/* A convolution's arguments, (x, w, bias?, residual?, params, activation, [alpha, lo, hi], out),
+ * decoded and checked against each other (w's layout is the caller's to check). */
+typedef struct conv_args {
+  DLTensor *x, *w, *bias, *residual, *out;
+  conv_params p;
+  rk_epilogue ep;
+  int64_t oh, ow; /* the output's extents */
+} conv_args;
+
+/* Decodes and checks a convolution's arguments; `w_name` names the weights in errors. */
+RVM_HIDDEN int rk_conv_args(const char *kernel, const char *w_name, const TVMFFIAny *args, int32_t num_args,
+                            conv_args *out);
 
 /* ---- arguments ---------------------------------------------------------------------------- */
 

@@ -70,6 +70,19 @@ static void generic_gemv4(int64_t kc, const float *a, const float *b, int64_t st
  * 1.75 ms without; no change where B stays in cache). */
 enum { UKERNEL_PREFETCH = 512 };
 
+/* The sums of a tile in c00..c51: one step of k per iteration, two loads of B and a broadcast of
+ * A per row (rows at or past mr fold away once inlined). */
+#define AVX2_ACCUMULATE()                                                            \
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00; \
+  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;             \
+  for (int64_t k = 0; k < kc; k++) {                                                  \
+    _mm_prefetch((const char *)(b + UKERNEL_PREFETCH), _MM_HINT_T0);                  \
+    __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);                      \
+    AVX2_ROW(0) AVX2_ROW(1) AVX2_ROW(2) AVX2_ROW(3) AVX2_ROW(4) AVX2_ROW(5)           \
+    a += RK_MR;                                                                       \
+    b += RK_NR;                                                                       \
+  }
+
 /* The body for a constant row count: rows at or past mr fold away once inlined. */
 #define AVX2_ROW(r)                                    \
   if (mr > r) {                                        \
@@ -85,15 +98,7 @@ enum { UKERNEL_PREFETCH = 512 };
 
 RK_AVX2 static inline __attribute__((always_inline)) void avx2_body(int64_t kc, const float *a, const float *b,
                                                                     float *tile, const int mr) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  for (int64_t k = 0; k < kc; k++) {
-    _mm_prefetch((const char *)(b + UKERNEL_PREFETCH), _MM_HINT_T0);
-    __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-    AVX2_ROW(0) AVX2_ROW(1) AVX2_ROW(2) AVX2_ROW(3) AVX2_ROW(4) AVX2_ROW(5)
-    a += RK_MR;
-    b += RK_NR;
-  }
+  AVX2_ACCUMULATE()
   AVX2_STORE(0) AVX2_STORE(1) AVX2_STORE(2) AVX2_STORE(3) AVX2_STORE(4) AVX2_STORE(5)
 }
 
@@ -184,15 +189,7 @@ RK_AVX2 static void avx2_gemv4(int64_t kc, const float *a, const float *b, int64
 RK_AVX2 static inline __attribute__((always_inline)) void avx2_body_c(int64_t kc, const float *a, const float *b,
                                                                       float *c, int64_t c_rs, const int mr,
                                                                       const rk_tile_epilogue *ep) {
-  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-  for (int64_t k = 0; k < kc; k++) {
-    _mm_prefetch((const char *)(b + UKERNEL_PREFETCH), _MM_HINT_T0);
-    __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-    AVX2_ROW(0) AVX2_ROW(1) AVX2_ROW(2) AVX2_ROW(3) AVX2_ROW(4) AVX2_ROW(5)
-    a += RK_MR;
-    b += RK_NR;
-  }
+  AVX2_ACCUMULATE()
   __m256 zero = _mm256_setzero_ps(), alpha = _mm256_set1_ps(ep->alpha);
   __m256 lo = _mm256_set1_ps(ep->lo), hi = _mm256_set1_ps(ep->hi);
   AVX2_ROW_OUT(0) AVX2_ROW_OUT(1) AVX2_ROW_OUT(2) AVX2_ROW_OUT(3) AVX2_ROW_OUT(4) AVX2_ROW_OUT(5)

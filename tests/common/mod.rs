@@ -191,16 +191,17 @@ impl Fixture {
     }
 }
 
-/// Results within `tolerance` of TVM's recorded ones (float32 relative to the output's largest
-/// magnitude, at least 1; other dtypes exactly), same names, dtypes and shapes.
-pub fn compare_outputs_within(outputs: &[Output], expected: &Path, tolerance: f64) -> Result<(), String> {
+/// Each result against TVM's recorded array of the same name, after checking the names, dtypes
+/// and shapes agree: `same(key, dtype, got, want)` judges the bytes.
+fn compare_arrays(
+    outputs: &[Output],
+    expected: &Path,
+    same: impl Fn(&str, &str, &[u8], &[u8]) -> Result<(), String>,
+) -> Result<(), String> {
     let want = npz::read_arrays(expected).map_err(|e| e.to_string())?;
     if outputs.len() != want.len() {
         return Err(format!("{} results, TVM gave {}", outputs.len(), want.len()));
     }
-    let f32s = |d: &[u8]| -> Vec<f64> {
-        d.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64).collect()
-    };
     for (i, out) in outputs.iter().enumerate() {
         let key = format!("out{i}");
         let (dtype, shape, data) = npz::output_array(out).map_err(|e| format!("{key}: {e}"))?;
@@ -208,41 +209,40 @@ pub fn compare_outputs_within(outputs: &[Output], expected: &Path, tolerance: f6
         if dtype != *wdtype || shape != *wshape {
             return Err(format!("{key}: got {dtype} {shape:?}, TVM gave {wdtype} {wshape:?}"));
         }
+        same(&key, &dtype, &data, wdata)?;
+    }
+    Ok(())
+}
+
+/// Results within `tolerance` of TVM's recorded ones (float32 relative to the output's largest
+/// magnitude, at least 1; other dtypes exactly), same names, dtypes and shapes.
+pub fn compare_outputs_within(outputs: &[Output], expected: &Path, tolerance: f64) -> Result<(), String> {
+    let f32s = |d: &[u8]| -> Vec<f64> {
+        d.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64).collect()
+    };
+    compare_arrays(outputs, expected, |key, dtype, data, wdata| {
         if dtype != "<f4" {
-            if data != *wdata {
-                return Err(format!("{key}: differs from TVM's"));
-            }
-            continue;
+            return if data == wdata { Ok(()) } else { Err(format!("{key}: differs from TVM's")) };
         }
-        let (got, reference) = (f32s(&data), f32s(wdata));
+        let (got, reference) = (f32s(data), f32s(wdata));
         let scale = reference.iter().fold(1.0f64, |m, v| m.max(v.abs()));
         let worst = got.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max) / scale;
         if worst.is_nan() || worst > tolerance {
             return Err(format!("{key}: {worst:.2e} from TVM's (tolerance {tolerance:e})"));
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Results equal TVM's recorded ones: same names, dtypes, shapes and bytes.
 pub fn compare_outputs(outputs: &[Output], expected: &Path) -> Result<(), String> {
-    let want = npz::read_arrays(expected).map_err(|e| e.to_string())?;
-    if outputs.len() != want.len() {
-        return Err(format!("{} results, TVM gave {}", outputs.len(), want.len()));
-    }
-    for (i, out) in outputs.iter().enumerate() {
-        let key = format!("out{i}");
-        let (dtype, shape, data) = npz::output_array(out).map_err(|e| format!("{key}: {e}"))?;
-        let (wdtype, wshape, wdata) = want.get(&key).ok_or_else(|| format!("TVM has no {key}"))?;
-        if dtype != *wdtype || shape != *wshape {
-            return Err(format!("{key}: got {dtype} {shape:?}, TVM gave {wdtype} {wshape:?}"));
-        }
-        if data != *wdata {
+    compare_arrays(outputs, expected, |key, _, data, wdata| {
+        if data != wdata {
             let first = data.iter().zip(wdata).position(|(a, b)| a != b).unwrap_or(0);
             return Err(format!("{key}: bytes differ from TVM's (first at byte {first})"));
         }
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Strips relaxc's location prefix ("in main at pc 3 (callee): ").
