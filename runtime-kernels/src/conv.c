@@ -54,35 +54,30 @@ static void pack_conv_b(const void *source, int64_t p0, int64_t panels, int64_t 
   const conv_params *p = b->p;
   int64_t taps = p->kh * p->kw, plane = b->hp * b->wp;
   for (int64_t q = 0; q < panels; q++) {
-    /* The panel's pixels as runs of ones side by side in the input (a run per output row at
-     * stride 1; of single pixels at stride 2): each run is one copy per reduction step. */
-    int64_t start[RK_NR], length[RK_NR], runs = 0, valid = 0;
+    /* Where each of the panel's pixels reads the input, relative to a tap's first pixel: the
+     * same for every step of the reduction. A panel within one output row at stride 1 is one
+     * run, copied as two vectors; any other (rows it crosses, strides) a fixed 16-element
+     * gather, which unrolls without a branch per run. */
+    int64_t offset[RK_NR], valid = 0;
     int64_t first = (p0 + q) * RK_NR, y = first / b->ow, x = first % b->ow;
     for (int64_t j = 0; j < RK_NR && first + j < b->pixels; j++) {
-      int64_t at = y * p->sh * b->wp + x * p->sw;
-      if (runs > 0 && start[runs - 1] + length[runs - 1] == at) {
-        length[runs - 1]++;
-      } else {
-        start[runs] = at, length[runs] = 1, runs++;
-      }
+      offset[j] = y * p->sh * b->wp + x * p->sw;
       valid++;
       if (++x == b->ow) x = 0, y++;
     }
+    bool one_run = valid == RK_NR && offset[RK_NR - 1] - offset[0] == RK_NR - 1;
     float *out = dst + q * kc * RK_NR;
     int64_t ic = k0 / taps, tap = k0 % taps, kr = tap / p->kw, ks = tap % p->kw;
     for (int64_t k = 0; k < kc; k++) {
       const float *src = b->image + ic * plane + kr * p->dh * b->wp + ks * p->dw;
       float *row = out + k * RK_NR;
-      if (runs == 1 && valid == RK_NR) {
-        RK_F8_STORE(row, rk_f8_load(src + start[0]));
-        RK_F8_STORE(row + 8, rk_f8_load(src + start[0] + 8));
+      if (one_run) {
+        RK_F8_STORE(row, rk_f8_load(src + offset[0]));
+        RK_F8_STORE(row + 8, rk_f8_load(src + offset[0] + 8));
+      } else if (valid == RK_NR) {
+        for (int j = 0; j < RK_NR; j++) row[j] = src[offset[j]];
       } else {
-        float *at = row;
-        for (int64_t r = 0; r < runs; r++) {
-          const float *from = src + start[r];
-          for (int64_t i = 0; i < length[r]; i++) at[i] = from[i];
-          at += length[r];
-        }
+        for (int64_t j = 0; j < valid; j++) row[j] = src[offset[j]];
         for (int64_t j = valid; j < RK_NR; j++) row[j] = 0.0f;
       }
       if (++ks == p->kw) {

@@ -87,7 +87,9 @@ float rk_activate(float x, rk_act act, float lo, float hi) {
   }
 }
 
-void rk_activate_all(float *x, int64_t n, rk_act act, float lo, float hi) {
+/* The loops behind rk_activate_all, inlined where the GEMM's epilogue applies them so that they
+ * are compiled for the instruction set of the driver around them. */
+static inline __attribute__((always_inline)) void activate_span(float *x, int64_t n, rk_act act, float lo, float hi) {
   switch (act) {
     case RK_ACT_RELU:
       for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
@@ -109,6 +111,25 @@ void rk_activate_all(float *x, int64_t n, rk_act act, float lo, float hi) {
       break;
     default: break;
   }
+}
+
+static void activate_generic(float *x, int64_t n, rk_act act, float lo, float hi) { activate_span(x, n, act, lo, hi); }
+
+#if defined(__x86_64__)
+/* Eight lanes instead of four: GELU's erf costs ~25 operations a value (BERT's FFN: 7x3072). */
+RK_AVX2_TARGET static void activate_avx2(float *x, int64_t n, rk_act act, float lo, float hi) {
+  activate_span(x, n, act, lo, hi);
+}
+#endif
+
+void rk_activate_all(float *x, int64_t n, rk_act act, float lo, float hi) {
+#if defined(__x86_64__)
+  if (rk_cpu_isa() == RK_ISA_AVX2) {
+    activate_avx2(x, n, act, lo, hi);
+    return;
+  }
+#endif
+  activate_generic(x, n, act, lo, hi);
 }
 
 /* The epilogue on one row of RK_NR results in place: scale, bias, residual, activation. */
@@ -134,7 +155,7 @@ static inline __attribute__((always_inline)) void finish_row(const rk_epilogue *
     case RK_ACT_CLIP:
       for (int j = 0; j < RK_NR; j++) row[j] = row[j] < ep->lo ? ep->lo : (row[j] > ep->hi ? ep->hi : row[j]);
       break;
-    default: rk_activate_all(row, RK_NR, ep->act, ep->lo, ep->hi); break;
+    default: activate_span(row, RK_NR, ep->act, ep->lo, ep->hi); break;
   }
 }
 
@@ -245,6 +266,10 @@ static inline __attribute__((always_inline)) void run_block(const gemm_job *job,
  * the weights stream from memory in the order they are laid out. */
 enum { RK_STREAM_ROWS = 3 * RK_MR };
 
+static inline bool takes_streaming_path(const rk_gemm *g) {
+  return g->m <= RK_STREAM_ROWS && !g->pack_b && !g->a_packed;
+}
+
 /* Rows [*begin, *end) of strip s when m rows are cut into `strips` strips of nearly equal size:
  * 7 rows as 4 + 3, not 6 + 1, whose 1-row strip would wait on its two chains of adds. The sums of
  * an element do not depend on which rows share its strip. */
@@ -298,7 +323,7 @@ static inline __attribute__((always_inline)) void run_streaming(const gemm_job *
 static inline __attribute__((always_inline)) void run_units(const gemm_job *job, int64_t begin, int64_t end,
                                                            float *a_pack, float *b_block) {
   const rk_gemm *g0 = &job->problems[0];
-  bool streaming = g0->m <= RK_STREAM_ROWS && !g0->pack_b && !g0->a_packed;
+  bool streaming = takes_streaming_path(g0);
   int64_t per_problem = job->m_blocks * job->n_blocks, panels = (g0->n + RK_NR - 1) / RK_NR;
   for (int64_t u = begin; u < end; u++) {
     /* Consecutive units of a task share their column block, so its panels stay in cache. */
@@ -334,7 +359,7 @@ static int gemm_task(int task, int num_tasks, void *ctx) {
   rk_split(job->count * job->m_blocks * job->n_blocks, task, num_tasks, &begin, &end);
   if (begin == end) return 0;
   const rk_gemm *g0 = &job->problems[0];
-  bool streaming = g0->m <= RK_STREAM_ROWS && !g0->pack_b && !g0->a_packed;
+  bool streaming = takes_streaming_path(g0);
   int64_t kc_max = rk_kc(g0->k);
   size_t pack_floats = streaming ? (size_t)((g0->m + RK_MR - 1) / RK_MR * RK_MR * g0->k) : (size_t)(RK_MC * kc_max);
   float *a_pack = g0->a_packed ? NULL : rk_scratch(RK_SLOT_A_PACK, sizeof(float) * pack_floats);
@@ -392,13 +417,15 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
   /* Prepacked A needs no packing buffer, so a block may take every row: B's gathered panels are
    * then used by all of them. */
   int64_t mc = g0->a_packed ? (g0->m + RK_MR - 1) / RK_MR * RK_MR : RK_MC;
-  gemm_job job = {problems,          count, (g0->m + mc - 1) / mc, 1, panels, mc, b_packed, rk_ukernel(rk_cpu_isa()),
-                  rk_ukernel_c(rk_cpu_isa()), rk_gemv4(rk_cpu_isa())};
+  bool streaming = takes_streaming_path(g0);
+  gemm_job job = {problems, count, (g0->m + mc - 1) / mc, 1, panels, mc, b_packed,
+                  rk_ukernel(rk_cpu_isa(), streaming), rk_ukernel_c(rk_cpu_isa(), streaming), rk_gemv4(rk_cpu_isa())};
   double macs = (double)count * (double)g0->m * (double)g0->n * (double)g0->k;
   int64_t threads = macs < RK_PARALLEL_MIN_MACS ? 1 : rk_max_threads();
-  /* Enough blocks for every thread (four each, for balance), in whole panels. */
+  /* Enough blocks for every thread (four each, for balance), in whole panels; one thread takes
+   * every panel in one block, so that A (a convolution's weights) is read once. */
   int64_t per_block = panels < RK_NC_PANELS ? panels : RK_NC_PANELS;
-  int64_t want = 4 * threads;
+  int64_t want = threads > 1 ? 4 * threads : 1;
   if (count * job.m_blocks * ((panels + per_block - 1) / per_block) < want) {
     int64_t n_blocks = (want + count * job.m_blocks - 1) / (count * job.m_blocks);
     per_block = (panels + n_blocks - 1) / n_blocks;

@@ -180,7 +180,8 @@ RVM_HIDDEN rk_epilogue rk_epilogue_none(void);
 /* The micro-kernel: tile[r][j] = sum over k < kc of a[k][r] * b[k][j], in order of k, for
  * r < mr (a packed as [kc][RK_MR], b as [kc][RK_NR]). Rows past mr of the tile are undefined. */
 typedef void (*rk_ukernel_fn)(int64_t kc, const float *a, const float *b, float *tile, int mr);
-RVM_HIDDEN rk_ukernel_fn rk_ukernel(rk_isa isa);
+/* `streaming`: b comes from memory once (few rows), so it is prefetched further ahead. */
+RVM_HIDDEN rk_ukernel_fn rk_ukernel(rk_isa isa, bool streaming);
 /* One row against four panels (`stride` floats apart): tile[q][j] = sum over k < kc of
  * a[k * RK_MR] * b[q * stride + k * RK_NR + j], in order of k, as the 1-row micro-kernel sums. */
 typedef void (*rk_gemv4_fn)(int64_t kc, const float *a, const float *b, int64_t stride, float *tile);
@@ -204,7 +205,7 @@ typedef struct rk_tile_epilogue {
  * has none (the portable and NEON builds write through a tile). */
 typedef void (*rk_ukernel_c_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t c_rs, int mr,
                                 const rk_tile_epilogue *ep);
-RVM_HIDDEN rk_ukernel_c_fn rk_ukernel_c(rk_isa isa);
+RVM_HIDDEN rk_ukernel_c_fn rk_ukernel_c(rk_isa isa, bool streaming);
 
 /* Applies an activation to one value, as every kernel's epilogue does (rk_math.h's functions). */
 RVM_HIDDEN float rk_activate(float x, rk_act act, float lo, float hi);

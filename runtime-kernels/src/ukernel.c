@@ -67,16 +67,19 @@ static void generic_gemv4(int64_t kc, const float *a, const float *b, int64_t st
 
 /* B is prefetched this many floats (32 steps) ahead: a product of few rows streams its weights
  * faster than the hardware prefetcher fetches them (7x3072x768 on the Zen 1 VM: 1.43 ms with,
- * 1.75 ms without; no change where B stays in cache). */
-enum { UKERNEL_PREFETCH = 512 };
+ * 1.75 ms without; no change where B stays in cache). Weights streamed from memory (the
+ * streaming path) are prefetched 8 KB ahead, enough to cover the memory's latency at its
+ * bandwidth (7x3072x768 from memory on a Zen 4 VM: 626 -> 560 us); where B is in cache that
+ * distance costs 8% (7x768x768), so blocked products keep the short one. */
+enum { UKERNEL_PREFETCH = 512, UKERNEL_PREFETCH_STREAM = 2048 };
 
 /* The sums of a tile in c00..c51: one step of k per iteration, two loads of B and a broadcast of
  * A per row (rows at or past mr fold away once inlined). */
-#define AVX2_ACCUMULATE()                                                            \
+#define AVX2_ACCUMULATE(prefetch)                                                    \
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00; \
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;             \
   for (int64_t k = 0; k < kc; k++) {                                                  \
-    _mm_prefetch((const char *)(b + UKERNEL_PREFETCH), _MM_HINT_T0);                  \
+    _mm_prefetch((const char *)(b + (prefetch)), _MM_HINT_T0);                        \
     __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);                      \
     AVX2_ROW(0) AVX2_ROW(1) AVX2_ROW(2) AVX2_ROW(3) AVX2_ROW(4) AVX2_ROW(5)           \
     a += RK_MR;                                                                       \
@@ -97,21 +100,24 @@ enum { UKERNEL_PREFETCH = 512 };
   }
 
 RK_AVX2 static inline __attribute__((always_inline)) void avx2_body(int64_t kc, const float *a, const float *b,
-                                                                    float *tile, const int mr) {
-  AVX2_ACCUMULATE()
+                                                                    float *tile, const int mr, const int prefetch) {
+  AVX2_ACCUMULATE(prefetch)
   AVX2_STORE(0) AVX2_STORE(1) AVX2_STORE(2) AVX2_STORE(3) AVX2_STORE(4) AVX2_STORE(5)
 }
 
-RK_AVX2 static void avx2_ukernel(int64_t kc, const float *a, const float *b, float *tile, int mr) {
-  switch (mr) {
-    case 1: avx2_body(kc, a, b, tile, 1); break;
-    case 2: avx2_body(kc, a, b, tile, 2); break;
-    case 3: avx2_body(kc, a, b, tile, 3); break;
-    case 4: avx2_body(kc, a, b, tile, 4); break;
-    case 5: avx2_body(kc, a, b, tile, 5); break;
-    default: avx2_body(kc, a, b, tile, 6); break;
+#define AVX2_UKERNEL(name, prefetch)                                                  \
+  RK_AVX2 static void name(int64_t kc, const float *a, const float *b, float *tile, int mr) { \
+    switch (mr) {                                                                     \
+      case 1: avx2_body(kc, a, b, tile, 1, prefetch); break;                          \
+      case 2: avx2_body(kc, a, b, tile, 2, prefetch); break;                          \
+      case 3: avx2_body(kc, a, b, tile, 3, prefetch); break;                          \
+      case 4: avx2_body(kc, a, b, tile, 4, prefetch); break;                          \
+      case 5: avx2_body(kc, a, b, tile, 5, prefetch); break;                          \
+      default: avx2_body(kc, a, b, tile, 6, prefetch); break;                         \
+    }                                                                                 \
   }
-}
+AVX2_UKERNEL(avx2_ukernel, UKERNEL_PREFETCH)
+AVX2_UKERNEL(avx2_ukernel_stream, UKERNEL_PREFETCH_STREAM)
 
 RK_AVX2 static void avx2_gemv4(int64_t kc, const float *a, const float *b, int64_t stride, float *tile) {
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00;
@@ -188,24 +194,27 @@ RK_AVX2 static void avx2_gemv4(int64_t kc, const float *a, const float *b, int64
 
 RK_AVX2 static inline __attribute__((always_inline)) void avx2_body_c(int64_t kc, const float *a, const float *b,
                                                                       float *c, int64_t c_rs, const int mr,
-                                                                      const rk_tile_epilogue *ep) {
-  AVX2_ACCUMULATE()
+                                                                      const rk_tile_epilogue *ep, const int prefetch) {
+  AVX2_ACCUMULATE(prefetch)
   __m256 zero = _mm256_setzero_ps(), alpha = _mm256_set1_ps(ep->alpha);
   __m256 lo = _mm256_set1_ps(ep->lo), hi = _mm256_set1_ps(ep->hi);
   AVX2_ROW_OUT(0) AVX2_ROW_OUT(1) AVX2_ROW_OUT(2) AVX2_ROW_OUT(3) AVX2_ROW_OUT(4) AVX2_ROW_OUT(5)
 }
 
-RK_AVX2 static void avx2_ukernel_c(int64_t kc, const float *a, const float *b, float *c, int64_t c_rs, int mr,
-                                   const rk_tile_epilogue *ep) {
-  switch (mr) {
-    case 1: avx2_body_c(kc, a, b, c, c_rs, 1, ep); break;
-    case 2: avx2_body_c(kc, a, b, c, c_rs, 2, ep); break;
-    case 3: avx2_body_c(kc, a, b, c, c_rs, 3, ep); break;
-    case 4: avx2_body_c(kc, a, b, c, c_rs, 4, ep); break;
-    case 5: avx2_body_c(kc, a, b, c, c_rs, 5, ep); break;
-    default: avx2_body_c(kc, a, b, c, c_rs, 6, ep); break;
+#define AVX2_UKERNEL_C(name, prefetch)                                                          \
+  RK_AVX2 static void name(int64_t kc, const float *a, const float *b, float *c, int64_t c_rs, int mr, \
+                           const rk_tile_epilogue *ep) {                                        \
+    switch (mr) {                                                                               \
+      case 1: avx2_body_c(kc, a, b, c, c_rs, 1, ep, prefetch); break;                           \
+      case 2: avx2_body_c(kc, a, b, c, c_rs, 2, ep, prefetch); break;                           \
+      case 3: avx2_body_c(kc, a, b, c, c_rs, 3, ep, prefetch); break;                           \
+      case 4: avx2_body_c(kc, a, b, c, c_rs, 4, ep, prefetch); break;                           \
+      case 5: avx2_body_c(kc, a, b, c, c_rs, 5, ep, prefetch); break;                           \
+      default: avx2_body_c(kc, a, b, c, c_rs, 6, ep, prefetch); break;                          \
+    }                                                                                           \
   }
-}
+AVX2_UKERNEL_C(avx2_ukernel_c, UKERNEL_PREFETCH)
+AVX2_UKERNEL_C(avx2_ukernel_c_stream, UKERNEL_PREFETCH_STREAM)
 
 static bool cpu_has_avx2_fma(void) {
   unsigned eax, ebx, ecx, edx;
@@ -318,18 +327,20 @@ rk_gemv4_fn rk_gemv4(rk_isa isa) {
   }
 }
 
-rk_ukernel_c_fn rk_ukernel_c(rk_isa isa) {
+rk_ukernel_c_fn rk_ukernel_c(rk_isa isa, bool streaming) {
 #if defined(__x86_64__)
-  if (isa == RK_ISA_AVX2) return avx2_ukernel_c;
+  if (isa == RK_ISA_AVX2) return streaming ? avx2_ukernel_c_stream : avx2_ukernel_c;
 #endif
   (void)isa;
+  (void)streaming;
   return NULL;
 }
 
-rk_ukernel_fn rk_ukernel(rk_isa isa) {
+rk_ukernel_fn rk_ukernel(rk_isa isa, bool streaming) {
+  (void)streaming;
   switch (isa) {
 #if defined(__x86_64__)
-    case RK_ISA_AVX2: return avx2_ukernel;
+    case RK_ISA_AVX2: return streaming ? avx2_ukernel_stream : avx2_ukernel;
 #endif
 #if defined(__aarch64__)
     case RK_ISA_NEON: return neon_ukernel;

@@ -131,7 +131,7 @@ fn build_shim(tc: &Toolchain, work: &Path) -> Result<(), TargetError> {
         let mut cmd = tc.command();
         cmd.args(["-std=c11", opt, "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-c"]);
         if kernel {
-            cmd.arg("-ffp-contract=off");
+            cmd.args(["-ffp-contract=off", "-fno-trapping-math"]);
         }
         for include in ["runtime-shim/include", "runtime-shim/src", "runtime-kernels/include", "runtime-kernels/src"] {
             cmd.arg("-I").arg(work.join(include));
