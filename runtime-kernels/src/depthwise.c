@@ -39,17 +39,72 @@ static int64_t buffer_floats(const depthwise_job *j) {
  * as arguments); the residual and the activation come in finish_channels. */
 #define SCALE_BIAS(j, sums, bias, v) RK_F8_STORE((v), (sums) * (j)->ep.alpha + (bias))
 
+/* Transposes the 8 x 8 block v (v[i][j] becomes v[j][i]) in three rounds of shuffles: eight
+ * pixels of eight channels to eight channel-interleaved pixels, and back, a vector at a time
+ * instead of an element at a time. */
+static inline __attribute__((always_inline)) void transpose8(rk_f8 v[CHANNEL_BLOCK]) {
+  rk_f8 t[CHANNEL_BLOCK], u[CHANNEL_BLOCK];
+  for (int i = 0; i < CHANNEL_BLOCK; i += 2) {
+    t[i] = __builtin_shufflevector(v[i], v[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = __builtin_shufflevector(v[i], v[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+  }
+  for (int i = 0; i < CHANNEL_BLOCK; i += 4) {
+    u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+    u[i + 1] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    u[i + 2] = __builtin_shufflevector(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+    u[i + 3] = __builtin_shufflevector(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+  }
+  for (int i = 0; i < 4; i++) {
+    v[i] = __builtin_shufflevector(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    v[i + 4] = __builtin_shufflevector(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+  }
+}
+
 /* The block's interleaved results out to their planes: the residual added and the activation
  * applied, each plane's pixels written in order. */
-static void finish_channels(const depthwise_job *j, int64_t image, int64_t c0, int64_t n, float *results) {
+static inline __attribute__((always_inline)) void finish_channels(const depthwise_job *j, int64_t image, int64_t c0,
+                                                                  int64_t n, const float *results) {
   int64_t pixels = j->oh * j->ow;
+  float *planes = j->out + (image * j->channels + c0) * pixels;
+  int64_t q = 0;
+  for (; q + CHANNEL_BLOCK <= pixels; q += CHANNEL_BLOCK) {
+    rk_f8 v[CHANNEL_BLOCK];
+    for (int i = 0; i < CHANNEL_BLOCK; i++) v[i] = rk_f8_load(results + (q + i) * CHANNEL_BLOCK);
+    transpose8(v);
+    for (int64_t l = 0; l < n; l++) RK_F8_STORE(planes + l * pixels + q, v[l]);
+  }
+  for (; q < pixels; q++)
+    for (int64_t l = 0; l < n; l++) planes[l * pixels + q] = results[q * CHANNEL_BLOCK + l];
   for (int64_t l = 0; l < n; l++) {
-    int64_t base = ((image * j->channels) + c0 + l) * pixels;
-    float *o = j->out + base;
-    for (int64_t q = 0; q < pixels; q++) o[q] = results[q * CHANNEL_BLOCK + l];
-    if (j->residual)
-      for (int64_t q = 0; q < pixels; q++) o[q] += j->residual[base + q];
+    float *o = planes + l * pixels;
+    if (j->residual) {
+      const float *res = j->residual + (image * j->channels + c0 + l) * pixels;
+      for (int64_t i = 0; i < pixels; i++) o[i] += res[i];
+    }
     rk_activate_all(o, pixels, j->ep.act, j->ep.lo, j->ep.hi);
+  }
+}
+
+/* Channels [c0, c0 + n) of one image into the block's zeroed, padded, interleaved buffer. */
+static inline __attribute__((always_inline)) void interleave_input(const depthwise_job *j, int64_t image, int64_t c0,
+                                                                   int64_t n, float *padded) {
+  const conv_params *p = j->p;
+  const float *in = j->x + (image * j->channels + c0) * j->h * j->w_in;
+  int64_t plane = j->h * j->w_in;
+  for (int64_t y = 0; y < j->h; y++) {
+    float *row = padded + ((y + p->pad_top) * j->wp + p->pad_left) * CHANNEL_BLOCK;
+    int64_t x = 0;
+    for (; x + CHANNEL_BLOCK <= j->w_in; x += CHANNEL_BLOCK) {
+      rk_f8 v[CHANNEL_BLOCK];
+      for (int64_t l = 0; l < CHANNEL_BLOCK; l++) {
+        rk_f8 zero = {0};
+        v[l] = l < n ? rk_f8_load(in + l * plane + y * j->w_in + x) : zero;
+      }
+      transpose8(v);
+      for (int i = 0; i < CHANNEL_BLOCK; i++) RK_F8_STORE(row + (x + i) * CHANNEL_BLOCK, v[i]);
+    }
+    for (; x < j->w_in; x++)
+      for (int64_t l = 0; l < n; l++) row[x * CHANNEL_BLOCK + l] = in[l * plane + y * j->w_in + x];
   }
 }
 
@@ -60,13 +115,7 @@ static inline __attribute__((always_inline)) void depthwise_channels(const depth
   const conv_params *p = j->p;
   float *padded = buffer, *taps = padded + j->hp * j->wp * CHANNEL_BLOCK, *results = taps + j->taps * CHANNEL_BLOCK;
   memset(padded, 0, sizeof(float) * (size_t)(j->hp * j->wp * CHANNEL_BLOCK));
-  for (int64_t l = 0; l < n; l++) {
-    const float *in = j->x + ((image * j->channels) + c0 + l) * j->h * j->w_in;
-    for (int64_t y = 0; y < j->h; y++) {
-      float *row = padded + ((y + p->pad_top) * j->wp + p->pad_left) * CHANNEL_BLOCK + l;
-      for (int64_t x = 0; x < j->w_in; x++) row[x * CHANNEL_BLOCK] = in[y * j->w_in + x];
-    }
-  }
+  interleave_input(j, image, c0, n, padded);
   for (int64_t t = 0; t < j->taps; t++)
     for (int64_t l = 0; l < CHANNEL_BLOCK; l++) taps[t * CHANNEL_BLOCK + l] = l < n ? j->w[(c0 + l) * j->taps + t] : 0.0f;
   float bias_lanes[CHANNEL_BLOCK] = {0};
