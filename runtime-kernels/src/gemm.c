@@ -201,7 +201,8 @@ static inline __attribute__((always_inline)) void store_tile(const rk_gemm *g, c
 typedef struct gemm_job {
   const rk_gemm *problems;
   int64_t count;
-  int64_t m_blocks, n_blocks, panels_per_block; /* per problem (all share the shapes) */
+  int64_t m_blocks, n_blocks;                    /* per problem (all share the shapes) */
+  int64_t panels_per_block;                      /* at most: blocks differ by one panel */
   int64_t mc;                                    /* rows per block */
   const float *const *b_packed;                  /* per problem */
   rk_ukernel_fn ukernel;
@@ -330,8 +331,7 @@ static inline __attribute__((always_inline)) void run_units(const gemm_job *job,
     int64_t p = u / per_problem, rest = u % per_problem;
     int64_t nb = rest / job->m_blocks, mb = rest % job->m_blocks;
     const rk_gemm *g = &job->problems[p];
-    int64_t p_begin = nb * job->panels_per_block;
-    int64_t p_end = p_begin + job->panels_per_block < panels ? p_begin + job->panels_per_block : panels;
+    int64_t p_begin = nb * panels / job->n_blocks, p_end = (nb + 1) * panels / job->n_blocks;
     if (streaming) {
       run_streaming(job, g, job->b_packed[p], p_begin, p_end, a_pack);
     } else {
@@ -422,17 +422,19 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
                   rk_ukernel(rk_cpu_isa(), streaming), rk_ukernel_c(rk_cpu_isa(), streaming), rk_gemv4(rk_cpu_isa())};
   double macs = (double)count * (double)g0->m * (double)g0->n * (double)g0->k;
   int64_t threads = macs < RK_PARALLEL_MIN_MACS ? 1 : rk_max_threads();
-  /* Enough blocks for every thread (four each, for balance), in whole panels; one thread takes
-   * every panel in one block, so that A (a convolution's weights) is read once. */
-  int64_t per_block = panels < RK_NC_PANELS ? panels : RK_NC_PANELS;
-  int64_t want = threads > 1 ? 4 * threads : 1;
-  if (count * job.m_blocks * ((panels + per_block - 1) / per_block) < want) {
-    int64_t n_blocks = (want + count * job.m_blocks - 1) / (count * job.m_blocks);
-    per_block = (panels + n_blocks - 1) / n_blocks;
-    if (per_block < 1) per_block = 1;
+  /* Blocks of at most RK_NC_PANELS panels, sizes within one panel of each other. With several
+   * threads, enough blocks for four each and a multiple of the thread count, so that the static
+   * split gives every thread the same number of panels (13 panels on 2 threads: 6 and 7, not
+   * 8 and 5); one thread takes every panel in one block, so that A is read once. */
+  int64_t n_blocks = (panels + RK_NC_PANELS - 1) / RK_NC_PANELS;
+  if (threads > 1) {
+    int64_t per_n_block = count * job.m_blocks;
+    if (per_n_block * n_blocks < 4 * threads) n_blocks = (4 * threads + per_n_block - 1) / per_n_block;
+    while ((per_n_block * n_blocks) % threads != 0 && n_blocks < panels) n_blocks++;
+    if (n_blocks > panels) n_blocks = panels;
   }
-  job.panels_per_block = per_block;
-  job.n_blocks = (panels + per_block - 1) / per_block;
+  job.n_blocks = n_blocks;
+  job.panels_per_block = (panels + n_blocks - 1) / n_blocks;
   int64_t units = count * job.m_blocks * job.n_blocks;
   return rk_parallel(threads < units ? threads : units, gemm_task, &job);
 }
