@@ -3,8 +3,9 @@
 llama.cpp (llama-cpp-python from PyPI) on the very same weights, and TVM's default build for the
 greedy tokens.
 
-The model is fixtures/tvm/llm.py's Llama at a real size: vocab 32000, hidden 1024, 8 layers, 16
-query heads and 4 KV heads of 64, FFN 2816 (156 M parameters, f32, seeded random weights), built
+The model is fixtures/tvm/llm.py's Llama at a real size (--size mid, the default): vocab 32000,
+hidden 1024, 8 layers, 16 query heads and 4 KV heads of 64, FFN 2816 (156 M parameters, f32,
+seeded random weights), or at the tiny fixture's sizes (--size tiny: vocab 64, hidden 32), built
 with TVM's nn front end, weights bound as constants. The same weights are written as a GGUF file
 (f32) for llama.cpp, Q and K rows permuted as llama.cpp's converter permutes a Hugging Face
 Llama's (llama.cpp rotates adjacent pairs, TVM's RoPE the two halves).
@@ -14,9 +15,9 @@ Before timing, the first prefill's logits of relaxc and llama.cpp must agree, an
 prefill time of a 6-token prompt and decode tokens/s over --tokens new tokens; medians.
 
 Needs TVM 0.27, llama-cpp-python, gguf and numpy; builds are cached in --work (default
-/tmp/relaxc-llm-midsize, about 2.5 GB).
+/tmp/relaxc-llm-<size>, about 2.5 GB for mid).
 
-usage: python3 bench/llm_midsize.py [--relaxc target/release/relaxc] [--tokens 32] [--rounds 3]
+usage: python3 bench/llm_midsize.py [--size mid|tiny] [--relaxc target/release/relaxc] [--tokens 32] [--rounds 3]
 """
 import argparse
 import importlib.util
@@ -32,7 +33,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT = [1, 17, 42, 5, 9, 33]
-SIZES = dict(vocab=32000, hidden=1024, layers=8, heads=16, kv_heads=4, head_dim=64, ffn=2816)
+SIZES = {"mid": dict(vocab=32000, hidden=1024, layers=8, heads=16, kv_heads=4, head_dim=64, ffn=2816), "tiny": {}}
 SEED = 20261124
 
 
@@ -43,7 +44,7 @@ def llm_module():
     return module
 
 
-def build(work, relaxc_bin):
+def build(work, relaxc_bin, size):
     """The relaxc model (.so), the GGUF file and TVM's greedy tokens, built once per work dir."""
     so, gguf_path, tokens_path = (os.path.join(work, n) for n in ("llama_lib.so", "llama.gguf", "tvm_tokens.npy"))
     if all(os.path.exists(p) for p in (so, gguf_path, tokens_path)):
@@ -56,7 +57,7 @@ def build(work, relaxc_bin):
     import relaxc.tvm
 
     llm = llm_module()
-    shape = llm.Shape(**SIZES)
+    shape = llm.Shape(**SIZES[size])
     mod, values = llm.export_with_weights(shape, SEED)
     weights = {k: v.numpy() for k, v in values.items()}
     print(f"model: {sum(w.size for w in weights.values()) / 1e6:.1f} M parameters", flush=True)
@@ -220,18 +221,20 @@ def llama_cpp(gguf_path, threads, tokens, runs, logits_path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--relaxc", default=os.path.join(ROOT, "target/release/relaxc"))
-    ap.add_argument("--work", default="/tmp/relaxc-llm-midsize")
+    ap.add_argument("--size", choices=sorted(SIZES), default="mid")
+    ap.add_argument("--work", help="build cache (default /tmp/relaxc-llm-<size>)")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs", type=int, default=3, help="generations per measurement (after a warm-up)")
     args = ap.parse_args()
     relaxc = os.path.abspath(args.relaxc)
-    so, gguf_path, tvm_tokens = build(args.work, relaxc)
+    work = args.work or f"/tmp/relaxc-llm-{'midsize' if args.size == 'mid' else args.size}"
+    so, gguf_path, tvm_tokens = build(work, relaxc, args.size)
 
     # Agreement before timing: first prefill's logits, and TVM's first 8 greedy tokens.
-    ours = os.path.join(args.work, "relaxc_logits.npz")
+    ours = os.path.join(work, "relaxc_logits.npz")
     new, _, _ = relaxc_generate(relaxc, so, 2, 8, 0, logits=ours)
-    theirs = os.path.join(args.work, "llama_cpp_logits.npy")
+    theirs = os.path.join(work, "llama_cpp_logits.npy")
     cpp_tokens, _, _ = llama_cpp(gguf_path, 2, 8, 0, theirs)
     a, b = np.load(ours)["logits"][0], np.load(theirs)
     diff = float(np.abs(a - b).max() / np.abs(b).max())

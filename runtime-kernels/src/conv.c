@@ -69,6 +69,20 @@ typedef struct conv_b {
   int64_t hp, wp, ow, pixels;
 } conv_b;
 
+/* Copies a run of n (1..RK_NR) neighbouring floats by at most two pairs of overlapping vector
+ * copies, which stay inside both the run and its place in the panel. */
+static inline __attribute__((always_inline)) void copy_run(float *dst, const float *src, int64_t n) {
+  if (n >= 8) {
+    RK_F8_STORE(dst, rk_f8_load(src));
+    RK_F8_STORE(dst + n - 8, rk_f8_load(src + n - 8));
+  } else if (n >= 4) {
+    memcpy(dst, src, 4 * sizeof(float));
+    memcpy(dst + n - 4, src + n - 4, 4 * sizeof(float));
+  } else {
+    for (int64_t i = 0; i < n; i++) dst[i] = src[i];
+  }
+}
+
 static void pack_conv_b(const void *source, int64_t p0, int64_t panels, int64_t k0, int64_t kc, float *dst) {
   const conv_b *b = source;
   const conv_params *p = b->p;
@@ -86,6 +100,14 @@ static void pack_conv_b(const void *source, int64_t p0, int64_t panels, int64_t 
       if (++x == b->ow) x = 0, y++;
     }
     bool one_run = valid == RK_NR && offset[RK_NR - 1] - offset[0] == RK_NR - 1;
+    /* Two runs (the panel crosses one output row at stride 1): where the second begins. */
+    int64_t split = 0;
+    if (valid == RK_NR && !one_run && p->sw == 1) {
+      split = 1;
+      while (split < RK_NR && offset[split] == offset[split - 1] + 1) split++;
+      for (int64_t j = split + 1; j < RK_NR && split; j++)
+        if (offset[j] != offset[j - 1] + 1) split = 0;
+    }
     float *out = dst + q * kc * RK_NR;
     int64_t ic = k0 / taps, tap = k0 % taps, kr = tap / p->kw, ks = tap % p->kw;
     for (int64_t k = 0; k < kc; k++) {
@@ -94,6 +116,9 @@ static void pack_conv_b(const void *source, int64_t p0, int64_t panels, int64_t 
       if (one_run) {
         RK_F8_STORE(row, rk_f8_load(src + offset[0]));
         RK_F8_STORE(row + 8, rk_f8_load(src + offset[0] + 8));
+      } else if (split) {
+        copy_run(row, src + offset[0], split);
+        copy_run(row + split, src + offset[split], RK_NR - split);
       } else if (valid == RK_NR) {
         for (int j = 0; j < RK_NR; j++) row[j] = src[offset[j]];
       } else {
