@@ -39,3 +39,14 @@ def pack_conv(w: np.ndarray, groups: int) -> np.ndarray:
     k = int(np.prod(w.shape[1:]))
     rows = w.reshape(groups, per_group, k)
     return np.stack([pack_rows(rows[g]) for g in range(groups)])
+
+
+def pack_conv_columns(w: np.ndarray, groups: int) -> np.ndarray:
+    """Convolution weights [oc, c / groups, kh, kw] as the GEMM's B per group, output channels as
+    columns: [groups, ceil(oc / groups / 16), k, 16], for layers with fewer output pixels than
+    channels (the kernel then gathers the pixels as rows)."""
+    oc = w.shape[0]
+    per_group = oc // groups
+    k = int(np.prod(w.shape[1:]))
+    rows = w.reshape(groups, per_group, k)
+    return np.stack([pack_columns(np.ascontiguousarray(rows[g].T)) for g in range(groups)])

@@ -3,11 +3,15 @@
  * relaxc.tvm) and relaxc.conv2d_depthwise, both with the GEMM epilogue (per-channel bias, a
  * residual, an activation).
  *
- * A convolution is a GEMM whose rows are output pixels, columns output channels and reduction
- * (input channel, kernel row, kernel column): the packer gathers each strip of pixels straight
- * from the (padded) image, so no im2col matrix is ever built, and the micro-kernel's tile is
- * written back transposed into the NCHW output. (Depthwise convolution, whose reduction is only
- * kh * kw, is depthwise.c.)
+ * A convolution is a GEMM whose reduction is (input channel, kernel row, kernel column) and
+ * whose other two sides are output channels and output pixels, either way round, as relaxc.tvm
+ * packed the weights: channels as rows (weights in strips of 6, pixels gathered in panels of 16:
+ * the usual case, NCHW's rows come out whole) or, where a layer has fewer pixels than channels
+ * (a late stage: 7 x 7 pixels, 256 channels), channels as columns (weights in panels of 16, the
+ * pixels gathered in strips of 6), so that neither wastes most of a 16-wide panel on 49 pixels.
+ * The packers read the (padded) image directly, so no im2col matrix is ever built. Either way
+ * every output sums the same products in the same order: the same bits. (Depthwise
+ * convolution, whose reduction is only kh * kw, is depthwise.c.)
  */
 #include <string.h>
 
@@ -136,10 +140,37 @@ static void pack_conv_b(const void *source, int64_t p0, int64_t panels, int64_t 
   }
 }
 
+/* Rows [m0, m0 + mr) (pixels) and reduction steps [k0, k0 + kc) of the image as the GEMM's A
+ * strip dst[kc][RK_MR], rows past mr zero: channels-as-columns layers. */
+static void pack_conv_a(const void *source, int64_t m0, int64_t mr, int64_t k0, int64_t kc, float *dst) {
+  const conv_b *b = source;
+  const conv_params *p = b->p;
+  int64_t taps = p->kh * p->kw, plane = b->hp * b->wp;
+  int64_t offset[RK_MR] = {0};
+  for (int64_t r = 0, y = m0 / b->ow, x = m0 % b->ow; r < mr; r++) {
+    offset[r] = y * p->sh * b->wp + x * p->sw;
+    if (++x == b->ow) x = 0, y++;
+  }
+  int64_t ic = k0 / taps, tap = k0 % taps, kr = tap / p->kw, ks = tap % p->kw;
+  for (int64_t k = 0; k < kc; k++) {
+    const float *src = b->image + ic * plane + kr * p->dh * b->wp + ks * p->dw;
+    float *row = dst + k * RK_MR;
+    for (int r = 0; r < RK_MR; r++) row[r] = r < mr ? src[offset[r]] : 0.0f;
+    if (++ks == p->kw) {
+      ks = 0;
+      if (++kr == p->kh) {
+        kr = 0;
+        ic++;
+      }
+    }
+  }
+}
+
 /* (x, w_packed, bias, residual, params, activation, [alpha, lo, hi], out); params = [kh, kw,
  * stride_h, stride_w, pad_top, pad_left, pad_bottom, pad_right, dilation_h, dilation_w, groups];
  * w_packed [groups, ceil(oc_per_group / 6), (c / groups) * kh * kw, 6]: each group's weights as
- * the GEMM's A, in strips of RK_MR output channels. */
+ * the GEMM's A, in strips of RK_MR output channels; or [groups, ceil(oc_per_group / 16), (c /
+ * groups) * kh * kw, 16]: as its B, in panels of RK_NR output channels. */
 int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   (void)self, (void)result;
   static const char kernel[] = "relaxc.conv2d";
@@ -152,8 +183,14 @@ int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, T
   int64_t oh = a.oh, ow = a.ow;
   int64_t batch = x->shape[0], groups = p.groups, c_in = x->shape[1] / groups, c_out = out->shape[1] / groups;
   int64_t k = c_in * p.kh * p.kw, strips = (c_out + RK_MR - 1) / RK_MR, pixels = oh * ow;
-  if (w->ndim != 4 || w->shape[0] != groups || w->shape[1] != strips || w->shape[2] != k || w->shape[3] != RK_MR)
-    return rk_shape_error(kernel, "w_packed must be [groups, ceil(oc / groups / 6), c / groups * kh * kw, 6]", w);
+  int64_t panels = (c_out + RK_NR - 1) / RK_NR;
+  bool channels_as_rows = w->ndim == 4 && w->shape[3] == RK_MR && w->shape[1] == strips;
+  bool channels_as_columns = w->ndim == 4 && w->shape[3] == RK_NR && w->shape[1] == panels;
+  if ((!channels_as_rows && !channels_as_columns) || w->shape[0] != groups || w->shape[2] != k)
+    return rk_shape_error(kernel,
+                          "w_packed must be [groups, ceil(oc / groups / 6), c / groups * kh * kw, 6] or "
+                          "[groups, ceil(oc / groups / 16), c / groups * kh * kw, 16]",
+                          w);
   if (batch == 0 || pixels == 0 || c_out == 0) return 0;
   int64_t hp, wp;
   const float *image = padded_input(&p, x, &hp, &wp);
@@ -168,13 +205,22 @@ int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, T
     int64_t out_offset = (n * out->shape[1] + g * c_out) * pixels;
     rk_gemm *gm = &problems[i];
     *gm = (rk_gemm){0};
+    gm->ep = ep;
+    gm->ep.bias = bias ? rk_data(bias) + g * c_out : NULL;
+    if (channels_as_columns) {
+      gm->m = pixels, gm->n = c_out, gm->k = k;
+      gm->pack_a = pack_conv_a;
+      gm->a = &sources[i];
+      gm->b_packed = rk_data(w) + g * panels * k * RK_NR;
+      gm->c = rk_data(out) + out_offset, gm->c_rs = 1, gm->c_cs = pixels;
+      if (residual) gm->ep.residual = rk_data(residual) + out_offset, gm->ep.res_rs = 1, gm->ep.res_cs = pixels;
+      continue;
+    }
     gm->m = c_out, gm->n = pixels, gm->k = k;
     gm->a_packed = rk_data(w) + g * strips * k * RK_MR;
     gm->pack_b = pack_conv_b;
     gm->b_source = &sources[i];
     gm->c = rk_data(out) + out_offset, gm->c_rs = pixels, gm->c_cs = 1;
-    gm->ep = ep;
-    gm->ep.bias = bias ? rk_data(bias) + g * c_out : NULL;
     gm->ep.bias_per_row = true;
     if (residual) gm->ep.residual = rk_data(residual) + out_offset, gm->ep.res_rs = pixels, gm->ep.res_cs = 1;
   }

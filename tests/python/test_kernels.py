@@ -17,7 +17,7 @@ import tvm_ffi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
-from relaxc._pack import pack_columns, pack_conv  # noqa: E402
+from relaxc._pack import pack_columns, pack_conv, pack_conv_columns  # noqa: E402
 
 from test_tvm_ffi import relaxc_binary  # noqa: E402
 
@@ -184,6 +184,11 @@ def test_conv2d(library, case):
     params = tvm_ffi.Shape([kh, kw, *stride, *pad, *dil, groups])
     library["relaxc.conv2d"](t(x), t(pack_conv(w, groups)), t(b), t(r), params, "clip", scalars(), t(out))
     close(out, np.clip(want + b.reshape(1, -1, 1, 1) + r, -0.5, 0.75))
+    # Channels as the GEMM's columns (what relaxc.tvm packs for layers with few pixels): the same
+    # products summed in the same order, so the same bits.
+    columns = np.zeros(want.shape, np.float32)
+    library["relaxc.conv2d"](t(x), t(pack_conv_columns(w, groups)), t(b), t(r), params, "clip", scalars(), t(columns))
+    np.testing.assert_array_equal(columns, out)
 
 
 @pytest.mark.parametrize("stride,pad,k,dil", [((1, 1), (1, 1, 1, 1), 3, 1), ((2, 2), (1, 1, 1, 1), 3, 1),
@@ -303,7 +308,7 @@ def test_errors_name_the_kernel_and_the_argument(library):
 THREAD_SCRIPT = r"""
 import sys, numpy as np, tvm_ffi
 sys.path.insert(0, sys.argv[3])
-from relaxc._pack import pack_columns, pack_conv
+from relaxc._pack import pack_columns, pack_conv, pack_conv_columns
 path, out_path = sys.argv[1], sys.argv[2]
 names = dict(l.split("\t") for l in open(path + ".tsv").read().splitlines())
 m = tvm_ffi.load_module(path)
@@ -322,6 +327,9 @@ res["matmul"] = np.zeros((4, 8, 33, 29), np.float32); k["relaxc.matmul"](t(a), t
 x = r(2, 16, 30, 30); cw = r(24, 16, 3, 3)
 res["conv"] = np.zeros((2, 24, 30, 30), np.float32)
 k["relaxc.conv2d"](t(x), t(pack_conv(cw, 1)), None, None, tvm_ffi.Shape([3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1]), "clip", sc, t(res["conv"]))
+x7 = r(1, 64, 7, 7); cw7 = r(96, 64, 3, 3)
+res["conv_columns"] = np.zeros((1, 96, 7, 7), np.float32)
+k["relaxc.conv2d"](t(x7), t(pack_conv_columns(cw7, 1)), t(r(96)), None, tvm_ffi.Shape([3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1]), "relu", sc, t(res["conv_columns"]))
 res["dw"] = np.zeros((2, 16, 15, 15), np.float32)
 k["relaxc.conv2d_depthwise"](t(x), t(r(16, 1, 3, 3)), None, None, tvm_ffi.Shape([3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 16]), "relu", sc, t(res["dw"]))
 big = r(300, 500)
