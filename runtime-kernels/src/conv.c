@@ -211,6 +211,7 @@ int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, T
       gm->m = pixels, gm->n = c_out, gm->k = k;
       gm->pack_a = pack_conv_a;
       gm->a = &sources[i];
+      gm->a_gathered = true;
       gm->b_packed = rk_data(w) + g * panels * k * RK_NR;
       gm->c = rk_data(out) + out_offset, gm->c_rs = 1, gm->c_cs = pixels;
       if (residual) gm->ep.residual = rk_data(residual) + out_offset, gm->ep.res_rs = 1, gm->ep.res_cs = pixels;

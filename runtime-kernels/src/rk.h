@@ -160,6 +160,7 @@ typedef struct rk_gemm {
   const float *a_packed;
   rk_pack_a_fn pack_a;
   const void *a; /* what pack_a reads: an rk_matrix for rk_pack_a_strided */
+  bool a_gathered; /* pack_a gathers (a convolution's pixels): pack each row as few times as possible */
   const float *b_packed;
   rk_pack_b_fn pack_b;
   const void *b_source; /* what pack_b reads */
