@@ -60,7 +60,7 @@ def build(work, relaxc_bin, size):
     shape = llm.Shape(**SIZES[size])
     mod, values = llm.export_with_weights(shape, SEED)
     weights = {k: v.numpy() for k, v in values.items()}
-    print(f"model: {sum(w.size for w in weights.values()) / 1e6:.1f} M parameters", flush=True)
+    print(f"model: {sum(w.size for w in weights.values()) / 1e6:.3f} M parameters", flush=True)
     write_gguf(gguf_path, weights, shape)
     for fn in ["embed", "prefill", "decode"]:
         mod = relax.transform.BindParams(fn, values)(mod)
@@ -261,7 +261,7 @@ def main():
         rt = statistics.median(t for _, t in results[("relaxc", threads)])
         lp = statistics.median(p for p, _ in results[("llama.cpp", threads)])
         lt = statistics.median(t for _, t in results[("llama.cpp", threads)])
-        print(f"| {threads} | {rp:.1f} | {lp:.1f} | {rt:.2f} | {lt:.2f} | {rt / lt:.2f}x |")
+        print(f"| {threads} | {rp:.3f} | {lp:.3f} | {rt:.1f} | {lt:.1f} | {rt / lt:.2f}x |")
 
 
 if __name__ == "__main__":
