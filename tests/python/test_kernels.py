@@ -226,7 +226,7 @@ def pool_reference(x, k, stride, pad, kind, include_pad):
 
 @pytest.mark.parametrize("kind,include_pad", [("max", 0), ("avg", 0), ("avg", 1)])
 @pytest.mark.parametrize("k,stride,pad", [((3, 3), (2, 2), (1, 1, 1, 1)), ((2, 2), (2, 2), (0, 0, 0, 0)),
-                                          ((3, 2), (1, 2), (1, 0, 1, 1))])
+                                          ((3, 2), (1, 2), (1, 0, 1, 1)), ((2, 3), (1, 1), (0, 0, 0, 0))])
 def test_pooling(library, kind, include_pad, k, stride, pad):
     rng = np.random.default_rng(k[0] + stride[1])
     x = rand(rng, 2, 3, 11, 10)
