@@ -69,6 +69,7 @@ static const float *padded_input(const conv_params *p, const DLTensor *x, int64_
  * block, so no im2col matrix is ever built. */
 typedef struct conv_b {
   const float *image; /* the group's first input channel, padded */
+  const float *end;   /* the end of the whole (padded) input: no read goes past it */
   const conv_params *p;
   int64_t hp, wp, ow, pixels;
 } conv_b;
@@ -112,12 +113,22 @@ static void pack_conv_b(const void *source, int64_t p0, int64_t panels, int64_t 
       for (int64_t j = split + 1; j < RK_NR && split; j++)
         if (offset[j] != offset[j - 1] + 1) split = 0;
     }
+    /* Every other pixel of one input row (stride 2 within one output row: MobileNet's first
+     * layer): 32 neighbours loaded as vectors and their even lanes kept, where all 32 are inside
+     * the input. */
+    bool every_other = valid == RK_NR && p->sw == 2;
+    for (int64_t j = 1; j < RK_NR && every_other; j++) every_other = offset[j] == offset[0] + 2 * j;
     float *out = dst + q * kc * RK_NR;
     int64_t ic = k0 / taps, tap = k0 % taps, kr = tap / p->kw, ks = tap % p->kw;
     for (int64_t k = 0; k < kc; k++) {
       const float *src = b->image + ic * plane + kr * p->dh * b->wp + ks * p->dw;
       float *row = out + k * RK_NR;
-      if (one_run) {
+      if (every_other && src + offset[0] + 2 * RK_NR <= b->end) {
+        const float *at = src + offset[0];
+        rk_f8 v0 = rk_f8_load(at), v1 = rk_f8_load(at + 8), v2 = rk_f8_load(at + 16), v3 = rk_f8_load(at + 24);
+        RK_F8_STORE(row, __builtin_shufflevector(v0, v1, 0, 2, 4, 6, 8, 10, 12, 14));
+        RK_F8_STORE(row + 8, __builtin_shufflevector(v2, v3, 0, 2, 4, 6, 8, 10, 12, 14));
+      } else if (one_run) {
         RK_F8_STORE(row, rk_f8_load(src + offset[0]));
         RK_F8_STORE(row + 8, rk_f8_load(src + offset[0] + 8));
       } else if (split) {
@@ -201,7 +212,8 @@ int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, T
   conv_b *sources = (conv_b *)(problems + count);
   for (int64_t i = 0; i < count; i++) {
     int64_t n = i / groups, g = i % groups;
-    sources[i] = (conv_b){image + (n * x->shape[1] + g * c_in) * hp * wp, &p, hp, wp, ow, pixels};
+    sources[i] = (conv_b){image + (n * x->shape[1] + g * c_in) * hp * wp, image + batch * x->shape[1] * hp * wp, &p, hp, wp,
+                          ow, pixels};
     int64_t out_offset = (n * out->shape[1] + g * c_out) * pixels;
     rk_gemm *gm = &problems[i];
     *gm = (rk_gemm){0};
