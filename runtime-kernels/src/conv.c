@@ -88,7 +88,8 @@ static inline __attribute__((always_inline)) void copy_run(float *dst, const flo
   }
 }
 
-static void pack_conv_b(const void *source, int64_t p0, int64_t panels, int64_t k0, int64_t kc, float *dst) {
+static inline __attribute__((always_inline)) void pack_conv_b(const void *source, int64_t p0, int64_t panels, int64_t k0,
+                                                                 int64_t kc, float *dst) {
   const conv_b *b = source;
   const conv_params *p = b->p;
   int64_t taps = p->kh * p->kw, plane = b->hp * b->wp;
@@ -151,6 +152,19 @@ static void pack_conv_b(const void *source, int64_t p0, int64_t panels, int64_t 
   }
 }
 
+/* The packer compiled for both instruction sets: its vector copies and shuffles are single
+ * AVX2 instructions there (generic 8-lane shuffles in the portable build are slow). */
+static void pack_conv_b_generic(const void *source, int64_t p0, int64_t panels, int64_t k0, int64_t kc, float *dst) {
+  pack_conv_b(source, p0, panels, k0, kc, dst);
+}
+
+#if defined(__x86_64__)
+RK_AVX2_TARGET static void pack_conv_b_avx2(const void *source, int64_t p0, int64_t panels, int64_t k0, int64_t kc,
+                                            float *dst) {
+  pack_conv_b(source, p0, panels, k0, kc, dst);
+}
+#endif
+
 /* Rows [m0, m0 + mr) (pixels) and reduction steps [k0, k0 + kc) of the image as the GEMM's A
  * strip dst[kc][RK_MR], rows past mr zero: channels-as-columns layers. */
 static void pack_conv_a(const void *source, int64_t m0, int64_t mr, int64_t k0, int64_t kc, float *dst) {
@@ -210,6 +224,10 @@ int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, T
   rk_gemm *problems = rk_scratch(RK_SLOT_PROBLEMS, (size_t)count * (sizeof(rk_gemm) + sizeof(conv_b)));
   if (!problems) return rk_out_of_memory(kernel);
   conv_b *sources = (conv_b *)(problems + count);
+  rk_pack_b_fn pack_b = pack_conv_b_generic;
+#if defined(__x86_64__)
+  if (rk_cpu_isa() == RK_ISA_AVX2) pack_b = pack_conv_b_avx2;
+#endif
   for (int64_t i = 0; i < count; i++) {
     int64_t n = i / groups, g = i % groups;
     sources[i] = (conv_b){image + (n * x->shape[1] + g * c_in) * hp * wp, image + batch * x->shape[1] * hp * wp, &p, hp, wp,
@@ -231,7 +249,7 @@ int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, T
     }
     gm->m = c_out, gm->n = pixels, gm->k = k;
     gm->a_packed = rk_data(w) + g * strips * k * RK_MR;
-    gm->pack_b = pack_conv_b;
+    gm->pack_b = pack_b;
     gm->b_source = &sources[i];
     gm->c = rk_data(out) + out_offset, gm->c_rs = pixels, gm->c_cs = 1;
     gm->ep.bias_per_row = true;
