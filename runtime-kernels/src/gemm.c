@@ -415,6 +415,24 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
     }
   }
 
+  /* A product of at most RK_MC rows not on the streaming path (BERT's 48 rows, a late
+   * convolution's 49 pixels) has all of A packed here, once, and shared by every task: packed
+   * per block instead, it was packed again for each of the 3 to 8 column blocks. */
+  rk_gemm whole;
+  if (count == 1 && !g0->a_packed && g0->m <= RK_MC && !takes_streaming_path(g0)) {
+    int64_t strips = (g0->m + RK_MR - 1) / RK_MR;
+    float *a_whole = rk_scratch(RK_SLOT_A_WHOLE, sizeof(float) * (size_t)(strips * RK_MR * g0->k));
+    if (!a_whole) return rk_out_of_memory("gemm");
+    for (int64_t s = 0; s < strips; s++) {
+      int64_t mr = g0->m - s * RK_MR < RK_MR ? g0->m - s * RK_MR : RK_MR;
+      g0->pack_a(g0->a, s * RK_MR, mr, 0, g0->k, a_whole + s * g0->k * RK_MR);
+    }
+    whole = *g0;
+    whole.a_packed = a_whole;
+    whole.a_gathered = false;
+    problems = g0 = &whole;
+  }
+
   /* Prepacked A needs no packing buffer, so a block may take every row: B's gathered panels are
    * then used by all of them. */
   int64_t mc = g0->a_packed ? (g0->m + RK_MR - 1) / RK_MR * RK_MR : RK_MC;

@@ -86,7 +86,8 @@ typedef enum {
   RK_SLOT_PROBLEMS = 3, /* a batch's list of GEMM problems */
   RK_SLOT_INPUT = 4,    /* a padded or rearranged copy of an input */
   RK_SLOT_B_BLOCK = 5,  /* the GEMM's block of B gathered by its packer (every task's own thread) */
-  RK_SCRATCH_SLOTS = 6
+  RK_SLOT_A_WHOLE = 6,  /* all of a GEMM's A packed once per call, shared by its tasks */
+  RK_SCRATCH_SLOTS = 7
 } rk_slot;
 RVM_HIDDEN void *rk_scratch(rk_slot slot, size_t nbytes);
 
