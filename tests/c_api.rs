@@ -1,12 +1,14 @@
 //! Builds tests/c/api_test.c, a plain C host, and runs it on compiled models: natively, and
-//! under valgrind (no leak, no invalid access). In CI valgrind is required; elsewhere a missing
-//! valgrind is reported as a skip.
+//! under valgrind (no leak, no invalid access). In CI valgrind is required; elsewhere a test whose
+//! valgrind run could not happen is reported as ignored, with the reason, after its native runs
+//! passed (never as `ok`).
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use relaxc::codegen::ExecMode;
 
 fn fixture_tar(name: &str) -> PathBuf {
@@ -23,7 +25,7 @@ fn models(mode: ExecMode) -> (PathBuf, PathBuf) {
     (a, b)
 }
 
-fn check_api(mode: ExecMode) {
+fn check_api(mode: ExecMode) -> Option<String> {
     let exe = build_host();
     let (a, b) = models(mode);
     let out = Command::new(&exe).arg(&a).arg(&b).output().expect("run api_test");
@@ -31,19 +33,20 @@ fn check_api(mode: ExecMode) {
     assert!(out.status.success(), "api_test failed:\n{text}");
     assert!(text.contains(", 0 failed"), "{text}");
 
-    valgrind(&exe, &[&a, &b], &format!("api_test ({})", common::mode_name(mode)));
+    valgrind(&exe, &[&a, &b], &format!("api_test ({})", common::mode_name(mode)))
 }
 
-/// Runs exe under valgrind: no invalid access, no definite or indirect leak.
-fn valgrind(exe: &Path, args: &[&Path], what: &str) {
+/// Runs exe under valgrind: no invalid access, no definite or indirect leak. Returns why the run
+/// could not happen, if it could not.
+fn valgrind(exe: &Path, args: &[&Path], what: &str) -> Option<String> {
     if !relaxc::link::SHIM_SANITIZERS.is_empty() {
-        eprintln!("SKIPPED: valgrind run of {what}: the shim is built with sanitizers, which check it instead");
-        return;
+        return Some(format!(
+            "valgrind run of {what} skipped: the shim is built with sanitizers, which check it instead"
+        ));
     }
     if Command::new("valgrind").arg("--version").output().is_err() {
         assert!(std::env::var_os("CI").is_none(), "valgrind is required in CI (.ci/run installs it)");
-        eprintln!("SKIPPED: valgrind run of {what}: valgrind is not installed");
-        return;
+        return Some(format!("valgrind run of {what} skipped: valgrind is not installed"));
     }
     let out = Command::new("valgrind")
         .args(["--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite,indirect"])
@@ -56,11 +59,19 @@ fn valgrind(exe: &Path, args: &[&Path], what: &str) {
     assert!(out.status.success(), "valgrind found errors or leaks in {what}:\n{text}");
     assert!(text.contains("ERROR SUMMARY: 0 errors"), "{text}");
     eprintln!("{what}: valgrind clean");
+    None
+}
+
+/// A test's verdict: ignored with the reason when its valgrind runs could not happen.
+fn verdict(skipped: Option<String>) -> Result<Completion, Failed> {
+    Ok(match skipped {
+        Some(why) => Completion::ignored_with(format!("{why}; the native runs passed")),
+        None => Completion::Completed,
+    })
 }
 
 /// A batch of random programs (with the deliberate failures), run under valgrind in both modes.
-#[test]
-fn random_programs_under_valgrind() {
+fn random_programs_under_valgrind() -> Option<String> {
     let batch = common::random::generate(7, 300);
     relaxc::vm::verify(&batch.exec).expect("valid programs");
     let kernels =
@@ -72,20 +83,22 @@ fn random_programs_under_valgrind() {
         cuda: Vec::new(),
     };
     let exe = common::build_c_host("run_programs");
+    let mut skipped = None;
     for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
         let so = common::link_program("random_vg", &program, mode).expect("build");
         let out = Command::new(&exe).arg(&so).output().expect("run_programs");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(out.status.success() && text.contains("600 calls"), "{text}");
-        valgrind(&exe, &[&so], &format!("300 random programs ({})", common::mode_name(mode)));
+        skipped = skipped.or(valgrind(&exe, &[&so], &format!("300 random programs ({})", common::mode_name(mode))));
     }
+    skipped
 }
 
 /// A C host registers a function; the model's kernel calls it by name (both modes, valgrind).
-#[test]
-fn host_registered_function_called_by_a_kernel_under_valgrind() {
+fn host_registered_function_called_by_a_kernel_under_valgrind() -> Option<String> {
     let exe = common::build_c_host("registry_test");
     let dir = common::root().join("tests/host_call");
+    let mut skipped = None;
     for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
         let mut options = relaxc::compile::Options::mode(mode);
         options.script.kernels = vec![dir.join("kernels.c")];
@@ -99,18 +112,9 @@ fn host_registered_function_called_by_a_kernel_under_valgrind() {
             "registry_test ({}):\n{text}",
             common::mode_name(mode)
         );
-        valgrind(&exe, &[&so], &format!("registry_test ({})", common::mode_name(mode)));
+        skipped = skipped.or(valgrind(&exe, &[&so], &format!("registry_test ({})", common::mode_name(mode))));
     }
-}
-
-#[test]
-fn c_host_bytecode_under_valgrind() {
-    check_api(ExecMode::Bytecode);
-}
-
-#[test]
-fn c_host_compiled_under_valgrind() {
-    check_api(ExecMode::Compiled);
+    skipped
 }
 
 /// main(x) = x, built from an ExecBuilder program in `mode`.
@@ -131,9 +135,9 @@ fn identity_model(mode: ExecMode) -> PathBuf {
 
 /// Every rvm.h function with bad arguments, a VM entered from a second thread, and results that
 /// must not alias the caller's buffers (tests/c/bad_args_test.c), in both modes and under valgrind.
-#[test]
-fn c_api_bad_arguments_are_errors_under_valgrind() {
+fn c_api_bad_arguments_are_errors_under_valgrind() -> Option<String> {
     let exe = common::build_c_host("bad_args_test");
+    let mut skipped = None;
     for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
         let (_, calls) = models(mode);
         let mut options = relaxc::compile::Options::mode(mode);
@@ -148,13 +152,14 @@ fn c_api_bad_arguments_are_errors_under_valgrind() {
             "bad_args_test ({}):\n{text}",
             common::mode_name(mode)
         );
-        valgrind(&exe, &[&calls, &instrumented, &identity], &format!("bad_args_test ({})", common::mode_name(mode)));
+        let what = format!("bad_args_test ({})", common::mode_name(mode));
+        skipped = skipped.or(valgrind(&exe, &[&calls, &instrumented, &identity], &what));
     }
+    skipped
 }
 
 /// The bad-argument test must reach every entry of the API table: an entry added to `rvm_api`
 /// without a bad-argument call there fails here, naming it.
-#[test]
 fn bad_args_test_calls_every_api_entry() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let header = std::fs::read_to_string(root.join("runtime-shim/include/rvm.h")).expect("read rvm.h");
@@ -174,4 +179,25 @@ fn bad_args_test_calls_every_api_entry() {
     let missing: Vec<&&str> = entries.iter().filter(|name| !test.contains(&format!("api->{name}("))).collect();
     assert!(missing.is_empty(), "tests/c/bad_args_test.c never calls {missing:?}");
     assert!(test.contains("get_api(0)"), "tests/c/bad_args_test.c never asks rvm_get_api for an unsupported version");
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let valgrind_trial =
+        |name: &'static str, f: fn() -> Option<String>| Trial::ignorable_test(name, move || verdict(f()));
+    let trials = vec![
+        valgrind_trial("random_programs_under_valgrind", random_programs_under_valgrind),
+        valgrind_trial(
+            "host_registered_function_called_by_a_kernel_under_valgrind",
+            host_registered_function_called_by_a_kernel_under_valgrind,
+        ),
+        valgrind_trial("c_host_bytecode_under_valgrind", || check_api(ExecMode::Bytecode)),
+        valgrind_trial("c_host_compiled_under_valgrind", || check_api(ExecMode::Compiled)),
+        valgrind_trial("c_api_bad_arguments_are_errors_under_valgrind", c_api_bad_arguments_are_errors_under_valgrind),
+        Trial::test("bad_args_test_calls_every_api_entry", || {
+            bad_args_test_calls_every_api_entry();
+            Ok(())
+        }),
+    ];
+    libtest_mimic::run(&args, trials).exit();
 }

@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use libtest_mimic::{Arguments, Failed, Trial};
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
 use relaxc::codegen::ExecMode;
 use relaxc::host::{Output, npz};
 use relaxc::target::Target;
@@ -276,8 +276,8 @@ fn main() {
         let target = Target::parse(triple).expect("supported target");
         if let Some(why) = unavailable(&target) {
             assert!(std::env::var_os("CI").is_none(), "CI needs the {cpu} toolchain and qemu: {why}");
-            trials.push(Trial::test(format!("{cpu}::skipped"), || Ok(())).with_ignored_flag(true));
-            eprintln!("SKIPPED: {cpu} cross tests: {why}");
+            let reason = format!("{cpu} cross tests skipped: {why}");
+            trials.push(Trial::ignorable_test(format!("{cpu}::skipped"), move || Ok(Completion::ignored_with(reason))));
             continue;
         }
         for name in common::cross_exports(cpu) {
