@@ -63,16 +63,49 @@ static const float *padded_input(const conv_params *p, const DLTensor *x, int64_
 
 /* ---- relaxc.conv2d ------------------------------------------------------------------------------ */
 
-/* The GEMM of one (image, group): rows are output channels (the prepacked weights are A),
- * columns output pixels, the reduction (input channel, kernel row, kernel column). Output rows
- * are then NCHW's own rows, and B's panels of 16 pixels are gathered from the image block by
- * block, so no im2col matrix is ever built. */
+/* What the packers of one (image, group) read: its pixels, gathered straight from the (padded)
+ * image block by block, as B's panels (channels as rows) or A's strips (channels as columns). */
 typedef struct conv_b {
   const float *image; /* the group's first input channel, padded */
   const float *end;   /* the end of the whole (padded) input: no read goes past it */
   const conv_params *p;
   int64_t hp, wp, ow, pixels;
 } conv_b;
+
+/* Where output pixels [first, first + count) read the input, relative to a tap's first pixel
+ * (one division for the lot: a panel is packed for every block of the reduction). */
+static inline void pixel_offsets(const conv_b *b, int64_t first, int64_t count, int64_t *offset) {
+  int64_t y = first / b->ow, x = first % b->ow;
+  for (int64_t j = 0; j < count; j++) {
+    offset[j] = y * b->p->sh * b->wp + x * b->p->sw;
+    if (++x == b->ow) x = 0, y++;
+  }
+}
+
+/* A step of the reduction (input channel, kernel row, kernel column), walked in order: where the
+ * step's tap starts reading the group's image. */
+typedef struct conv_tap {
+  int64_t ic, kr, ks;
+} conv_tap;
+
+static inline conv_tap first_tap(const conv_b *b, int64_t k0) {
+  int64_t taps = b->p->kh * b->p->kw, tap = k0 % taps;
+  return (conv_tap){k0 / taps, tap / b->p->kw, tap % b->p->kw};
+}
+
+static inline const float *tap_source(const conv_b *b, const conv_tap *t) {
+  return b->image + t->ic * b->hp * b->wp + t->kr * b->p->dh * b->wp + t->ks * b->p->dw;
+}
+
+static inline void next_tap(const conv_b *b, conv_tap *t) {
+  if (++t->ks == b->p->kw) {
+    t->ks = 0;
+    if (++t->kr == b->p->kh) {
+      t->kr = 0;
+      t->ic++;
+    }
+  }
+}
 
 /* Copies a run of n (1..RK_NR) neighbouring floats by at most two pairs of overlapping vector
  * copies, which stay inside both the run and its place in the panel. */
@@ -92,19 +125,14 @@ static inline __attribute__((always_inline)) void pack_conv_b(const void *source
                                                                  int64_t kc, float *dst) {
   const conv_b *b = source;
   const conv_params *p = b->p;
-  int64_t taps = p->kh * p->kw, plane = b->hp * b->wp;
   for (int64_t q = 0; q < panels; q++) {
     /* Where each of the panel's pixels reads the input, relative to a tap's first pixel: the
      * same for every step of the reduction. A panel within one output row at stride 1 is one
      * run, copied as two vectors; any other (rows it crosses, strides) a fixed 16-element
      * gather, which unrolls without a branch per run. */
-    int64_t offset[RK_NR], valid = 0;
-    int64_t first = (p0 + q) * RK_NR, y = first / b->ow, x = first % b->ow;
-    for (int64_t j = 0; j < RK_NR && first + j < b->pixels; j++) {
-      offset[j] = y * p->sh * b->wp + x * p->sw;
-      valid++;
-      if (++x == b->ow) x = 0, y++;
-    }
+    int64_t offset[RK_NR], first = (p0 + q) * RK_NR;
+    int64_t valid = b->pixels - first < RK_NR ? b->pixels - first : RK_NR;
+    pixel_offsets(b, first, valid, offset);
     bool one_run = valid == RK_NR && offset[RK_NR - 1] - offset[0] == RK_NR - 1;
     /* Two runs (the panel crosses one output row at stride 1): where the second begins. */
     int64_t split = 0;
@@ -120,9 +148,9 @@ static inline __attribute__((always_inline)) void pack_conv_b(const void *source
     bool every_other = valid == RK_NR && p->sw == 2;
     for (int64_t j = 1; j < RK_NR && every_other; j++) every_other = offset[j] == offset[0] + 2 * j;
     float *out = dst + q * kc * RK_NR;
-    int64_t ic = k0 / taps, tap = k0 % taps, kr = tap / p->kw, ks = tap % p->kw;
-    for (int64_t k = 0; k < kc; k++) {
-      const float *src = b->image + ic * plane + kr * p->dh * b->wp + ks * p->dw;
+    conv_tap t = first_tap(b, k0);
+    for (int64_t k = 0; k < kc; k++, next_tap(b, &t)) {
+      const float *src = tap_source(b, &t);
       float *row = out + k * RK_NR;
       if (every_other && src + offset[0] + 2 * RK_NR <= b->end) {
         const float *at = src + offset[0];
@@ -140,13 +168,6 @@ static inline __attribute__((always_inline)) void pack_conv_b(const void *source
       } else {
         for (int64_t j = 0; j < valid; j++) row[j] = src[offset[j]];
         for (int64_t j = valid; j < RK_NR; j++) row[j] = 0.0f;
-      }
-      if (++ks == p->kw) {
-        ks = 0;
-        if (++kr == p->kh) {
-          kr = 0;
-          ic++;
-        }
       }
     }
   }
@@ -169,25 +190,13 @@ RK_AVX2_TARGET static void pack_conv_b_avx2(const void *source, int64_t p0, int6
  * strip dst[kc][RK_MR], rows past mr zero: channels-as-columns layers. */
 static void pack_conv_a(const void *source, int64_t m0, int64_t mr, int64_t k0, int64_t kc, float *dst) {
   const conv_b *b = source;
-  const conv_params *p = b->p;
-  int64_t taps = p->kh * p->kw, plane = b->hp * b->wp;
   int64_t offset[RK_MR] = {0};
-  for (int64_t r = 0, y = m0 / b->ow, x = m0 % b->ow; r < mr; r++) {
-    offset[r] = y * p->sh * b->wp + x * p->sw;
-    if (++x == b->ow) x = 0, y++;
-  }
-  int64_t ic = k0 / taps, tap = k0 % taps, kr = tap / p->kw, ks = tap % p->kw;
-  for (int64_t k = 0; k < kc; k++) {
-    const float *src = b->image + ic * plane + kr * p->dh * b->wp + ks * p->dw;
+  pixel_offsets(b, m0, mr, offset);
+  conv_tap t = first_tap(b, k0);
+  for (int64_t k = 0; k < kc; k++, next_tap(b, &t)) {
+    const float *src = tap_source(b, &t);
     float *row = dst + k * RK_MR;
     for (int r = 0; r < RK_MR; r++) row[r] = r < mr ? src[offset[r]] : 0.0f;
-    if (++ks == p->kw) {
-      ks = 0;
-      if (++kr == p->kh) {
-        kr = 0;
-        ic++;
-      }
-    }
   }
 }
 

@@ -49,7 +49,6 @@ static int check_shapes(const char *kernel, const conv_params *p, const DLTensor
   return 0;
 }
 
-
 int rk_conv_args(const char *kernel, const char *w_name, const TVMFFIAny *args, int32_t num_args, conv_args *a) {
   *a = (conv_args){0};
   int rc = rk_check_count(kernel, num_args, 8);

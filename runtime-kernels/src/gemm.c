@@ -154,7 +154,7 @@ static inline __attribute__((always_inline)) void finish_row(const rk_epilogue *
     case RK_ACT_CLIP:
       for (int j = 0; j < RK_NR; j++) row[j] = row[j] < ep->lo ? ep->lo : (row[j] > ep->hi ? ep->hi : row[j]);
       break;
-    /* Out of line: the elementary functions inlined into every copy of the driver cost ~60 KB
+    /* Out of line: the elementary functions inlined into every copy of the driver cost ~37 KB
      * of code, a call per 16 values nothing measurable. */
     default: rk_activate_all(row, RK_NR, ep->act, ep->lo, ep->hi); break;
   }
@@ -455,8 +455,10 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
     job.mc = (strips + m_blocks - 1) / m_blocks * RK_MR;
     job.m_blocks = (g0->m + job.mc - 1) / job.mc;
   } else if (threads > 1 && g0->a_gathered && job.m_blocks == 1) {
-    /* Every block gathers all of A again: one block per thread, no more (ResNet's last stage
-     * with channels as columns, 2 threads: 0.69x of one thread's time with 8 blocks). */
+    /* A gathered per block and not packed once above (a batch of images, or more than RK_MC
+     * pixels): every block gathers all of it again, so one block per thread, no more (ResNet's
+     * last stage with channels as columns, 2 threads, before A was packed once: 0.69x of one
+     * thread's time with 8 blocks). */
     n_blocks = (threads + count - 1) / count;
     while ((count * n_blocks) % threads != 0 && n_blocks < panels) n_blocks++;
     if (n_blocks > panels) n_blocks = panels;
