@@ -34,10 +34,7 @@ def pack_conv(w: np.ndarray, groups: int) -> np.ndarray:
     """Convolution weights [oc, c / groups, kh, kw] as the GEMM's A per group:
     [groups, ceil(oc / groups / 6), k, 6], the reduction k = (c / groups) * kh * kw ordered
     (channel, row, column)."""
-    oc = w.shape[0]
-    per_group = oc // groups
-    k = int(np.prod(w.shape[1:]))
-    rows = w.reshape(groups, per_group, k)
+    rows = _conv_rows(w, groups)
     return np.stack([pack_rows(rows[g]) for g in range(groups)])
 
 
@@ -45,8 +42,10 @@ def pack_conv_columns(w: np.ndarray, groups: int) -> np.ndarray:
     """Convolution weights [oc, c / groups, kh, kw] as the GEMM's B per group, output channels as
     columns: [groups, ceil(oc / groups / 16), k, 16], for layers with fewer output pixels than
     channels (the kernel then gathers the pixels as rows)."""
-    oc = w.shape[0]
-    per_group = oc // groups
-    k = int(np.prod(w.shape[1:]))
-    rows = w.reshape(groups, per_group, k)
+    rows = _conv_rows(w, groups)
     return np.stack([pack_columns(np.ascontiguousarray(rows[g].T)) for g in range(groups)])
+
+
+def _conv_rows(w: np.ndarray, groups: int) -> np.ndarray:
+    """Weights [oc, c / groups, kh, kw] as [groups, oc / groups, k], k ordered (channel, row, column)."""
+    return w.reshape(groups, w.shape[0] // groups, int(np.prod(w.shape[1:])))
