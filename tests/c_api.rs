@@ -36,6 +36,28 @@ fn check_api(mode: ExecMode) -> Option<String> {
     valgrind(&exe, &[&a, &b], &format!("api_test ({})", common::mode_name(mode)))
 }
 
+/// tests/c/oom_test.c: a C host gives the VM a failing allocator and walks N over every
+/// allocation of a TVM model's first call (mlp_static: weights, kernels, storage; calls: Relax
+/// function calls), in both modes, natively and under valgrind.
+fn out_of_memory_at_every_allocation_under_valgrind() -> Option<String> {
+    let exe = common::build_c_host("oom_test");
+    let mut skipped = None;
+    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+        for (fixture, shapes) in [("mlp_static", &["2x4"][..]), ("calls", &["2x3", "2x3"][..])] {
+            let so = common::build(fixture, &fixture_tar(fixture), mode).expect("build the model");
+            let out = Command::new(&exe).arg(&so).args(shapes).output().expect("run oom_test");
+            let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success() && text.contains(", 0 failed"), "oom_test {fixture} failed:\n{text}");
+            assert!(text.contains("each failed in turn"), "{text}");
+            eprint!("{fixture} ({}): {text}", common::mode_name(mode));
+            let args: Vec<&Path> = std::iter::once(so.as_path()).chain(shapes.iter().map(Path::new)).collect();
+            let what = format!("oom_test on {fixture} ({})", common::mode_name(mode));
+            skipped = skipped.or(valgrind(&exe, &args, &what));
+        }
+    }
+    skipped
+}
+
 /// Runs exe under valgrind: no invalid access, no definite or indirect leak. Returns why the run
 /// could not happen, if it could not.
 fn valgrind(exe: &Path, args: &[&Path], what: &str) -> Option<String> {
@@ -194,6 +216,10 @@ fn main() {
         valgrind_trial("c_host_bytecode_under_valgrind", || check_api(ExecMode::Bytecode)),
         valgrind_trial("c_host_compiled_under_valgrind", || check_api(ExecMode::Compiled)),
         valgrind_trial("c_api_bad_arguments_are_errors_under_valgrind", c_api_bad_arguments_are_errors_under_valgrind),
+        valgrind_trial(
+            "out_of_memory_at_every_allocation_under_valgrind",
+            out_of_memory_at_every_allocation_under_valgrind,
+        ),
         Trial::test("bad_args_test_calls_every_api_entry", || {
             bad_args_test_calls_every_api_entry();
             Ok(())

@@ -39,9 +39,9 @@ extern "C" {
 #endif
 
 /* The API version this header describes. Versions only grow the table at its end, so a .so
- * built for version 2 also answers rvm_get_api(1) with the same table (struct_size tells how
- * much of it there is). */
-#define RVM_ABI_VERSION 2u
+ * built for version 3 also answers rvm_get_api(1) and rvm_get_api(2) with the same table
+ * (struct_size tells how much of it there is). */
+#define RVM_ABI_VERSION 3u
 
 /* A value: TVMFFIAny. Tensors, shapes, tuples (arrays), strings and closures are objects. */
 typedef TVMFFIAny rvm_value;
@@ -63,6 +63,30 @@ typedef struct rvm_module_info {
   int32_t num_functions; /* Relax functions callable through the API */
   int32_t instrumented;  /* built with --instrument: vm_set_instrument works (ABI version 2) */
 } rvm_module_info;
+
+/* A host's allocator for a VM (ABI version 3, vm_create_with_allocator). alloc returns at least
+ * `size` bytes aligned to `alignment` (a power of two, at least 16), or NULL when out of memory;
+ * the call that needed the memory then fails with a MemoryError naming what it was for. free
+ * gets back exactly the pointers alloc returned, possibly from another thread (a result released
+ * elsewhere) and after vm_destroy: the struct and ctx must stay valid until the last block is
+ * freed. Both functions may be called from several threads at once (the thread pool's workers
+ * allocate kernel workspace for their tasks).
+ *
+ * Through it goes every byte a VM allocates: the VM itself, its storage pool (blocks the pool
+ * keeps for reuse are freed at vm_destroy), tensor, tuple, shape, string and closure objects,
+ * register frames, argument arrays, kernel workspace (TVMBackendAllocWorkspace), and KV caches the
+ * model creates with all their pages and tables (for as long as the cache lives, whoever calls
+ * its functions). What stays outside, on the C library's malloc: the module and its constants
+ * (module_open: shared by all VMs, so no one VM's allocator can own it), the thread pool and the
+ * function registry (process-wide), each thread's error message (it must be possible to report
+ * that memory ran out), the kernel library's per-thread scratch buffers (shared by every VM that
+ * runs on the thread, kept at their largest size), CUDA device memory (from the driver), and
+ * values the host makes itself outside a call (shape_new, tuple_new, tensor_to_host). */
+typedef struct rvm_allocator {
+  void *(*alloc)(void *ctx, size_t size, size_t alignment);
+  void (*free)(void *ctx, void *ptr);
+  void *ctx;
+} rvm_allocator;
 
 /* Counters of one VM, reset by vm_reset_stats. */
 typedef struct rvm_vm_stats {
@@ -180,11 +204,22 @@ typedef struct rvm_api {
    * non-zero status fails the call with the hook's error. `self` is passed to every call and
    * stays the host's. */
   int (*vm_set_instrument)(rvm_vm *vm, TVMFFISafeCallType hook, void *self);
+
+  /* ---- ABI version 3: host allocators ---------------------------------------------------- */
+
+  /* vm_create (on the CPU) with every allocation of the VM made through `allocator` (see
+   * rvm_allocator for what that covers). The struct is borrowed, not copied: it must outlive the
+   * VM and every value the VM returned. */
+  int (*vm_create_with_allocator)(rvm_module *module, const rvm_allocator *allocator, rvm_vm **out);
+  /* The allocator that owns an object value's memory (the pointer given to
+   * vm_create_with_allocator), or NULL when the library's own malloc does (or the value is not an
+   * object relaxc made). A result is freed through its owner when its last reference goes. */
+  const rvm_allocator *(*value_allocator)(const rvm_value *value);
 } rvm_api;
 
 typedef const rvm_api *(*rvm_get_api_fn)(uint32_t abi_version);
 
-/* The one exported entry point: the API table for abi_version (1 or 2), or NULL if unsupported. */
+/* The one exported entry point: the API table for abi_version (1 to 3), or NULL if unsupported. */
 const rvm_api *rvm_get_api(uint32_t abi_version);
 
 #ifdef __cplusplus

@@ -2,11 +2,12 @@
  * alloc.c: the pooled CPU allocator behind vm.builtin.alloc_storage, and Storage objects.
  *
  * Models allocate the same sizes on every call, so freed buffers are kept on free lists keyed by
- * size and handed out again: after the first call, a call allocates nothing from malloc.
+ * size and handed out again: after the first call, a call allocates nothing from the VM's allocator.
  * Sizes up to 64 KiB are kept exactly (rounded to 64 bytes); larger ones in power-of-two
  * classes. Buffers may come back from any thread (a result released by the user), so the
  * lists are guarded by a spin lock, which costs one uncontended atomic exchange.
  *
+
  * Tensor objects (the views that alloc_tensor makes for every operator) are recycled too, without
  * any lock: only the thread currently running a call on the VM takes objects from the cache or
  * gives them back; a tensor released by any other thread, or outside a call, is simply freed.
@@ -28,8 +29,9 @@ typedef struct free_block {
   struct free_block *next;
 } free_block;
 
-struct rvm_allocator {
+struct rvm_pool {
   atomic_long refcount;
+  const rvm_allocator *heap; /* where the pool's blocks and objects come from */
   atomic_flag lock;
   free_block *exact[RVM_EXACT_BUCKETS];
   free_block *classes[RVM_CLASS_BUCKETS];
@@ -40,28 +42,28 @@ struct rvm_allocator {
 
 static uintptr_t this_thread(void) { return (uintptr_t)pthread_self(); }
 
-uintptr_t rvm_allocator_enter(rvm_allocator *a) {
+uintptr_t rvm_pool_enter(rvm_pool *a) {
   uintptr_t previous = atomic_load_explicit(&a->active_thread, memory_order_relaxed);
   atomic_store_explicit(&a->active_thread, this_thread(), memory_order_relaxed);
   return previous;
 }
 
-void rvm_allocator_leave(rvm_allocator *a, uintptr_t previous) {
+void rvm_pool_leave(rvm_pool *a, uintptr_t previous) {
   atomic_store_explicit(&a->active_thread, previous, memory_order_relaxed);
 }
 
-static bool on_active_thread(rvm_allocator *a) {
+static bool on_active_thread(rvm_pool *a) {
   return atomic_load_explicit(&a->active_thread, memory_order_relaxed) == this_thread();
 }
 
-rvm_tensor *rvm_allocator_take_tensor(rvm_allocator *a, int32_t ndim) {
+rvm_tensor *rvm_pool_take_tensor(rvm_pool *a, int32_t ndim) {
   if (ndim > RVM_CACHED_NDIM || !a->tensors || !on_active_thread(a)) return NULL;
   free_block *b = a->tensors;
   a->tensors = b->next;
   return (rvm_tensor *)b;
 }
 
-bool rvm_allocator_give_tensor(rvm_allocator *a, rvm_tensor *t) {
+bool rvm_pool_give_tensor(rvm_pool *a, rvm_tensor *t) {
   if (t->dl.ndim > RVM_CACHED_NDIM || !on_active_thread(a)) return false;
   free_block *b = (free_block *)t;
   b->next = a->tensors;
@@ -69,15 +71,15 @@ bool rvm_allocator_give_tensor(rvm_allocator *a, rvm_tensor *t) {
   return true;
 }
 
-static void lock(rvm_allocator *a) {
+static void lock(rvm_pool *a) {
   while (atomic_flag_test_and_set_explicit(&a->lock, memory_order_acquire)) {
   }
 }
 
-static void unlock(rvm_allocator *a) { atomic_flag_clear_explicit(&a->lock, memory_order_release); }
+static void unlock(rvm_pool *a) { atomic_flag_clear_explicit(&a->lock, memory_order_release); }
 
 /* The bucket a request falls in, and the size actually allocated for it. */
-static free_block **bucket_for(rvm_allocator *a, uint64_t nbytes, uint64_t *rounded) {
+static free_block **bucket_for(rvm_pool *a, uint64_t nbytes, uint64_t *rounded) {
   if (nbytes < RVM_ALIGN) nbytes = RVM_ALIGN;
   if (nbytes <= RVM_EXACT_LIMIT) {
     *rounded = (nbytes + RVM_ALIGN - 1) & ~(uint64_t)(RVM_ALIGN - 1);
@@ -89,36 +91,35 @@ static free_block **bucket_for(rvm_allocator *a, uint64_t nbytes, uint64_t *roun
   return &a->classes[cls];
 }
 
-rvm_allocator *rvm_allocator_new(void) {
-  rvm_allocator *a = calloc(1, sizeof(*a));
-  if (!a) {
-    rvm_raise("MemoryError", "out of memory creating an allocator");
-    return NULL;
-  }
+rvm_pool *rvm_pool_new(const rvm_allocator *heap) {
+  rvm_pool *a = rvm_mem_alloc_in(heap, sizeof(*a), 16, "a VM's storage pool");
+  if (!a) return NULL;
+  memset(a, 0, sizeof(*a));
+  a->heap = heap;
   atomic_init(&a->refcount, 1);
   atomic_flag_clear(&a->lock);
   return a;
 }
 
-void rvm_allocator_retain(rvm_allocator *a) { atomic_fetch_add_explicit(&a->refcount, 1, memory_order_relaxed); }
+void rvm_pool_retain(rvm_pool *a) { atomic_fetch_add_explicit(&a->refcount, 1, memory_order_relaxed); }
 
 static void free_list(free_block *b) {
   while (b) {
     free_block *next = b->next;
-    free(b);
+    rvm_mem_free(b);
     b = next;
   }
 }
 
-void rvm_allocator_release(rvm_allocator *a) {
+void rvm_pool_release(rvm_pool *a) {
   if (atomic_fetch_sub_explicit(&a->refcount, 1, memory_order_acq_rel) != 1) return;
   for (int i = 0; i < RVM_EXACT_BUCKETS; i++) free_list(a->exact[i]);
   for (int i = 0; i < RVM_CLASS_BUCKETS; i++) free_list(a->classes[i]);
   free_list(a->tensors);
-  free(a);
+  rvm_mem_free(a);
 }
 
-void *rvm_allocator_alloc(rvm_allocator *a, uint64_t nbytes) {
+void *rvm_pool_alloc(rvm_pool *a, uint64_t nbytes) {
   uint64_t rounded = 0;
   free_block **bucket = bucket_for(a, nbytes, &rounded);
   if (!bucket) {
@@ -137,17 +138,16 @@ void *rvm_allocator_alloc(rvm_allocator *a, uint64_t nbytes) {
     a->stats.peak_storage_bytes = a->stats.live_storage_bytes;
   unlock(a);
   if (b) return b;
-  void *p = aligned_alloc(RVM_ALIGN, rounded);
+  void *p = rvm_mem_alloc_in(a->heap, rounded, RVM_ALIGN, "storage");
   if (!p) {
     lock(a);
     a->stats.live_storage_bytes -= rounded;
     unlock(a);
-    rvm_raise("MemoryError", "out of memory allocating %llu bytes of storage", (unsigned long long)nbytes);
   }
   return p;
 }
 
-void rvm_allocator_free(rvm_allocator *a, void *ptr, uint64_t nbytes) {
+void rvm_pool_free(rvm_pool *a, void *ptr, uint64_t nbytes) {
   uint64_t rounded = 0;
   free_block **bucket = bucket_for(a, nbytes, &rounded);
   free_block *b = ptr;
@@ -158,14 +158,14 @@ void rvm_allocator_free(rvm_allocator *a, void *ptr, uint64_t nbytes) {
   unlock(a);
 }
 
-void rvm_allocator_stats(const rvm_allocator *a, rvm_vm_stats *out) {
-  rvm_allocator *m = (rvm_allocator *)a;
+void rvm_pool_stats(const rvm_pool *a, rvm_vm_stats *out) {
+  rvm_pool *m = (rvm_pool *)a;
   lock(m);
   *out = a->stats;
   unlock(m);
 }
 
-void rvm_allocator_reset_stats(rvm_allocator *a) {
+void rvm_pool_reset_stats(rvm_pool *a) {
   lock(a);
   a->stats.peak_storage_bytes = a->stats.live_storage_bytes;
   a->stats.storage_allocations = 0;
@@ -177,24 +177,23 @@ static void storage_deleter(void *self, int flags) {
   rvm_storage *s = self;
   if (flags & 1) {
     if (s->allocator) {
-      rvm_allocator_free(s->allocator, s->data, s->nbytes);
-      rvm_allocator_release(s->allocator);
+      rvm_pool_free(s->allocator, s->data, s->nbytes);
+      rvm_pool_release(s->allocator);
     } else {
-      free(s->data);
+      rvm_mem_free(s->data);
     }
   }
-  if (flags & 2) free(s);
+  if (flags & 2) rvm_mem_free(s);
 }
 
-rvm_storage *rvm_storage_new(rvm_allocator *a, uint64_t nbytes) {
-  rvm_storage *s = malloc(sizeof(*s));
-  if (!s) {
-    rvm_raise("MemoryError", "out of memory allocating a storage object");
-    return NULL;
-  }
-  s->data = rvm_allocator_alloc(a, nbytes);
+bool rvm_is_pooled_storage(const TVMFFIObject *obj) { return obj->deleter == storage_deleter; }
+
+rvm_storage *rvm_storage_new(rvm_pool *a, uint64_t nbytes) {
+  rvm_storage *s = rvm_mem_alloc_in(a->heap, sizeof(*s), 16, "a storage object");
+  if (!s) return NULL;
+  s->data = rvm_pool_alloc(a, nbytes);
   if (!s->data) {
-    free(s);
+    rvm_mem_free(s);
     return NULL;
   }
   rvm_object_init(&s->header, RVM_TYPE_STORAGE, storage_deleter);
@@ -203,17 +202,20 @@ rvm_storage *rvm_storage_new(rvm_allocator *a, uint64_t nbytes) {
   s->device.device_id = 0;
   s->allocator = a;
   s->cuda = NULL;
-  rvm_allocator_retain(a);
+  rvm_pool_retain(a);
   return s;
 }
 
 rvm_storage *rvm_storage_new_unpooled(uint64_t nbytes) {
-  rvm_storage *s = malloc(sizeof(*s));
-  void *data = aligned_alloc(RVM_ALIGN, (nbytes + RVM_ALIGN - 1) & ~(uint64_t)(RVM_ALIGN - 1));
-  if (!s || (!data && nbytes)) {
-    free(s);
-    free(data);
-    rvm_raise("MemoryError", "out of memory allocating %llu bytes", (unsigned long long)nbytes);
+  if (nbytes > SIZE_MAX - RVM_ALIGN) {
+    rvm_raise("MemoryError", "cannot allocate %llu bytes", (unsigned long long)nbytes);
+    return NULL;
+  }
+  rvm_storage *s = rvm_mem_alloc(sizeof(*s), "a storage object");
+  if (!s) return NULL;
+  void *data = rvm_mem_aligned((nbytes + RVM_ALIGN - 1) & ~(uint64_t)(RVM_ALIGN - 1), RVM_ALIGN, "storage");
+  if (!data) {
+    rvm_mem_free(s);
     return NULL;
   }
   rvm_object_init(&s->header, RVM_TYPE_STORAGE, storage_deleter);

@@ -81,6 +81,8 @@ int rvm_module_open(rvm_module **out) {
     return rvm_raise("ValueError", "program tables have version %u, the runtime expects %u", p->abi_version, RVM_PROGRAM_VERSION);
   rvm_module *m = calloc(1, sizeof(*m));
   if (!m) return rvm_raise("MemoryError", "out of memory opening the module");
+  /* The module outlives any one VM, so even when opened from a call its objects are libc's. */
+  const rvm_allocator *previous = rvm_mem_enter(NULL);
   atomic_init(&m->refcount, 1);
   m->program = p;
   m->consts = calloc((size_t)p->num_consts + 1, sizeof(TVMFFIAny));
@@ -88,11 +90,13 @@ int rvm_module_open(rvm_module **out) {
   m->relax_funcs = calloc((size_t)p->num_funcs + 1, sizeof(int32_t));
   if (!m->consts || !m->func_pool || !m->relax_funcs) {
     module_free(m);
+    rvm_mem_leave(previous);
     return rvm_raise("MemoryError", "out of memory opening the module");
   }
   for (int64_t i = 0; i < p->num_consts; i++) {
     if (make_constant(&p->consts[i], &m->consts[i])) {
       module_free(m);
+      rvm_mem_leave(previous);
       return -1;
     }
   }
@@ -107,10 +111,12 @@ int rvm_module_open(rvm_module **out) {
     }
     if (!obj) {
       module_free(m);
+      rvm_mem_leave(previous);
       return -1;
     }
     m->func_pool[i] = rvm_obj_any(obj);
   }
+  rvm_mem_leave(previous);
   *out = m;
   return 0;
 }
@@ -164,8 +170,24 @@ static int api_vm_create(rvm_module *m, rvm_vm **out) {
   return rvm_vm_create_on(m, dev, out);
 }
 
+static int create_vm(rvm_module *m, DLDevice device, const rvm_allocator *heap, rvm_vm **out);
+
 int rvm_vm_create_on(rvm_module *m, DLDevice device, rvm_vm **out) {
   rvm_error_clear();
+  return create_vm(m, device, &rvm_libc_allocator, out);
+}
+
+static int api_vm_create_with_allocator(rvm_module *m, const rvm_allocator *allocator, rvm_vm **out) {
+  rvm_error_clear();
+  if (!allocator) return rvm_raise("ValueError", "vm_create_with_allocator: the allocator is NULL");
+  if (!allocator->alloc || !allocator->free)
+    return rvm_raise("ValueError", "vm_create_with_allocator: the allocator's alloc and free must not be NULL");
+  if (!rvm_mem_ready()) return rvm_raise("RuntimeError", "vm_create_with_allocator: no thread-specific key is left for the allocator");
+  DLDevice cpu = {kDLCPU, 0};
+  return create_vm(m, cpu, allocator, out);
+}
+
+static int create_vm(rvm_module *m, DLDevice device, const rvm_allocator *heap, rvm_vm **out) {
   if (!m || !out) return rvm_raise("ValueError", "vm_create: the module and out must not be NULL");
   if (device.device_type == kDLCPU && has_cuda_kernels())
     return rvm_raise("ValueError", "this model's kernels run on CUDA: create its VM on a CUDA device");
@@ -173,11 +195,13 @@ int rvm_vm_create_on(rvm_module *m, DLDevice device, rvm_vm **out) {
     return rvm_raise("ValueError", "this model has no CUDA kernels: run it on the CPU");
   if (device.device_type != kDLCPU && device.device_type != kDLCUDA)
     return rvm_raise("ValueError", "device type %d is not supported (cpu or cuda)", device.device_type);
-  rvm_vm *vm = calloc(1, sizeof(*vm));
-  if (!vm) return rvm_raise("MemoryError", "out of memory creating a VM");
-  vm->allocator = rvm_allocator_new();
+  rvm_vm *vm = rvm_mem_alloc_in(heap, sizeof(*vm), 16, "a VM");
+  if (!vm) return -1;
+  memset(vm, 0, sizeof(*vm));
+  vm->heap = heap;
+  vm->allocator = rvm_pool_new(heap);
   if (!vm->allocator) {
-    free(vm);
+    rvm_mem_free(vm);
     return -1;
   }
   atomic_fetch_add_explicit(&m->refcount, 1, memory_order_relaxed);
@@ -187,6 +211,7 @@ int rvm_vm_create_on(rvm_module *m, DLDevice device, rvm_vm **out) {
   vm->func_pool = m->func_pool;
   if (device.device_type == kDLCUDA &&
       rvm_cuda_open(device.device_id, rvm_model_cuda.kernels, rvm_model_cuda.num_kernels, &vm->cuda)) {
+    /* CUDA state is the C library's (rvm.h): only CPU VMs take a host allocator. */
     rvm_vm_destroy(vm);
     return -1;
   }
@@ -198,9 +223,9 @@ void rvm_vm_destroy(rvm_vm *vm) {
   if (!vm) return;
   rvm_frames_free(vm);
   rvm_cuda_close(vm->cuda);
-  rvm_allocator_release(vm->allocator);
+  rvm_pool_release(vm->allocator);
   module_release(vm->module);
-  free(vm);
+  rvm_mem_free(vm);
 }
 
 /* Wraps a borrowed DLTensor as a Tensor object; copies it when kernels could not use it as is.
@@ -320,11 +345,15 @@ static int call_with(rvm_vm *vm, const TVMFFIAny *callee, int64_t func, const rv
   if (rvm_is_object(result)) return rvm_raise("ValueError", "the result slot must not hold an object on entry");
   if (num_args < 0 || (num_args > 0 && !args)) return rvm_raise("ValueError", "bad argument list");
   if (vm_enter(vm)) return -1;
+  /* Everything the call allocates, from wrapping the arguments on, is the VM's allocator's. */
+  const rvm_allocator *previous_heap = rvm_mem_enter(vm->heap);
+  void *workspaces = rvm_workspace_mark();
   TVMFFIAny inline_args[16];
-  TVMFFIAny *conv = num_args <= 16 ? inline_args : malloc(sizeof(TVMFFIAny) * (size_t)num_args);
+  TVMFFIAny *conv = num_args <= 16 ? inline_args : rvm_mem_alloc(sizeof(TVMFFIAny) * (size_t)num_args, "the argument list");
   if (!conv) {
+    rvm_mem_leave(previous_heap);
     vm_leave(vm);
-    return rvm_raise("MemoryError", "out of memory");
+    return -1;
   }
   int rc = 0;
   int32_t wrapped = 0;
@@ -337,7 +366,7 @@ static int call_with(rvm_vm *vm, const TVMFFIAny *callee, int64_t func, const rv
     }
   }
   *result = rvm_none();
-  uintptr_t previous = rvm_allocator_enter(vm->allocator);
+  uintptr_t previous = rvm_pool_enter(vm->allocator);
   rvm_vm *previous_vm = vm->cuda ? rvm_set_current_vm(vm) : NULL;
   if (rc == 0) rc = callee ? rvm_invoke_value(vm, callee, conv, num_args, result) : rvm_invoke(vm, func, conv, num_args, result);
   if (vm->cuda) {
@@ -351,8 +380,10 @@ static int call_with(rvm_vm *vm, const TVMFFIAny *callee, int64_t func, const rv
   }
   for (int32_t i = 0; i < wrapped; i++)
     if (args[i].type_index == kTVMFFIDLTensorPtr) rvm_any_release(&conv[i]);
-  rvm_allocator_leave(vm->allocator, previous);
-  if (conv != inline_args) free(conv);
+  rvm_pool_leave(vm->allocator, previous);
+  if (rc != 0) rvm_workspace_release_to(workspaces);
+  if (conv != inline_args) rvm_mem_free(conv);
+  rvm_mem_leave(previous_heap);
   vm_leave(vm);
   return rc;
 }
@@ -383,11 +414,11 @@ static void api_vm_stats(const rvm_vm *vm, rvm_vm_stats *out) {
     memset(out, 0, sizeof(*out));
     return;
   }
-  rvm_allocator_stats(vm->allocator, out);
+  rvm_pool_stats(vm->allocator, out);
 }
 
 static void api_vm_reset_stats(rvm_vm *vm) {
-  if (vm) rvm_allocator_reset_stats(vm->allocator);
+  if (vm) rvm_pool_reset_stats(vm->allocator);
 }
 
 static void api_value_release(rvm_value *v) {
@@ -467,15 +498,15 @@ static const DLTensor *api_tensor_view(const rvm_value *v) { return v ? rvm_as_d
 
 static void dlpack_deleter(DLManagedTensorVersioned *self) {
   rvm_object_decref(self->manager_ctx);
-  free(self);
+  rvm_mem_free(self);
 }
 
 static int api_tensor_export(const rvm_value *v, DLManagedTensorVersioned **out) {
   rvm_error_clear();
   if (!v || !out) return rvm_raise("ValueError", "tensor_export: the value and out must not be NULL");
   if (v->type_index != kTVMFFITensor) return rvm_raise("TypeError", "expected a Tensor, but got %s", rvm_type_name(v));
-  DLManagedTensorVersioned *m = calloc(1, sizeof(*m));
-  if (!m) return rvm_raise("MemoryError", "out of memory");
+  DLManagedTensorVersioned *m = rvm_mem_calloc(1, sizeof(*m), "a DLPack tensor");
+  if (!m) return -1;
   m->version.major = DLPACK_MAJOR_VERSION;
   m->version.minor = DLPACK_MINOR_VERSION;
   m->manager_ctx = v->v_obj;
@@ -537,7 +568,10 @@ static int api_function_call(const rvm_value *function, const rvm_value *args, i
   if (rvm_is_object(result)) return rvm_raise("ValueError", "the result slot must not hold an object on entry");
   if (num_args < 0 || (num_args > 0 && !args)) return rvm_raise("ValueError", "bad argument list");
   *result = rvm_none();
-  return rvm_invoke_value(NULL, function, args, num_args, result);
+  void *workspaces = rvm_workspace_mark();
+  int rc = rvm_invoke_value(NULL, function, args, num_args, result);
+  if (rc != 0) rvm_workspace_release_to(workspaces);
+  return rc;
 }
 
 static void api_error_set(const char *kind, const char *message) {
@@ -552,6 +586,12 @@ static int api_vm_set_instrument(rvm_vm *vm, TVMFFISafeCallType hook, void *self
   vm->instrument = hook;
   vm->instrument_self = hook ? self : NULL;
   return 0;
+}
+
+static const rvm_allocator *api_value_allocator(const rvm_value *v) {
+  if (!v || !rvm_is_object(v)) return NULL;
+  const rvm_allocator *a = rvm_object_allocator(v->v_obj);
+  return a == &rvm_libc_allocator ? NULL : a;
 }
 
 static const rvm_api api_table = {
@@ -588,9 +628,11 @@ static const rvm_api api_table = {
     .function_call = api_function_call,
     .error_set = api_error_set,
     .vm_set_instrument = api_vm_set_instrument,
+    .vm_create_with_allocator = api_vm_create_with_allocator,
+    .value_allocator = api_value_allocator,
 };
 
 __attribute__((visibility("default"))) const rvm_api *rvm_get_api(uint32_t abi_version) {
-  /* Version 2 only added entries at the end: a version-1 host reads the same table. */
+  /* Versions only add entries at the end: an older host reads the same table. */
   return abi_version >= 1 && abi_version <= RVM_ABI_VERSION ? &api_table : NULL;
 }

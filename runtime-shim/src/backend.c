@@ -6,12 +6,57 @@
  * shim simply defines those variables strongly, already pointing at its own functions: the
  * linker prefers them over the kernels' weak NULL definitions and nothing happens at load time.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 
-/* Temporary buffers of kernels: 64-byte aligned, freed in LIFO order. */
+/* Temporary buffers of kernels: 64-byte aligned, freed by the kernel that took them.
+ *
+ * Except when the kernel fails: TVM's generated code returns at the first failed allocation
+ * without freeing the workspaces it already holds. So each thread keeps its outstanding
+ * workspaces on a list, and whoever ran the failed code (a VM call, a pool task, a host's
+ * function_call) frees what was taken since it started: no workspace outlives its kernel. */
+typedef struct workspace {
+  struct workspace *prev, *next;
+} workspace;
+enum { WORKSPACE_HEADER = 64 }; /* keeps the kernel's pointer 64-byte aligned */
+_Static_assert(sizeof(workspace) <= WORKSPACE_HEADER, "workspace header");
+
+static pthread_key_t workspace_key;
+static pthread_once_t workspace_once = PTHREAD_ONCE_INIT;
+static bool workspace_key_made;
+
+static void make_workspace_key(void) { workspace_key_made = pthread_key_create(&workspace_key, NULL) == 0; }
+
+static workspace *outstanding(void) {
+  pthread_once(&workspace_once, make_workspace_key);
+  return workspace_key_made ? pthread_getspecific(workspace_key) : NULL;
+}
+
+static void set_outstanding(workspace *top) {
+  if (workspace_key_made) pthread_setspecific(workspace_key, top);
+}
+
+void *rvm_workspace_mark(void) { return outstanding(); }
+
+void rvm_workspace_release_to(void *mark) {
+  workspace *w = outstanding();
+  while (w && w != mark) {
+    workspace *prev = w->prev;
+    rvm_mem_free(w);
+    w = prev;
+  }
+  if (w) w->next = NULL;
+  set_outstanding(w);
+}
+
+__attribute__((destructor(101))) static void delete_workspace_key(void) {
+  if (workspace_key_made) pthread_key_delete(workspace_key);
+  workspace_key_made = false;
+}
+
 RVM_HIDDEN void *TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes, int dtype_code_hint,
                                           int dtype_bits_hint) {
   (void)device_id, (void)dtype_code_hint, (void)dtype_bits_hint;
@@ -19,14 +64,29 @@ RVM_HIDDEN void *TVMBackendAllocWorkspace(int device_type, int device_id, uint64
     rvm_raise("RuntimeError", "workspace requested on device type %d; only the CPU is supported", device_type);
     return NULL;
   }
-  void *p = aligned_alloc(64, (size_t)((nbytes + 63) & ~(uint64_t)63) + (nbytes == 0 ? 64 : 0));
-  if (!p) rvm_raise("MemoryError", "out of memory allocating a %llu-byte kernel workspace", (unsigned long long)nbytes);
-  return p;
+  if (nbytes > SIZE_MAX - 2 * WORKSPACE_HEADER) {
+    rvm_raise("MemoryError", "cannot allocate a %llu-byte kernel workspace", (unsigned long long)nbytes);
+    return NULL;
+  }
+  size_t rounded = (size_t)((nbytes + 63) & ~(uint64_t)63) + (nbytes == 0 ? 64 : 0);
+  workspace *w = rvm_mem_aligned(rounded + WORKSPACE_HEADER, 64, "a kernel workspace");
+  if (!w) return NULL;
+  workspace *top = outstanding();
+  w->prev = top;
+  w->next = NULL;
+  if (top) top->next = w;
+  set_outstanding(w);
+  return (char *)w + WORKSPACE_HEADER;
 }
 
 RVM_HIDDEN int TVMBackendFreeWorkspace(int device_type, int device_id, void *ptr) {
   (void)device_type, (void)device_id;
-  free(ptr);
+  if (!ptr) return 0;
+  workspace *w = (workspace *)((char *)ptr - WORKSPACE_HEADER);
+  if (w->next) w->next->prev = w->prev;
+  else set_outstanding(w->prev);
+  if (w->prev) w->prev->next = w->next;
+  rvm_mem_free(w);
   return 0;
 }
 

@@ -301,16 +301,16 @@ int rvm_builtin_make_shape(void *self, const TVMFFIAny *args, int32_t n, TVMFFIA
     return rvm_raise("TypeError", "vm.builtin.make_shape: %d arguments do not fit %lld dims", n, (long long)ndim);
   shape_heap heap = heap_of(&args[0]);
   int64_t stack_dims[16];
-  int64_t *dims = ndim <= 16 ? stack_dims : malloc(sizeof(int64_t) * (size_t)ndim);
+  int64_t *dims = ndim <= 16 ? stack_dims : rvm_mem_alloc(sizeof(int64_t) * (size_t)ndim, "builtin scratch");
   if (!dims) return rvm_raise("MemoryError", "out of memory");
   for (int64_t i = 0; i < ndim; i++) {
     if (shape_value("vm.builtin.make_shape", heap, args[2 + 2 * i].v_int64, args[3 + 2 * i].v_int64, &dims[i])) {
-      if (dims != stack_dims) free(dims);
+      if (dims != stack_dims) rvm_mem_free(dims);
       return -1;
     }
   }
   rvm_shape *s = rvm_shape_new(dims, ndim);
-  if (dims != stack_dims) free(dims);
+  if (dims != stack_dims) rvm_mem_free(dims);
   if (!s) return -1;
   *result = rvm_obj_any(s);
   return 0;
@@ -366,7 +366,7 @@ int rvm_builtin_tensor_to_shape(void *self, const TVMFFIAny *args, int32_t n, TV
     return rvm_raise("ValueError", "Unknown scalar int type: %s", name);
   }
   int64_t len = t->shape[0];
-  int64_t *dims = malloc(sizeof(int64_t) * (size_t)(len > 0 ? len : 1));
+  int64_t *dims = rvm_mem_alloc(sizeof(int64_t) * (size_t)(len > 0 ? len : 1), "builtin scratch");
   if (!dims) return rvm_raise("MemoryError", "out of memory");
   const char *base = (const char *)t->data + t->byte_offset;
   int64_t stride = t->strides ? t->strides[0] : 1;
@@ -379,7 +379,7 @@ int rvm_builtin_tensor_to_shape(void *self, const TVMFFIAny *args, int32_t n, TV
     }
   }
   rvm_shape *s = rvm_shape_new(dims, len);
-  free(dims);
+  rvm_mem_free(dims);
   if (!s) return -1;
   *result = rvm_obj_any(s);
   return 0;
@@ -668,11 +668,11 @@ int rvm_builtin_call_tir_dyn(void *self, const TVMFFIAny *args, int32_t n, TVMFF
   if (args[0].type_index != kTVMFFIFunction)
     return rvm_raise("TypeError", "vm.builtin.call_tir_dyn expects a kernel, but got %s", rvm_type_name(&args[0]));
   int32_t m = (n - 2) + (int32_t)extra->size;
-  TVMFFIAny *call = malloc(sizeof(TVMFFIAny) * (size_t)(m > 0 ? m : 1));
+  TVMFFIAny *call = rvm_mem_alloc(sizeof(TVMFFIAny) * (size_t)(m > 0 ? m : 1), "builtin scratch");
   if (!call) return rvm_raise("MemoryError", "out of memory");
   memcpy(call, args + 1, sizeof(TVMFFIAny) * (size_t)(n - 2));
   for (uint64_t i = 0; i < extra->size; i++) call[n - 2 + (int32_t)i] = rvm_int(extra->data[i]);
   int rc = rvm_invoke_value(NULL, &args[0], call, m, result);
-  free(call);
+  rvm_mem_free(call);
   return rc;
 }

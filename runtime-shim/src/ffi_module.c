@@ -99,7 +99,7 @@ int rvm_ffi_call(int64_t function, const TVMFFIAny *args, int32_t num_args, TVMF
   /* Tensors made elsewhere (numpy, torch) are passed as views, so that the call checks and,
    * where kernels could not use them as they are, copies them. */
   TVMFFIAny inline_args[16];
-  TVMFFIAny *conv = num_args <= 16 ? inline_args : malloc(sizeof(TVMFFIAny) * (size_t)num_args);
+  TVMFFIAny *conv = num_args <= 16 ? inline_args : rvm_mem_alloc(sizeof(TVMFFIAny) * (size_t)num_args, "call arguments");
   if (!conv) {
     rvm_raise("MemoryError", "out of memory");
     return fail();
@@ -113,7 +113,7 @@ int rvm_ffi_call(int64_t function, const TVMFFIAny *args, int32_t num_args, TVMF
   }
   TVMFFIAny out = {0};
   int rc = rvm_vm_call_function(vm, ffi_module->relax_funcs[function], conv, num_args, &out);
-  if (conv != inline_args) free(conv);
+  if (conv != inline_args) rvm_mem_free(conv);
   if (rc) return fail();
   if (out.type_index == RVM_TYPE_STORAGE) {
     rvm_any_release(&out);

@@ -21,11 +21,11 @@ int rvm_instrumented_call(rvm_vm *vm, int64_t callee, const TVMFFIAny *args, int
   int32_t n = 4 + num_args;
   TVMFFIAny inline_hook[HOOK_INLINE_ARGS];
   char inline_names[HOOK_INLINE_ARGS][DTYPE_NAME];
-  TVMFFIAny *hook = n <= HOOK_INLINE_ARGS ? inline_hook : malloc(sizeof(TVMFFIAny) * (size_t)n);
-  char (*names)[DTYPE_NAME] = num_args <= HOOK_INLINE_ARGS ? inline_names : malloc(DTYPE_NAME * (size_t)num_args);
+  TVMFFIAny *hook = n <= HOOK_INLINE_ARGS ? inline_hook : rvm_mem_alloc(sizeof(TVMFFIAny) * (size_t)n, "instrument hook arguments");
+  char (*names)[DTYPE_NAME] = num_args <= HOOK_INLINE_ARGS ? inline_names : rvm_mem_alloc(DTYPE_NAME * (size_t)num_args, "instrument hook arguments");
   if (!hook || !names) {
-    if (hook != inline_hook) free(hook);
-    if (names != inline_names) free(names);
+    if (hook != inline_hook) rvm_mem_free(hook);
+    if (names != inline_names) rvm_mem_free(names);
     return rvm_raise("MemoryError", "out of memory for the instrument hook's arguments");
   }
   hook[0] = vm->func_pool[callee];
@@ -61,7 +61,7 @@ int rvm_instrumented_call(rvm_vm *vm, int64_t callee, const TVMFFIAny *args, int
       if (rc) rvm_any_release(result);
     }
   }
-  if (hook != inline_hook) free(hook);
-  if (names != inline_names) free(names);
+  if (hook != inline_hook) rvm_mem_free(hook);
+  if (names != inline_names) rvm_mem_free(names);
   return rc;
 }

@@ -129,7 +129,7 @@ enum { RVM_CACHED_NDIM = 4 };
 enum { RVM_TYPE_STORAGE = 0x7fff0000 };
 RVM_HIDDEN extern int32_t rvm_type_closure, rvm_type_kv_cache;
 
-typedef struct rvm_allocator rvm_allocator;
+typedef struct rvm_pool rvm_pool;
 typedef struct rvm_cuda rvm_cuda;
 
 /* Storage: a 64-byte aligned buffer from an allocator, shared by the tensors viewing it. */
@@ -138,7 +138,7 @@ typedef struct rvm_storage {
   void *data;
   uint64_t nbytes;
   DLDevice device;
-  rvm_allocator *allocator; /* retained; NULL when data is plain malloc memory or device memory */
+  rvm_pool *allocator; /* retained; NULL when data is plain malloc memory or device memory */
   rvm_cuda *cuda;           /* retained for device memory, else NULL */
 } rvm_storage;
 
@@ -152,7 +152,7 @@ typedef struct rvm_tensor {
   TVMFFIObject header;
   DLTensor dl;
   TVMFFIObject *owner; /* storage or tensor whose data this views; NULL for borrowed data */
-  rvm_allocator *home; /* the allocator whose object cache may take this object back, or NULL */
+  rvm_pool *home; /* the allocator whose object cache may take this object back, or NULL */
   int64_t dims[];      /* shape[ndim] then strides[ndim] */
 } rvm_tensor;
 _Static_assert(offsetof(rvm_tensor, dl) == 24, "DLTensor must follow the object header");
@@ -216,7 +216,7 @@ RVM_HIDDEN rvm_array *rvm_array_new(int64_t n); /* elements start as None */
 RVM_HIDDEN rvm_function *rvm_function_new(TVMFFISafeCallType fn);
 /* A tensor viewing `data` (not owned: `owner`, if any, is retained to keep it alive). With a
  * `home` allocator the object comes from (and returns to) its cache when possible. */
-RVM_HIDDEN rvm_tensor *rvm_tensor_new_in(rvm_allocator *home, void *data, DLDevice dev, int32_t ndim, DLDataType dtype,
+RVM_HIDDEN rvm_tensor *rvm_tensor_new_in(rvm_pool *home, void *data, DLDevice dev, int32_t ndim, DLDataType dtype,
                                          const int64_t *shape, uint64_t byte_offset, TVMFFIObject *owner);
 RVM_HIDDEN rvm_tensor *rvm_tensor_new(void *data, DLDevice dev, int32_t ndim, DLDataType dtype,
                                       const int64_t *shape, uint64_t byte_offset, TVMFFIObject *owner);
@@ -224,6 +224,10 @@ RVM_HIDDEN rvm_closure *rvm_closure_new(const rvm_program *program, int64_t func
                                         int64_t num_captured);
 /* The DLTensor of a Tensor object or DLTensorPtr value, or NULL. */
 RVM_HIDDEN DLTensor *rvm_as_dltensor(const TVMFFIAny *v);
+/* The allocator an object of this runtime came from (rvm_mem_owner), or NULL for a foreign one. */
+RVM_HIDDEN const rvm_allocator *rvm_object_allocator(const TVMFFIObject *obj);
+/* Whether an object is a CPU Storage of alloc.c. */
+RVM_HIDDEN bool rvm_is_pooled_storage(const TVMFFIObject *obj);
 /* Whether a Tensor object was made by this runtime (and so is compact and 64-byte aligned). */
 RVM_HIDDEN bool rvm_is_own_tensor(const TVMFFIObject *obj);
 /* The dims of a Shape value, or NULL. */
@@ -250,28 +254,59 @@ RVM_HIDDEN void rvm_error_clear(void);
 RVM_HIDDEN const char *rvm_error_message(void);
 RVM_HIDDEN const char *rvm_error_kind(void);
 
+/* ---- Memory (mem.c) ------------------------------------------------------------------------ */
+
+/* The C library's allocator: what serves a thread outside any VM with a host allocator. */
+RVM_HIDDEN extern const rvm_allocator rvm_libc_allocator;
+/* Whether a thread can be given an allocator other than the C library's. */
+RVM_HIDDEN bool rvm_mem_ready(void);
+/* The allocator new blocks come from on this thread. */
+RVM_HIDDEN const rvm_allocator *rvm_mem_current(void);
+/* Makes `a` (NULL: the C library's) serve this thread; returns the previous one for rvm_mem_leave. */
+RVM_HIDDEN const rvm_allocator *rvm_mem_enter(const rvm_allocator *a);
+RVM_HIDDEN void rvm_mem_leave(const rvm_allocator *previous);
+/* size bytes aligned to `alignment` (a power of two) from `a`; NULL with a MemoryError naming
+ * `what` when it has none. Every block is freed with rvm_mem_free, on any thread. */
+RVM_HIDDEN void *rvm_mem_alloc_in(const rvm_allocator *a, size_t size, size_t alignment, const char *what);
+/* rvm_mem_alloc_in from the current allocator, 16-byte aligned. */
+RVM_HIDDEN void *rvm_mem_alloc(size_t size, const char *what);
+RVM_HIDDEN void *rvm_mem_aligned(size_t size, size_t alignment, const char *what);
+/* count * size zeroed bytes (the product checked). */
+RVM_HIDDEN void *rvm_mem_calloc(size_t count, size_t size, const char *what);
+/* Resizes a block within its own allocator (NULL ptr: a new block). On failure ptr is untouched. */
+RVM_HIDDEN void *rvm_mem_realloc(void *ptr, size_t size, const char *what);
+/* Frees a block of rvm_mem_* through the allocator it came from; NULL is ignored. */
+RVM_HIDDEN void rvm_mem_free(void *ptr);
+/* The allocator a block came from. */
+RVM_HIDDEN const rvm_allocator *rvm_mem_owner(const void *ptr);
+
+/* The calling thread's outstanding kernel workspaces (backend.c): a mark taken before running
+ * code, and, when that code failed, the release of every workspace it left behind. */
+RVM_HIDDEN void *rvm_workspace_mark(void);
+RVM_HIDDEN void rvm_workspace_release_to(void *mark);
+
 /* ---- Allocation --------------------------------------------------------------------------- */
 
-/* A pooled CPU allocator: freed buffers are kept by size for reuse. Reference counted; safe to
+/* A VM's storage pool over its allocator: freed buffers are kept by size for reuse. Reference counted; safe to
  * release buffers from any thread. */
-RVM_HIDDEN rvm_allocator *rvm_allocator_new(void);
-RVM_HIDDEN void rvm_allocator_retain(rvm_allocator *a);
-RVM_HIDDEN void rvm_allocator_release(rvm_allocator *a);
+RVM_HIDDEN rvm_pool *rvm_pool_new(const rvm_allocator *heap);
+RVM_HIDDEN void rvm_pool_retain(rvm_pool *a);
+RVM_HIDDEN void rvm_pool_release(rvm_pool *a);
 /* 64-byte aligned, at least nbytes (0 allowed). NULL with the error set on failure. */
-RVM_HIDDEN void *rvm_allocator_alloc(rvm_allocator *a, uint64_t nbytes);
-RVM_HIDDEN void rvm_allocator_free(rvm_allocator *a, void *ptr, uint64_t nbytes);
-RVM_HIDDEN void rvm_allocator_stats(const rvm_allocator *a, rvm_vm_stats *out);
-RVM_HIDDEN void rvm_allocator_reset_stats(rvm_allocator *a);
+RVM_HIDDEN void *rvm_pool_alloc(rvm_pool *a, uint64_t nbytes);
+RVM_HIDDEN void rvm_pool_free(rvm_pool *a, void *ptr, uint64_t nbytes);
+RVM_HIDDEN void rvm_pool_stats(const rvm_pool *a, rvm_vm_stats *out);
+RVM_HIDDEN void rvm_pool_reset_stats(rvm_pool *a);
 /* A new Storage object of nbytes from the allocator (which it retains). */
-RVM_HIDDEN rvm_storage *rvm_storage_new(rvm_allocator *a, uint64_t nbytes);
+RVM_HIDDEN rvm_storage *rvm_storage_new(rvm_pool *a, uint64_t nbytes);
 /* Marks the calling thread as the one running a call on the allocator's VM (returns the previous
- * mark, for rvm_allocator_leave). Only that thread recycles tensor objects through the cache. */
-RVM_HIDDEN uintptr_t rvm_allocator_enter(rvm_allocator *a);
-RVM_HIDDEN void rvm_allocator_leave(rvm_allocator *a, uintptr_t previous);
+ * mark, for rvm_pool_leave). Only that thread recycles tensor objects through the cache. */
+RVM_HIDDEN uintptr_t rvm_pool_enter(rvm_pool *a);
+RVM_HIDDEN void rvm_pool_leave(rvm_pool *a, uintptr_t previous);
 /* A tensor object with room for ndim dims from the allocator's cache, or NULL if it has none. */
-RVM_HIDDEN rvm_tensor *rvm_allocator_take_tensor(rvm_allocator *a, int32_t ndim);
+RVM_HIDDEN rvm_tensor *rvm_pool_take_tensor(rvm_pool *a, int32_t ndim);
 /* Gives a dead tensor object back to the cache; false if the caller must free it itself. */
-RVM_HIDDEN bool rvm_allocator_give_tensor(rvm_allocator *a, rvm_tensor *t);
+RVM_HIDDEN bool rvm_pool_give_tensor(rvm_pool *a, rvm_tensor *t);
 /* A Storage of plain 64-byte aligned memory, freed with the object (for copies outside a VM). */
 RVM_HIDDEN rvm_storage *rvm_storage_new_unpooled(uint64_t nbytes);
 /* A compact, zero-offset, 64-byte aligned copy of t's elements as a new Tensor. */
@@ -296,7 +331,8 @@ struct rvm_vm {
   const rvm_program *program;
   const TVMFFIAny *consts;
   const TVMFFIAny *func_pool;
-  rvm_allocator *allocator;
+  rvm_pool *allocator;
+  const rvm_allocator *heap; /* where everything of this VM is allocated (the host's, or libc's) */
   rvm_frame_chunk *frames; /* register stack: a list of chunks, never moved */
   int depth;
   TVMFFISafeCallType instrument; /* the hook of an instrumented model, or NULL */

@@ -35,7 +35,7 @@ static TVMFFIAny *frame_push(rvm_vm *vm, int64_t n) {
   if (next && next->capacity < n) {
     for (rvm_frame_chunk *x = next; x;) {
       rvm_frame_chunk *after = x->next;
-      free(x);
+      rvm_mem_free(x);
       x = after;
     }
     if (c) c->next = NULL;
@@ -43,7 +43,9 @@ static TVMFFIAny *frame_push(rvm_vm *vm, int64_t n) {
   }
   if (!next) {
     int64_t cap = n > RVM_CHUNK_REGS ? n : RVM_CHUNK_REGS;
-    next = calloc(1, sizeof(rvm_frame_chunk) + sizeof(TVMFFIAny) * (size_t)cap);
+    size_t bytes = sizeof(rvm_frame_chunk) + sizeof(TVMFFIAny) * (size_t)cap;
+    next = rvm_mem_alloc_in(vm->heap, bytes, 16, "a register frame");
+    if (next) memset(next, 0, bytes);
     if (!next) {
       rvm_raise("MemoryError", "out of memory for a %lld-register frame", (long long)n);
       return NULL;
@@ -73,7 +75,7 @@ void rvm_frames_free(rvm_vm *vm) {
   while (c && c->prev) c = c->prev;
   while (c) {
     rvm_frame_chunk *next = c->next;
-    free(c);
+    rvm_mem_free(c);
     c = next;
   }
   vm->frames = NULL;
@@ -108,7 +110,7 @@ static inline __attribute__((always_inline)) int interpret(rvm_vm *vm, const rvm
         int32_t n = (int32_t)ins[3];
         TVMFFIAny *argv = inline_args;
         if (n > RVM_INLINE_ARGS) {
-          argv = malloc(sizeof(TVMFFIAny) * (size_t)n);
+          argv = rvm_mem_alloc(sizeof(TVMFFIAny) * (size_t)n, "call arguments");
           if (!argv) {
             rvm_raise("MemoryError", "out of memory for %d call arguments", n);
             rvm_error_locate(fi->name, pc - fi->start_instr, funcs[callee].name);
@@ -146,7 +148,7 @@ static inline __attribute__((always_inline)) int interpret(rvm_vm *vm, const rvm
         int rc = instrumented                        ? rvm_instrumented_call(vm, callee, argv, n, &ret)
                  : target->kind == RVM_FUNC_PACKED ? target->packed(NULL, argv, n, &ret)
                                                    : rvm_invoke(vm, callee, argv, n, &ret);
-        if (argv != inline_args) free(argv);
+        if (argv != inline_args) rvm_mem_free(argv);
         if (rc != 0) {
           rvm_error_locate(fi->name, pc - fi->start_instr, target->name);
           return rc;
@@ -251,11 +253,11 @@ int rvm_invoke_value(rvm_vm *vm, const TVMFFIAny *callee, const TVMFFIAny *args,
   if (c->num_captured == 0) return rvm_invoke(vm, c->func_index, args, num_args, result);
   int64_t total = num_args + c->num_captured;
   TVMFFIAny inline_args[RVM_INLINE_ARGS];
-  TVMFFIAny *all = total <= RVM_INLINE_ARGS ? inline_args : malloc(sizeof(TVMFFIAny) * (size_t)total);
+  TVMFFIAny *all = total <= RVM_INLINE_ARGS ? inline_args : rvm_mem_alloc(sizeof(TVMFFIAny) * (size_t)total, "call arguments");
   if (!all) return rvm_raise("MemoryError", "out of memory for %lld call arguments", (long long)total);
   if (num_args) memcpy(all, args, sizeof(TVMFFIAny) * (size_t)num_args);
   memcpy(all + num_args, c->captured, sizeof(TVMFFIAny) * (size_t)c->num_captured);
   int rc = rvm_invoke(vm, c->func_index, all, (int32_t)total, result);
-  if (all != inline_args) free(all);
+  if (all != inline_args) rvm_mem_free(all);
   return rc;
 }

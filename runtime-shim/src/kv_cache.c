@@ -43,7 +43,7 @@ static int ivec_reserve(ivec *v, int64_t n) {
   if (n <= v->cap) return 0;
   int64_t cap = v->cap ? v->cap : 16;
   while (cap < n) cap *= 2;
-  int32_t *p = realloc(v->data, sizeof(int32_t) * (size_t)cap);
+  int32_t *p = rvm_mem_realloc(v->data, sizeof(int32_t) * (size_t)cap, "KV cache tables");
   if (!p) return rvm_raise("MemoryError", "KV cache: out of memory for %lld host entries", (long long)n);
   v->data = p;
   v->cap = cap;
@@ -114,11 +114,30 @@ typedef struct kv_cache {
   view v_qpos, v_qo_indptr[MAX_DEPTH], v_page_indptr[MAX_DEPTH], v_page_indices[MAX_DEPTH], v_length_info[MAX_DEPTH],
       v_k_rope[MAX_DEPTH], v_cur_indptr, v_k_ragged, v_append;
   view v_q, v_k, v_v, v_out, v_lse, v_merged;
+  const rvm_allocator *heap; /* the creating VM's: everything the cache allocates comes from it */
 } kv_cache;
 
 static void release_function(TVMFFIObject *f) {
   if (f) rvm_object_decref(f);
 }
+
+/* The cache's functions run on the allocator of the VM that created the cache, whoever calls
+ * them (the model, or a host through function_call): each exported method enters it around a
+ * body of the same name. */
+static const rvm_allocator *heap_of(const TVMFFIAny *args, int32_t n) {
+  if (n < 1 || args[0].type_index != rvm_type_kv_cache) return rvm_mem_current();
+  return ((const kv_cache *)args[0].v_obj)->heap;
+}
+
+#define KV_METHOD(name)                                                                          \
+  static int kv_##name(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result);         \
+  int rvm_builtin_kv_##name(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {   \
+    const rvm_allocator *previous = rvm_mem_enter(heap_of(args, n));                             \
+    int rc = kv_##name(self, args, n, result);                                                   \
+    rvm_mem_leave(previous);                                                                     \
+    return rc;                                                                                   \
+  }                                                                                              \
+  static int kv_##name(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result)
 
 static void kv_cache_deleter(void *self, int flags) {
   kv_cache *c = self;
@@ -128,25 +147,25 @@ static void kv_cache_deleter(void *self, int flags) {
     rvm_any_release(&c->ext_factors);
     if (c->page_storage) rvm_object_decref(&c->page_storage->header);
     if (c->temp_storage) rvm_object_decref(&c->temp_storage->header);
-    for (int64_t i = 0; i < c->num_blocks; i++) free(c->blocks[i].pages.data);
+    for (int64_t i = 0; i < c->num_blocks; i++) rvm_mem_free(c->blocks[i].pages.data);
     ivec *vecs[] = {&c->free_pages, &c->free_blocks, &c->q_rope_position, &c->append_position, &c->k_ragged_offset,
                     &c->cur_indptr, &c->minus_ones};
-    for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) free(vecs[i]->data);
+    for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) rvm_mem_free(vecs[i]->data);
     for (int d = 0; d < MAX_DEPTH; d++) {
-      free(c->qo_indptr[d].data);
-      free(c->page_indptr[d].data);
-      free(c->page_indices[d].data);
-      free(c->last_page_len[d].data);
-      free(c->k_rope_offset[d].data);
+      rvm_mem_free(c->qo_indptr[d].data);
+      rvm_mem_free(c->page_indptr[d].data);
+      rvm_mem_free(c->page_indices[d].data);
+      rvm_mem_free(c->last_page_len[d].data);
+      rvm_mem_free(c->k_rope_offset[d].data);
     }
-    free(c->blocks);
-    free(c->seqs);
-    free(c->cur_lengths);
-    free(c->kinds);
-    free(c->pages);
-    free(c->staging);
+    rvm_mem_free(c->blocks);
+    rvm_mem_free(c->seqs);
+    rvm_mem_free(c->cur_lengths);
+    rvm_mem_free(c->kinds);
+    rvm_mem_free(c->pages);
+    rvm_mem_free(c->staging);
   }
-  if (flags & 2) free(c);
+  if (flags & 2) rvm_mem_free(c);
 }
 
 /* ---- argument decoding ----------------------------------------------------------------------- */
@@ -290,7 +309,7 @@ static int new_block(kv_cache *c, int32_t *out) {
   } else {
     if (c->num_blocks == c->cap_blocks) {
       int64_t cap = c->cap_blocks ? 2 * c->cap_blocks : 16;
-      block *b = realloc(c->blocks, sizeof(block) * (size_t)cap);
+      block *b = rvm_mem_realloc(c->blocks, sizeof(block) * (size_t)cap, "KV cache blocks");
       if (!b) return rvm_raise("MemoryError", "KV cache: out of memory for blocks");
       c->blocks = b;
       c->cap_blocks = cap;
@@ -329,7 +348,7 @@ static int not_found(int64_t id) {
 static int insert_seq(kv_cache *c, int64_t id, int32_t last) {
   if (c->num_seqs == c->cap_seqs) {
     int64_t cap = c->cap_seqs ? 2 * c->cap_seqs : 8;
-    sequence *s = realloc(c->seqs, sizeof(sequence) * (size_t)cap);
+    sequence *s = rvm_mem_realloc(c->seqs, sizeof(sequence) * (size_t)cap, "KV cache sequences");
     if (!s) return rvm_raise("MemoryError", "KV cache: out of memory for sequences");
     c->seqs = s;
     c->cap_seqs = cap;
@@ -427,7 +446,7 @@ static int parse_config(kv_cache *c, const TVMFFIAny *args) {
     return rvm_raise("ValueError", "%s: %llu attention kinds for layers up to %lld", fn, (unsigned long long)kinds->size,
                      (long long)(c->layer_begin + c->num_layers));
   c->num_kinds = (int64_t)kinds->size;
-  c->kinds = malloc(sizeof(int64_t) * (size_t)c->num_kinds);
+  c->kinds = rvm_mem_alloc(sizeof(int64_t) * (size_t)c->num_kinds, "KV cache layer kinds");
   if (!c->kinds) return rvm_raise("MemoryError", "KV cache: out of memory");
   for (int64_t i = 0; i < c->num_kinds; i++) {
     c->kinds[i] = kinds->data[i];
@@ -486,7 +505,7 @@ static int allocate(kv_cache *c, const TVMFFIAny *init) {
   all_pages = layer_bytes * c->num_layers;
   c->page_storage = storage_like(init, (uint64_t)all_pages);
   if (!c->page_storage) return -1;
-  c->pages = calloc((size_t)c->num_layers, sizeof(view));
+  c->pages = rvm_mem_calloc((size_t)c->num_layers, sizeof(view), "KV cache page views");
   if (!c->pages) return rvm_raise("MemoryError", "KV cache: out of memory");
   int64_t page_shape[5] = {c->num_pages, 2, c->num_kv_heads, c->page_size, c->head_dim};
   /* The paged kernels want each layer's pages at offset 0 of their own tensor. */
@@ -519,7 +538,7 @@ static void reset_state(kv_cache *c) {
   c->num_seqs = 0;
   c->free_pages.len = 0;
   for (int64_t p = c->num_pages - 1; p >= 0; p--) c->free_pages.data[c->free_pages.len++] = (int32_t)p;
-  for (int64_t i = 0; i < c->num_blocks; i++) free(c->blocks[i].pages.data);
+  for (int64_t i = 0; i < c->num_blocks; i++) rvm_mem_free(c->blocks[i].pages.data);
   c->num_blocks = 0;
   c->free_blocks.len = 0;
 }
@@ -531,8 +550,9 @@ int rvm_builtin_kv_create(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAn
   (void)self;
   if (n != 28 && n != 29)
     return rvm_raise("InternalError", "Check failed: (args.size() == 28 || args.size() == 29) is false: Invalid number of KV cache constructor args: %d", n);
-  kv_cache *c = calloc(1, sizeof(*c));
-  if (!c) return rvm_raise("MemoryError", "KV cache: out of memory");
+  kv_cache *c = rvm_mem_calloc(1, sizeof(*c), "a KV cache");
+  if (!c) return -1;
+  c->heap = rvm_mem_owner(c);
   rvm_object_init(&c->header, rvm_type_kv_cache, kv_cache_deleter);
   if (parse_config(c, args) || parse_kernels(c, args) || allocate(c, &args[12])) {
     rvm_object_decref(&c->header);
@@ -545,7 +565,7 @@ int rvm_builtin_kv_create(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAn
 
 /* ---- sequences -------------------------------------------------------------------------------- */
 
-int rvm_builtin_kv_add(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(add) {
   (void)self, (void)result;
   kv_cache *c;
   int64_t id;
@@ -577,7 +597,7 @@ static void release_chain(kv_cache *c, int32_t b) {
 /* The free-block list can always take every block back. */
 static int reserve_free_blocks(kv_cache *c) { return ivec_reserve(&c->free_blocks, c->num_blocks + 2); }
 
-int rvm_builtin_kv_remove(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(remove) {
   (void)self, (void)result;
   kv_cache *c;
   int64_t id;
@@ -593,7 +613,7 @@ int rvm_builtin_kv_remove(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAn
   return 0;
 }
 
-int rvm_builtin_kv_clear(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(clear) {
   (void)self, (void)result;
   kv_cache *c;
   if (cache_arg("vm.builtin.kv_state_clear", args, n, &c) || arity("vm.builtin.kv_state_clear", n, 1)) return -1;
@@ -640,13 +660,13 @@ static int fork_seq(kv_cache *c, int64_t parent_id, int64_t child_id, int64_t po
   if (ivec_reserve(&c->free_blocks, c->num_blocks + 4)) return -1;
   if (c->num_blocks + 3 > c->cap_blocks) {
     int64_t cap = c->num_blocks + 16;
-    block *b = realloc(c->blocks, sizeof(block) * (size_t)cap);
+    block *b = rvm_mem_realloc(c->blocks, sizeof(block) * (size_t)cap, "KV cache blocks");
     if (!b) return rvm_raise("MemoryError", "KV cache: out of memory for blocks");
     c->blocks = b;
     c->cap_blocks = cap;
   }
   if (c->num_seqs == c->cap_seqs) {
-    sequence *s = realloc(c->seqs, sizeof(sequence) * (size_t)(c->cap_seqs * 2 + 8));
+    sequence *s = rvm_mem_realloc(c->seqs, sizeof(sequence) * (size_t)(c->cap_seqs * 2 + 8), "KV cache sequences");
     if (!s) return rvm_raise("MemoryError", "KV cache: out of memory for sequences");
     parent = s + (parent - c->seqs);
     c->seqs = s;
@@ -667,7 +687,7 @@ static int fork_seq(kv_cache *c, int64_t parent_id, int64_t child_id, int64_t po
   int64_t depth = trace_of(c, parent->last_block, trace_buf, 64);
   int32_t *trace = trace_buf;
   if (depth > 64) {
-    trace = malloc(sizeof(int32_t) * (size_t)depth);
+    trace = rvm_mem_alloc(sizeof(int32_t) * (size_t)depth, "a KV cache block trace");
     if (!trace) return rvm_raise("MemoryError", "KV cache: out of memory");
     trace_of(c, parent->last_block, trace, depth);
   }
@@ -712,14 +732,14 @@ static int fork_seq(kv_cache *c, int64_t parent_id, int64_t child_id, int64_t po
     }
     break;
   }
-  if (trace != trace_buf) free(trace);
+  if (trace != trace_buf) rvm_mem_free(trace);
   if (rc) return rc;
   if (insert_seq(c, child_id, child)) return -1;
   c->dirty = true;
   return 0;
 }
 
-int rvm_builtin_kv_fork(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(fork) {
   (void)self, (void)result;
   const char *fn = "vm.builtin.kv_state_fork_sequence";
   kv_cache *c;
@@ -730,7 +750,7 @@ int rvm_builtin_kv_fork(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny 
   return fork_seq(c, parent, child, pos);
 }
 
-int rvm_builtin_kv_popn(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(popn) {
   (void)self, (void)result;
   const char *fn = "vm.builtin.kv_state_popn";
   kv_cache *c;
@@ -826,8 +846,8 @@ static int chunk_depth(kv_cache *c, const int32_t *ids, bool coalesce, ivec *out
       }
     }
   }
-  free(mb.data);
-  free(ml.data);
+  rvm_mem_free(mb.data);
+  rvm_mem_free(ml.data);
   return rc ? rvm_raise("MemoryError", "KV cache: out of memory") : 0;
 }
 
@@ -912,7 +932,7 @@ static int begin_forward(kv_cache *c, const TVMFFIShapeCell *ids, const TVMFFISh
                      "long prompts in chunks",
                      (long long)total, (long long)c->chunk);
   if (batch > c->cap_batch) {
-    int64_t *p = realloc(c->cur_lengths, sizeof(int64_t) * (size_t)batch);
+    int64_t *p = rvm_mem_realloc(c->cur_lengths, sizeof(int64_t) * (size_t)batch, "KV cache batch lengths");
     if (!p) return rvm_raise("MemoryError", "KV cache: out of memory");
     c->cur_lengths = p;
     c->cap_batch = batch;
@@ -925,19 +945,21 @@ static int begin_forward(kv_cache *c, const TVMFFIShapeCell *ids, const TVMFFISh
    * deeper blocks trail the second). */
   int rc = 0;
   bool is_decode = true;
-  int32_t *depth_ids = malloc(sizeof(int32_t) * (size_t)batch * MAX_DEPTH);
-  int32_t **trailing = calloc((size_t)batch, sizeof(int32_t *));
-  int64_t *num_trailing = calloc((size_t)batch, sizeof(int64_t));
+  int32_t *depth_ids = rvm_mem_alloc(sizeof(int32_t) * (size_t)batch * MAX_DEPTH, "KV cache depth tables");
+  int32_t **trailing = rvm_mem_calloc((size_t)batch, sizeof(int32_t *), "KV cache depth tables");
+  int64_t *num_trailing = rvm_mem_calloc((size_t)batch, sizeof(int64_t), "KV cache depth tables");
   c->k_ragged_offset.len = 0;
   if (!depth_ids || !trailing || !num_trailing || ivec_reserve(&c->k_ragged_offset, batch)) rc = rvm_raise("MemoryError", "KV cache: out of memory");
   int num_depths = 0;
+  int64_t advanced = 0, reserved = 0; /* sequences lengthened, and given their pages: undone on failure */
   for (int64_t i = 0; rc == 0 && i < batch; i++) {
     sequence *s = find_seq(c, ids->data[i]);
     c->k_ragged_offset.data[c->k_ragged_offset.len++] = s->seq_length;
     s->seq_length += (int32_t)lengths->data[i];
+    advanced++;
     if (lengths->data[i] != 1) is_decode = false;
     int64_t n = trace_of(c, s->last_block, NULL, 0);
-    int32_t *trace = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t *trace = rvm_mem_alloc(sizeof(int32_t) * (size_t)n, "a KV cache block trace");
     if (!trace) {
       rc = rvm_raise("MemoryError", "KV cache: out of memory");
       break;
@@ -949,23 +971,26 @@ static int begin_forward(kv_cache *c, const TVMFFIShapeCell *ids, const TVMFFISh
       memmove(trace, trace + MAX_DEPTH, sizeof(int32_t) * (size_t)(n - MAX_DEPTH));
       trailing[i] = trace;
     } else {
-      free(trace);
+      rvm_mem_free(trace);
     }
     int depth = n < MAX_DEPTH ? (int)n : MAX_DEPTH;
     if (depth > num_depths) num_depths = depth;
   }
   c->num_depths = num_depths;
   /* chunks per depth; the deepest one never coalesces (its trailing blocks differ) */
-  ivec *chunks_b = calloc(MAX_DEPTH, sizeof(ivec)), *chunks_l = calloc(MAX_DEPTH, sizeof(ivec));
+  ivec *chunks_b = rvm_mem_calloc(MAX_DEPTH, sizeof(ivec), "KV cache chunk tables"),
+       *chunks_l = rvm_mem_calloc(MAX_DEPTH, sizeof(ivec), "KV cache chunk tables");
   if (!chunks_b || !chunks_l) rc = rc ? rc : rvm_raise("MemoryError", "KV cache: out of memory");
   for (int d = 0; rc == 0 && d < num_depths; d++)
     rc = chunk_depth(c, depth_ids + d * batch, d != MAX_DEPTH - 1, &chunks_b[d], &chunks_l[d], &c->use_decode[d], is_decode);
   c->append_before_attn = num_depths > 0 && c->use_decode[num_depths - 1];
   if (rc == 0 && c->append_before_attn)
-    for (int64_t i = 0; rc == 0 && i < batch; i++) rc = reserve_tokens(c, find_seq(c, ids->data[i]), lengths->data[i]);
+    for (int64_t i = 0; rc == 0 && i < batch; i++)
+      if ((rc = reserve_tokens(c, find_seq(c, ids->data[i]), lengths->data[i])) == 0) reserved++;
   for (int d = 0; rc == 0 && d < num_depths; d++) rc = build_depth(c, d, &chunks_b[d], &chunks_l[d], trailing, num_trailing);
   if (rc == 0 && !c->append_before_attn)
-    for (int64_t i = 0; rc == 0 && i < batch; i++) rc = reserve_tokens(c, find_seq(c, ids->data[i]), lengths->data[i]);
+    for (int64_t i = 0; rc == 0 && i < batch; i++)
+      if ((rc = reserve_tokens(c, find_seq(c, ids->data[i]), lengths->data[i])) == 0) reserved++;
   /* positions: RoPE position of each new token, and the page slot it is written to */
   c->q_rope_position.len = c->append_position.len = c->minus_ones.len = 0;
   if (rc == 0 && (ivec_reserve(&c->q_rope_position, total) || ivec_reserve(&c->append_position, total) ||
@@ -981,22 +1006,33 @@ static int begin_forward(kv_cache *c, const TVMFFIShapeCell *ids, const TVMFFISh
       c->minus_ones.data[c->minus_ones.len++] = -1;
     }
   }
-  for (int d = 0; d < MAX_DEPTH && chunks_b; d++) {
-    free(chunks_b[d].data);
-    free(chunks_l[d].data);
+  for (int d = 0; d < MAX_DEPTH; d++) {
+    if (chunks_b) rvm_mem_free(chunks_b[d].data);
+    if (chunks_l) rvm_mem_free(chunks_l[d].data);
   }
-  free(chunks_b);
-  free(chunks_l);
+  if (rc != 0) {
+    /* Out of memory half way (every other failure is caught before anything changes): put the
+     * sequences back as they were, so the cache stays usable. */
+    for (int64_t i = 0; i < reserved; i++) {
+      block *b = &c->blocks[find_seq(c, ids->data[i])->last_block];
+      b->seq_length -= (int32_t)lengths->data[i];
+      while (b->pages.len > pages_for(c, b->seq_length)) c->free_pages.data[c->free_pages.len++] = b->pages.data[--b->pages.len];
+    }
+    for (int64_t i = 0; i < advanced; i++) find_seq(c, ids->data[i])->seq_length -= (int32_t)lengths->data[i];
+    c->batch = 0;
+  }
+  rvm_mem_free(chunks_b);
+  rvm_mem_free(chunks_l);
   if (trailing)
-    for (int64_t i = 0; i < batch; i++) free(trailing[i]);
-  free(trailing);
-  free(num_trailing);
-  free(depth_ids);
+    for (int64_t i = 0; i < batch; i++) rvm_mem_free(trailing[i]);
+  rvm_mem_free(trailing);
+  rvm_mem_free(num_trailing);
+  rvm_mem_free(depth_ids);
   c->dirty = true;
   return rc;
 }
 
-int rvm_builtin_kv_begin(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(begin) {
   (void)self, (void)result;
   const char *fn = "vm.builtin.kv_state_begin_forward";
   kv_cache *c;
@@ -1009,7 +1045,7 @@ int rvm_builtin_kv_begin(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny
   return begin_forward(c, ids, lengths);
 }
 
-int rvm_builtin_kv_end(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(end) {
   (void)self, (void)result;
   kv_cache *c;
   return cache_arg("vm.builtin.kv_state_end_forward", args, n, &c) || arity("vm.builtin.kv_state_end_forward", n, 1);
@@ -1049,9 +1085,9 @@ static int sync_aux(kv_cache *c) {
   if (need > c->staging_cap) {
     int64_t cap = c->staging_cap ? c->staging_cap : 1024;
     while (cap < need) cap *= 2;
-    int32_t *p = aligned_alloc(64, sizeof(int32_t) * (size_t)cap);
+    int32_t *p = rvm_mem_aligned(sizeof(int32_t) * (size_t)cap, 64, "KV cache staging");
     if (!p) return rvm_raise("MemoryError", "KV cache: out of memory for the auxiliary arrays");
-    free(c->staging);
+    rvm_mem_free(c->staging);
     c->staging = p;
     c->staging_cap = cap;
   }
@@ -1159,7 +1195,7 @@ static int expect_dims(const char *fn, const char *what, const DLTensor *t, int3
 
 /* (kv, layer, sm_scale, qkv[N, Hq+2Hkv, D], o[N, Hq, D]): attention of the step's tokens, their
  * K/V appended to the cache. */
-int rvm_builtin_kv_fused_qkv(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(fused_qkv) {
   (void)self, (void)result;
   const char *fn = "vm.builtin.attention_kv_cache_attention_with_fused_qkv";
   kv_cache *c;
@@ -1195,7 +1231,7 @@ int rvm_builtin_kv_fused_qkv(void *self, const TVMFFIAny *args, int32_t n, TVMFF
 }
 
 /* (kv, layer, sm_scale, q, k, v, o, lse): ragged self-attention of the step's tokens only. */
-int rvm_builtin_kv_self_attention(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(self_attention) {
   (void)self, (void)result;
   const char *fn = "vm.builtin.attention_kv_cache_self_attention";
   kv_cache *c;
@@ -1221,7 +1257,7 @@ int rvm_builtin_kv_self_attention(void *self, const TVMFFIAny *args, int32_t n, 
 /* (kv) -> int32 [total]: the RoPE positions of the step's tokens. TVM returns a view of its
  * staging buffer, which the next step overwrites; this is a copy with the same values, so it
  * stays valid. */
-int rvm_builtin_kv_query_positions(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(query_positions) {
   (void)self;
   kv_cache *c;
   if (cache_arg("vm.builtin.attention_kv_cache_get_query_positions", args, n, &c) ||
@@ -1245,7 +1281,7 @@ static int int_result(TVMFFIAny *result, int64_t v) {
   return 0;
 }
 
-int rvm_builtin_kv_total_length(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(total_length) {
   (void)self;
   kv_cache *c;
   if (cache_arg("vm.builtin.attention_kv_cache_get_total_sequence_length", args, n, &c) ||
@@ -1256,7 +1292,7 @@ int rvm_builtin_kv_total_length(void *self, const TVMFFIAny *args, int32_t n, TV
   return int_result(result, total);
 }
 
-int rvm_builtin_kv_available_pages(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(available_pages) {
   (void)self;
   kv_cache *c;
   if (cache_arg("vm.builtin.attention_kv_cache_get_num_available_pages", args, n, &c) ||
@@ -1265,7 +1301,7 @@ int rvm_builtin_kv_available_pages(void *self, const TVMFFIAny *args, int32_t n,
   return int_result(result, c->free_pages.len);
 }
 
-int rvm_builtin_kv_sequence_length(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(sequence_length) {
   (void)self;
   const char *fn = "vm.builtin.attention_kv_cache_get_sequence_length";
   kv_cache *c;
@@ -1276,7 +1312,7 @@ int rvm_builtin_kv_sequence_length(void *self, const TVMFFIAny *args, int32_t n,
   return int_result(result, s->seq_length);
 }
 
-int rvm_builtin_kv_empty(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(empty) {
   (void)self;
   kv_cache *c;
   if (cache_arg("vm.builtin.attention_kv_cache_empty", args, n, &c) || arity("vm.builtin.attention_kv_cache_empty", n, 1)) return -1;
@@ -1288,33 +1324,33 @@ int rvm_builtin_kv_empty(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny
 
 /* ---- outside the subset ---------------------------------------------------------------------- */
 
-int rvm_builtin_kv_sliding_window(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(sliding_window) {
   (void)self, (void)args, (void)n, (void)result;
   return unsupported("sliding windows and attention sinks (enable_sliding_window_for_seq)");
 }
 
-int rvm_builtin_kv_token_tree(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(token_tree) {
   (void)self, (void)args, (void)n, (void)result;
   return unsupported("token trees (speculative decoding)");
 }
 
-int rvm_builtin_kv_mla(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(mla) {
   (void)self, (void)args, (void)n, (void)result;
   return unsupported("multi-head latent attention (MLA)");
 }
 
-int rvm_builtin_kv_disaggregation(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(disaggregation) {
   (void)self, (void)args, (void)n, (void)result;
   return unsupported("KV disaggregation (kv_cache_disagg_*)");
 }
 
-int rvm_builtin_kv_merge_output(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(merge_output) {
   (void)self, (void)args, (void)n, (void)result;
   /* TVM's CPU build hands over no general merge function either. */
   return rvm_raise("InternalError", "Check failed: (f_merge_inplace_.size() >= 2) is false: The general attention merge function is not defined.");
 }
 
-int rvm_builtin_kv_cross_attention(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+KV_METHOD(cross_attention) {
   (void)self, (void)args, (void)n, (void)result;
   return unsupported("separate cross-attention calls (MLA-style models)");
 }

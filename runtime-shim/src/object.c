@@ -2,7 +2,7 @@
  * object.c: reference counting and the object kinds of the runtime, in TVM-FFI layouts.
  *
  * Objects are single allocations (header, body, inline arrays) so that creating one is one
- * malloc. Reference counts follow TVM-FFI: strong count in the low 32 bits of the combined
+ * allocation (from the current VM's allocator, mem.c). Reference counts follow TVM-FFI: strong count in the low 32 bits of the combined
  * count, one weak reference held by all strong ones together; relaxc never hands out weak
  * references, so the last strong release frees the object.
  */
@@ -105,8 +105,10 @@ const char *rvm_type_name(const TVMFFIAny *v) {
   }
 }
 
+static void closure_deleter(void *self, int flags);
+
 static void free_deleter(void *self, int flags) {
-  if (flags & 2) free(self);
+  if (flags & 2) rvm_mem_free(self);
 }
 
 /* Size of an object header followed by n items, or 0 (with a MemoryError) when it cannot exist. */
@@ -118,15 +120,13 @@ static size_t object_size(const char *what, size_t header, int64_t n, size_t ite
   return header + item * (size_t)n;
 }
 
-static void *object_alloc(size_t size) {
+static void *object_alloc(size_t size, const char *what) {
   if (!size) return NULL;
-  void *p = malloc(size);
-  if (!p) rvm_raise("MemoryError", "out of memory allocating a %zu-byte object", size);
-  return p;
+  return rvm_mem_alloc(size, what);
 }
 
 rvm_shape *rvm_shape_new(const int64_t *dims, int64_t n) {
-  rvm_shape *s = object_alloc(object_size("shape", sizeof(rvm_shape), n, sizeof(int64_t)));
+  rvm_shape *s = object_alloc(object_size("shape", sizeof(rvm_shape), n, sizeof(int64_t)), "a shape");
   if (!s) return NULL;
   rvm_object_init(&s->header, kTVMFFIShape, free_deleter);
   if (n > 0) memcpy(s->dims, dims, sizeof(int64_t) * (size_t)n);
@@ -137,7 +137,8 @@ rvm_shape *rvm_shape_new(const int64_t *dims, int64_t n) {
 
 rvm_string *rvm_string_new(const char *bytes, uint64_t size) {
   rvm_string *s = object_alloc(size > INT64_MAX - 1 ? object_size("string", sizeof(rvm_string), -1, 1)
-                                                    : object_size("string", sizeof(rvm_string), (int64_t)size + 1, 1));
+                                                    : object_size("string", sizeof(rvm_string), (int64_t)size + 1, 1),
+                                 "a string");
   if (!s) return NULL;
   rvm_object_init(&s->header, kTVMFFIStr, free_deleter);
   if (size) memcpy(s->bytes, bytes, size);
@@ -152,11 +153,11 @@ static void array_deleter(void *self, int flags) {
   if (flags & 1) {
     for (int64_t i = 0; i < a->cell.size; i++) rvm_any_release(&a->items[i]);
   }
-  if (flags & 2) free(a);
+  if (flags & 2) rvm_mem_free(a);
 }
 
 rvm_array *rvm_array_new(int64_t n) {
-  rvm_array *a = object_alloc(object_size("tuple", sizeof(rvm_array), n, sizeof(TVMFFIAny)));
+  rvm_array *a = object_alloc(object_size("tuple", sizeof(rvm_array), n, sizeof(TVMFFIAny)), "a tuple");
   if (!a) return NULL;
   rvm_object_init(&a->header, kTVMFFIArray, array_deleter);
   memset(a->items, 0, sizeof(TVMFFIAny) * (size_t)n);
@@ -168,7 +169,7 @@ rvm_array *rvm_array_new(int64_t n) {
 }
 
 rvm_function *rvm_function_new(TVMFFISafeCallType fn) {
-  rvm_function *f = object_alloc(sizeof(rvm_function));
+  rvm_function *f = object_alloc(sizeof(rvm_function), "a function object");
   if (!f) return NULL;
   rvm_object_init(&f->header, kTVMFFIFunction, free_deleter);
   f->cell.safe_call = fn;
@@ -180,25 +181,34 @@ static void tensor_deleter(void *self, int flags) {
   rvm_tensor *t = self;
   TVMFFIObject *owner = t->owner;
   /* Back to the cache first: the owner may hold the last reference to the cache's allocator. */
-  if (flags == 3 && t->home && rvm_allocator_give_tensor(t->home, t)) {
+  if (flags == 3 && t->home && rvm_pool_give_tensor(t->home, t)) {
     if (owner) rvm_object_decref(owner);
     return;
   }
   if ((flags & 1) && owner) rvm_object_decref(owner);
-  if (flags & 2) free(t);
+  if (flags & 2) rvm_mem_free(t);
 }
 
 bool rvm_is_own_tensor(const TVMFFIObject *obj) { return obj->deleter == tensor_deleter; }
+
+const rvm_allocator *rvm_object_allocator(const TVMFFIObject *obj) {
+  void (*d)(void *, int) = obj->deleter;
+  bool ours = d == free_deleter || d == array_deleter || d == tensor_deleter || d == closure_deleter ||
+              obj->type_index == rvm_type_kv_cache || rvm_is_pooled_storage(obj);
+  return ours ? rvm_mem_owner(obj) : NULL;
+}
 
 rvm_tensor *rvm_tensor_new(void *data, DLDevice dev, int32_t ndim, DLDataType dtype,
                            const int64_t *shape, uint64_t byte_offset, TVMFFIObject *owner) {
   return rvm_tensor_new_in(NULL, data, dev, ndim, dtype, shape, byte_offset, owner);
 }
 
-rvm_tensor *rvm_tensor_new_in(rvm_allocator *home, void *data, DLDevice dev, int32_t ndim, DLDataType dtype,
+rvm_tensor *rvm_tensor_new_in(rvm_pool *home, void *data, DLDevice dev, int32_t ndim, DLDataType dtype,
                               const int64_t *shape, uint64_t byte_offset, TVMFFIObject *owner) {
-  rvm_tensor *t = home ? rvm_allocator_take_tensor(home, ndim) : NULL;
-  if (!t) t = object_alloc(sizeof(rvm_tensor) + 2 * sizeof(int64_t) * (size_t)(ndim < RVM_CACHED_NDIM ? RVM_CACHED_NDIM : ndim));
+  rvm_tensor *t = home ? rvm_pool_take_tensor(home, ndim) : NULL;
+  if (!t)
+    t = object_alloc(sizeof(rvm_tensor) + 2 * sizeof(int64_t) * (size_t)(ndim < RVM_CACHED_NDIM ? RVM_CACHED_NDIM : ndim),
+                     "a tensor object");
   if (!t) return NULL;
   rvm_object_init(&t->header, kTVMFFITensor, tensor_deleter);
   int64_t *dims = t->dims, *strides = t->dims + ndim;
@@ -227,11 +237,11 @@ static void closure_deleter(void *self, int flags) {
   if (flags & 1) {
     for (int64_t i = 0; i < c->num_captured; i++) rvm_any_release(&c->captured[i]);
   }
-  if (flags & 2) free(c);
+  if (flags & 2) rvm_mem_free(c);
 }
 
 rvm_closure *rvm_closure_new(const rvm_program *program, int64_t func_index, int64_t num_captured) {
-  rvm_closure *c = object_alloc(sizeof(rvm_closure) + sizeof(TVMFFIAny) * (size_t)num_captured);
+  rvm_closure *c = object_alloc(sizeof(rvm_closure) + sizeof(TVMFFIAny) * (size_t)num_captured, "a closure");
   if (!c) return NULL;
   rvm_object_init(&c->header, rvm_type_closure, closure_deleter);
   c->program = program;

@@ -45,6 +45,7 @@ typedef struct pool {
   FTVMParallelLambda f;
   void *cdata;
   TVMParallelGroupEnv env;
+  const rvm_allocator *heap; /* the launcher's allocator, which the tasks allocate from too */
   atomic_int pending; /* worker tasks not finished */
   atomic_int failed;  /* a task failed; its error is below */
   atomic_int sleepers; /* workers asleep on `wake` (or about to be) */
@@ -156,7 +157,15 @@ static void *worker_main(void *arg) {
     }
     if (atomic_load_explicit(&p->stop, memory_order_relaxed)) return NULL;
     seen = atomic_load(&p->generation);
-    if (id < p->env.num_task && p->f(id, &p->env, p->cdata) != 0) record_failure(p);
+    if (id < p->env.num_task) {
+      const rvm_allocator *previous = rvm_mem_enter(p->heap);
+      void *mark = rvm_workspace_mark();
+      if (p->f(id, &p->env, p->cdata) != 0) {
+        rvm_workspace_release_to(mark);
+        record_failure(p);
+      }
+      rvm_mem_leave(previous);
+    }
     if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_sleeps)) {
       pthread_mutex_lock(&p->lock);
       pthread_cond_signal(&p->done);
@@ -229,6 +238,7 @@ RVM_HIDDEN int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void *cdata,
   for (int i = 0; i < num_task; i++) atomic_store_explicit(&p->sync[i * SYNC_STRIDE], 0, memory_order_relaxed);
   p->f = flambda;
   p->cdata = cdata;
+  p->heap = rvm_mem_current();
   p->env.sync_handle = p->sync;
   p->env.num_task = num_task;
   atomic_store_explicit(&p->failed, 0, memory_order_relaxed);

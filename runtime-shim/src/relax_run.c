@@ -290,7 +290,7 @@ int rvm_builtin_run_unique(void *self, const TVMFFIAny *args, int32_t n, TVMFFIA
     u.rows = total;
   }
   int64_t m = u.rows;
-  int64_t *order = malloc(sizeof(int64_t) * (size_t)(3 * m + 1));
+  int64_t *order = rvm_mem_alloc(sizeof(int64_t) * (size_t)(3 * m + 1), "relax.run scratch");
   if (!order) return rvm_raise("MemoryError", "relax.run.unique: out of memory");
   int64_t *scratch = order + m, *group = order + 2 * m; /* group: row -> unique number */
   for (int64_t i = 0; i < m; i++) order[i] = i;
@@ -302,9 +302,9 @@ int rvm_builtin_run_unique(void *self, const TVMFFIAny *args, int32_t n, TVMFFIA
     group[order[k]] = groups - 1;
   }
   /* scratch[g] = first position of sorted group g. Unsorted output orders groups by it. */
-  int64_t *rank = malloc(sizeof(int64_t) * (size_t)(2 * groups + 1));
+  int64_t *rank = rvm_mem_alloc(sizeof(int64_t) * (size_t)(2 * groups + 1), "relax.run scratch");
   if (!rank) {
-    free(order);
+    rvm_mem_free(order);
     return rvm_raise("MemoryError", "relax.run.unique: out of memory");
   }
   int64_t *slot_of = rank + groups; /* sorted group -> output slot */
@@ -375,8 +375,8 @@ int rvm_builtin_run_unique(void *self, const TVMFFIAny *args, int32_t n, TVMFFIA
       outs[num_outs++] = rvm_obj_any(t);
     }
   }
-  free(rank);
-  free(order);
+  rvm_mem_free(rank);
+  rvm_mem_free(order);
   if (rc == 0 && num_outs == 1) {
     *result = outs[0];
     return 0;
@@ -443,6 +443,11 @@ static int python_format(rvm_text *out, const char *fmt, size_t len, const TVMFF
     if (index >= n) return rvm_raise("IndexError", "Replacement index %d out of range for positional args tuple", index);
     rvm_text value = {0};
     rvm_render_value(&value, &values[index]);
+    if (value.failed) {
+      rvm_text_free(&value);
+      out->failed = true; /* the caller reports the MemoryError */
+      return 0;
+    }
     /* spec: [[fill]align][width] */
     char fill = ' ', align = '<';
     long width = 0;

@@ -24,7 +24,7 @@ bool rvm_text_append(rvm_text *t, const char *s, size_t n) {
   if (t->len + n + 1 > t->cap) {
     size_t cap = t->cap ? t->cap : 64;
     while (cap < t->len + n + 1) cap *= 2;
-    char *p = realloc(t->data, cap);
+    char *p = rvm_mem_realloc(t->data, cap, "printed text");
     if (!p) {
       t->failed = true;
       return false;
@@ -45,7 +45,7 @@ static void spaces(rvm_text *t, int n) {
 }
 
 void rvm_text_free(rvm_text *t) {
-  free(t->data);
+  rvm_mem_free(t->data);
   t->data = NULL;
   t->len = t->cap = 0;
 }
@@ -441,7 +441,7 @@ static void print_axis(const array_printer *p, int32_t axis, int64_t offset, con
   bool summary = p->a->summarise && n > 2 * EDGE_ITEMS;
   int64_t leading = summary ? EDGE_ITEMS : 0, trailing = summary ? EDGE_ITEMS : n;
   size_t indent_len = strlen(indent);
-  char *next_indent = malloc(indent_len + 2);
+  char *next_indent = rvm_mem_alloc(indent_len + 2, "printed text");
   if (!next_indent) {
     s->failed = true;
     return;
@@ -451,6 +451,7 @@ static void print_axis(const array_printer *p, int32_t axis, int64_t offset, con
   next_indent[indent_len + 1] = 0;
   size_t next_width = width - 1;
   rvm_text body = {0};
+  bool lost = false; /* a part ran out of memory: so does the whole */
   int32_t axes_left = t->ndim - axis;
   /* the items in print order: leading ones, the summary mark, trailing ones */
   int64_t items = leading + trailing + (summary ? 1 : 0);
@@ -467,10 +468,12 @@ static void print_axis(const array_printer *p, int32_t axis, int64_t offset, con
         format_element(&word, p->f, t->dtype, p->a->data, offset + i * stride);
       }
       extend_line(&body, &line, word.data ? word.data : "", word.len, elem_width, indent);
+      lost |= word.failed;
       rvm_text_free(&word);
       if (k + 1 < items) rvm_text_puts(&line, " ");
     }
     rvm_text_append(&body, line.data ? line.data : "", line.len);
+    lost |= line.failed;
     rvm_text_free(&line);
   } else {
     for (int64_t k = 0; k < items; k++) {
@@ -488,8 +491,9 @@ static void print_axis(const array_printer *p, int32_t axis, int64_t offset, con
   rvm_text_puts(s, "[");
   if (body.len > indent_len) rvm_text_append(s, body.data + indent_len, body.len - indent_len);
   rvm_text_puts(s, "]");
+  if (lost || body.failed) s->failed = true;
   rvm_text_free(&body);
-  free(next_indent);
+  rvm_mem_free(next_indent);
 }
 
 static void render_scalar_float(rvm_text *out, double x, int bits) {

@@ -159,7 +159,7 @@ typedef void (*emit_fn)(const entry *sorted, int64_t len, int64_t base, int64_t 
 static int sort_slices(const DLTensor *in, int32_t axis, bool ascend, key_kind kind, emit_fn emit, void *ctx) {
   axis_layout l = layout_of(in, axis);
   if (l.len == 0 || l.before == 0 || l.after == 0) return 0;
-  entry *items = malloc(sizeof(entry) * (size_t)l.len * 2);
+  entry *items = rvm_mem_alloc(sizeof(entry) * (size_t)l.len * 2, "sort scratch");
   if (!items) return out_of_memory();
   const char *data = data_of(in);
   for (int64_t i = 0; i < l.before; i++) {
@@ -173,7 +173,7 @@ static int sort_slices(const DLTensor *in, int32_t axis, bool ascend, key_kind k
       emit(items, l.len, base, l.after, ctx);
     }
   }
-  free(items);
+  rvm_mem_free(items);
   return 0;
 }
 
@@ -289,7 +289,7 @@ int rvm_builtin_sort_topk(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAn
   int64_t kk = k < 1 ? l.len : k;
   int64_t keep = kk < l.len ? kk : l.len;
   if (l.len == 0 || l.before == 0 || l.after == 0) return 0;
-  entry *items = malloc(sizeof(entry) * (size_t)l.len * 2);
+  entry *items = rvm_mem_alloc(sizeof(entry) * (size_t)l.len * 2, "sort scratch");
   if (!items) return out_of_memory();
   const char *data = data_of(in);
   size_t size = t.bits / 8;
@@ -310,7 +310,7 @@ int rvm_builtin_sort_topk(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAn
       }
     }
   }
-  free(items);
+  rvm_mem_free(items);
   return 0;
 }
 
@@ -336,7 +336,7 @@ int rvm_builtin_sort_argsort_nms(void *self, const TVMFFIAny *args, int32_t n, T
     return rvm_raise("TypeError", "tvm.contrib.sort.argsort_nms: sort_num and the output must be int32 tensors");
   axis_layout l = layout_of(in, axis);
   if (l.len == 0 || l.before == 0 || l.after == 0) return 0;
-  entry *items = malloc(sizeof(entry) * (size_t)l.len * 2);
+  entry *items = rvm_mem_alloc(sizeof(entry) * (size_t)l.len * 2, "sort scratch");
   if (!items) return out_of_memory();
   const int32_t *num = (const int32_t *)data_of(count);
   int32_t *dst = (int32_t *)data_of(out);
@@ -353,6 +353,6 @@ int rvm_builtin_sort_argsort_nms(void *self, const TVMFFIAny *args, int32_t n, T
       for (int64_t e = 0; e < l.len; e++) dst[base + e * l.after] = (int32_t)(e < m ? items[e].index : e);
     }
   }
-  free(items);
+  rvm_mem_free(items);
   return 0;
 }

@@ -8,7 +8,7 @@ use super::{Any, DLDevice, DLTensor, c_struct};
 
 /// The newest C API version (`RVM_ABI_VERSION`): what this relaxc's runtime speaks and its
 /// hosts ask for.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 /// The oldest version hosts still load (without the registry).
 pub const ABI_VERSION_MIN: u32 = 1;
 
@@ -109,12 +109,30 @@ pub struct ApiV2 {
     pub vm_set_instrument: unsafe extern "C" fn(vm: *mut Vm, hook: Option<SafeCall>, self_: *mut c_void) -> c_int,
 }
 
+/// The table of ABI version 3: version 2's, then host allocators.
+#[repr(C)]
+pub struct ApiV3 {
+    pub v2: ApiV2,
+    pub vm_create_with_allocator:
+        unsafe extern "C" fn(m: *mut Module, allocator: *const Allocator, out: *mut *mut Vm) -> c_int,
+    pub value_allocator: unsafe extern "C" fn(v: *const Any) -> *const Allocator,
+}
+
+c_struct! {
+    /// A host's allocator for a VM (`rvm_allocator`).
+    pub struct Allocator = "rvm_allocator" {
+        pub alloc: Option<unsafe extern "C" fn(ctx: *mut c_void, size: usize, alignment: usize) -> *mut c_void>,
+        pub free: Option<unsafe extern "C" fn(ctx: *mut c_void, ptr: *mut c_void)>,
+        pub ctx: *mut c_void,
+    }
+}
+
 /// The TVM-FFI safe-call signature.
 pub type SafeCall = unsafe extern "C" fn(self_: *mut c_void, args: *const Any, n: i32, result: *mut Any) -> c_int;
 
 pub type GetApi = unsafe extern "C" fn(abi_version: u32) -> *const Api;
 
-impl super::CStruct for ApiV2 {
+impl super::CStruct for ApiV3 {
     const C_NAME: &'static str = "rvm_api";
     fn fields() -> Vec<(&'static str, usize)> {
         macro_rules! at {
@@ -154,6 +172,10 @@ impl super::CStruct for ApiV2 {
             ($($f:ident),*) => { vec![$((stringify!($f), offset_of!(ApiV2, $f))),*] };
         }
         fields.extend(at2!(function_register, function_get, function_call, error_set, vm_set_instrument));
+        macro_rules! at3 {
+            ($($f:ident),*) => { vec![$((stringify!($f), offset_of!(ApiV3, $f))),*] };
+        }
+        fields.extend(at3!(vm_create_with_allocator, value_allocator));
         fields
     }
 }

@@ -99,7 +99,8 @@ pub fn c_structs() -> Vec<StructLayout> {
         layout_of::<CudaTable>(),
         layout_of::<ModuleInfo>(),
         layout_of::<VmStats>(),
-        layout_of::<ApiV2>(),
+        layout_of::<Allocator>(),
+        layout_of::<ApiV3>(),
     ]
 }
 

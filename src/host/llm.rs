@@ -70,6 +70,21 @@ pub struct Llm<'m> {
     pub vocab: Option<usize>,
 }
 
+/// Everything of an Llm but its VM, as setting it up makes it.
+struct LlmParts<'m> {
+    model: &'m Model,
+    kv: Value<'m>,
+    embed: i32,
+    prefill: i32,
+    decode: i32,
+    reshape: Value<'m>,
+    begin: Value<'m>,
+    end: Value<'m>,
+    config: CacheConfig,
+    hidden: i64,
+    vocab: Option<usize>,
+}
+
 fn int(v: i64) -> Any {
     Any::int(v)
 }
@@ -77,6 +92,42 @@ fn int(v: i64) -> Any {
 impl<'m> Llm<'m> {
     /// Creates the model's KV cache. `path` is the model's file, read for the vocabulary size.
     pub fn new(model: &'m Model, path: &Path, config: CacheConfig) -> Result<Llm<'m>, HostError> {
+        Llm::on_vm(model, model.vm()?, path, config).map_err(|(e, _)| e)
+    }
+
+    /// As `new`, on a VM the caller made (one with a host allocator, say); on failure the VM is
+    /// handed back with the error.
+    pub fn on_vm(
+        model: &'m Model,
+        mut vm: Vm<'m>,
+        path: &Path,
+        config: CacheConfig,
+    ) -> Result<Llm<'m>, (HostError, Vm<'m>)> {
+        match Llm::setup(model, &mut vm, path, config) {
+            Ok(p) => Ok(Llm {
+                model: p.model,
+                vm,
+                kv: p.kv,
+                embed: p.embed,
+                prefill: p.prefill,
+                decode: p.decode,
+                reshape: p.reshape,
+                begin: p.begin,
+                end: p.end,
+                config: p.config,
+                hidden: p.hidden,
+                vocab: p.vocab,
+            }),
+            Err(e) => Err((e, vm)),
+        }
+    }
+
+    /// The VM the model runs on, once the cache and everything else is released.
+    pub fn into_vm(self) -> Vm<'m> {
+        self.vm
+    }
+
+    fn setup(model: &'m Model, vm: &mut Vm<'m>, path: &Path, config: CacheConfig) -> Result<LlmParts<'m>, HostError> {
         let names = model.functions();
         let missing: Vec<&str> = REQUIRED_FUNCTIONS.iter().copied().filter(|f| !names.iter().any(|n| n == f)).collect();
         if !missing.is_empty() {
@@ -87,14 +138,13 @@ impl<'m> Llm<'m> {
                 names.join(", ")
             )));
         }
-        let mut vm = model.vm()?;
         let create = model.find("create_paged_kv_cache")?;
         let sizes = [config.max_batch_size, config.max_total_seq_len, config.prefill_chunk_size, config.page_size, 0];
         let inputs: Vec<Input> = sizes.iter().map(|v| Input::Shape(vec![*v])).collect();
         let kv = vm.call(create, &inputs)?;
         let embed = model.find("embed")?;
-        let hidden = hidden_size(&mut vm, embed)?;
-        Ok(Llm {
+        let hidden = hidden_size(vm, embed)?;
+        Ok(LlmParts {
             model,
             embed,
             hidden,
@@ -103,7 +153,6 @@ impl<'m> Llm<'m> {
             reshape: model.function("vm.builtin.reshape")?,
             begin: model.function("vm.builtin.kv_state_begin_forward")?,
             end: model.function("vm.builtin.kv_state_end_forward")?,
-            vm,
             kv,
             config,
             vocab: vocab_size(path),

@@ -363,6 +363,40 @@ impl Model {
         Ok(Vm { model: self, vm })
     }
 
+    /// The version-3 table, or an error naming the older version the library speaks.
+    fn api_v3(&self) -> Result<&abi::ApiV3, HostError> {
+        let size = self.api().struct_size as usize;
+        if self.abi_version < 3 || size < std::mem::size_of::<abi::ApiV3>() {
+            return Err(HostError::Value(format!(
+                "this model speaks ABI version {} (built by an older relaxc): it has no host allocators; rebuild it",
+                self.abi_version
+            )));
+        }
+        // SAFETY: the library answered version 3 with a table of at least this size.
+        Ok(unsafe { &*(self.api as *const abi::ApiV3) })
+    }
+
+    /// A CPU VM whose every allocation goes through `allocator` (rvm.h, ABI version 3).
+    ///
+    /// # Safety
+    /// The allocator and its context must stay valid until the VM and every value it returned
+    /// are gone, and its functions must honour rvm.h's contract (thread-safe, aligned blocks).
+    pub unsafe fn vm_with_allocator(&self, allocator: *const abi::Allocator) -> Result<Vm<'_>, HostError> {
+        let mut vm = std::ptr::null_mut();
+        // SAFETY: valid module and out-pointer; the allocator as the caller promised.
+        if unsafe { (self.api_v3()?.vm_create_with_allocator)(self.module, allocator, &mut vm) } != 0 {
+            return Err(self.error());
+        }
+        Ok(Vm { model: self, vm })
+    }
+
+    /// The host allocator that owns a value's memory (None: the library's own malloc).
+    pub fn value_allocator(&self, value: &Value) -> Result<Option<*const abi::Allocator>, HostError> {
+        // SAFETY: a valid value of this model.
+        let a = unsafe { (self.api_v3()?.value_allocator)(&value.any) };
+        Ok((!a.is_null()).then_some(a))
+    }
+
     pub fn vm(&self) -> Result<Vm<'_>, HostError> {
         let mut vm = std::ptr::null_mut();
         // SAFETY: valid module and out-pointer.

@@ -128,6 +128,14 @@ static void nulls(rvm_module *m, rvm_vm *vm) {
   api->error_set(NULL, NULL);
   CHECK(api->last_error() != NULL, "error_set(NULL, NULL)");
   FAILS(api->vm_set_instrument(NULL, NULL, NULL), "vm_set_instrument(NULL)");
+  rvm_vm *v3 = NULL;
+  rvm_allocator no_functions = {NULL, NULL, NULL};
+  FAILS(api->vm_create_with_allocator(NULL, &no_functions, &v3), "vm_create_with_allocator(NULL module)");
+  FAILS(api->vm_create_with_allocator(m, NULL, &v3), "vm_create_with_allocator(NULL allocator)");
+  FAILS(api->vm_create_with_allocator(m, &no_functions, &v3), "vm_create_with_allocator(NULL alloc and free)");
+  CHECK(v3 == NULL, "vm_create_with_allocator wrote a VM on failure");
+  CHECK(api->value_allocator(NULL) == NULL && api->value_allocator(&seven) == NULL && api->value_allocator(&none) == NULL,
+        "value_allocator of NULL, an int or None names an allocator");
 }
 
 /* Bad DLTensor arguments: NULL shape, zero lanes, sizes that wrap, negative dims. */
