@@ -20,6 +20,7 @@ pub mod kernel_object;
 pub mod kernels;
 pub mod link;
 pub mod lower;
+pub mod outfile;
 pub mod script;
 pub mod target;
 pub mod tvm;

@@ -184,7 +184,68 @@ enum Command {
     },
 }
 
+/// The system allocator, noting when it runs out of memory. Rust's answer to a failed
+/// allocation is abort(), a core dump; with the note, the abort becomes what any other error
+/// gives: a message and exit status 1 (`out_of_memory_exit`).
+struct NotingAllocator;
+
+static ALLOCATION_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+// SAFETY: every method forwards to the system allocator unchanged.
+unsafe impl std::alloc::GlobalAlloc for NotingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: as the caller promised for this layout.
+        let p = unsafe { std::alloc::System.alloc(layout) };
+        if p.is_null() {
+            ALLOCATION_FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: as above.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        // SAFETY: as above.
+        let p = unsafe { std::alloc::System.alloc_zeroed(layout) };
+        if p.is_null() {
+            ALLOCATION_FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: as above.
+        let p = unsafe { std::alloc::System.realloc(ptr, layout, new_size) };
+        if p.is_null() {
+            ALLOCATION_FAILED.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static GLOBAL: NotingAllocator = NotingAllocator;
+
+/// SIGABRT after a failed allocation: say so and exit 1. Any other abort keeps its default.
+extern "C" fn out_of_memory_exit(signal: libc::c_int) {
+    if ALLOCATION_FAILED.load(std::sync::atomic::Ordering::Relaxed) {
+        let message = b"error: out of memory (an allocation failed; raise the memory limit or use a smaller model)\n";
+        // SAFETY: write and _exit are async-signal-safe.
+        unsafe {
+            libc::write(2, message.as_ptr().cast(), message.len());
+            libc::_exit(1);
+        }
+    }
+    // SAFETY: back to the default action, then the same signal again.
+    unsafe {
+        libc::signal(signal, libc::SIG_DFL);
+        libc::raise(signal);
+    }
+}
+
 fn main() {
+    // SAFETY: installing a handler before any thread starts; it only calls async-signal-safe code.
+    unsafe { libc::signal(libc::SIGABRT, out_of_memory_exit as *const () as libc::sighandler_t) };
     // Rust ignores SIGPIPE, so printing into a closed pipe (`relaxc inspect m.so | head`) would
     // panic; with the default action the process ends quietly, as other command-line tools do.
     // SAFETY: setting a signal's disposition to the default before any thread starts.
@@ -278,7 +339,7 @@ fn run(cli: Cli) -> Result<()> {
             let report = relaxc::compile::compile_file_with(&input, &options, &output)
                 .with_context(|| format!("compiling {}", input.display()))?;
             if let Some(path) = &emit_clif {
-                std::fs::write(path, &report.clif).with_context(|| format!("writing {}", path.display()))?;
+                relaxc::outfile::write_bytes(path, report.clif.as_bytes(), false)?;
             }
             for (function, reason) in &report.notes {
                 eprintln!("note: {function} runs as bytecode: {reason}");
@@ -663,7 +724,7 @@ fn profile_calls(
     }
     if let Some(path) = trace {
         let events = profiler.events.as_deref().unwrap_or(&[]);
-        std::fs::write(path, trace_json(events, &calls)).with_context(|| format!("writing {}", path.display()))?;
+        relaxc::outfile::write_bytes(path, trace_json(events, &calls).as_bytes(), false)?;
         println!(
             "trace: {} slices in {} (open it in ui.perfetto.dev or chrome://tracing)",
             events.len() + calls.len(),

@@ -9,7 +9,7 @@ mod common;
 
 /// Layers from the bottom. A module may use modules of lower layers only.
 const LAYERS: &[&[&str]] = &[
-    &["abi", "diag"],
+    &["abi", "diag", "outfile"],
     &["kernel_object", "vm"],
     &["ir"],
     &["script", "lower", "tvm", "weights"],

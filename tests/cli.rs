@@ -167,9 +167,254 @@ fn messages_name_the_problem_once() {
     assert!(!stderr_of(&out).contains("panicked"), "{}", stderr_of(&out));
 }
 
+/// The files of `dir`, by name.
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Every file relaxc writes is whole or absent: writing into `/dev/full` fails with the reason,
+/// and a write cut short (a file size limit standing in for a full disk) leaves the old file as
+/// it was and no partial file beside it.
+fn a_failed_write_leaves_no_partial_file() {
+    use std::os::unix::process::CommandExt;
+    let fixture = common::fixtures_dir().join("mlp_static");
+    let tar = fixture.join("m.tar");
+    let so = common::build("mlp_static", &tar, ExecMode::Compiled).expect("build");
+    let inputs = fixture.join("ok_basic.in.npz");
+    for (what, args) in [
+        ("compile -o", vec!["compile".into(), tar.display().to_string(), "-o".into(), "/dev/full".into()]),
+        (
+            "run --outputs",
+            vec![
+                "run".into(),
+                so.display().to_string(),
+                "--inputs".into(),
+                inputs.display().to_string(),
+                "--outputs".into(),
+                "/dev/full".into(),
+            ],
+        ),
+    ] {
+        let out = relaxc().args(&args).output().expect("relaxc");
+        assert_eq!(out.status.code(), Some(1), "{what} /dev/full: {}", stderr_of(&out));
+        assert!(stderr_of(&out).contains("No space left on device"), "{what} /dev/full: {}", stderr_of(&out));
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = b"the previous contents".to_vec();
+    let target = |name: &str| dir.path().join(name);
+    let cases: Vec<(&str, Vec<String>, std::path::PathBuf)> = vec![
+        ("compile -o", vec!["compile".into(), tar.display().to_string(), "-o".into()], target("m.so")),
+        (
+            "compile --emit-clif",
+            vec![
+                "compile".into(),
+                tar.display().to_string(),
+                "--exec-mode".into(),
+                "compiled".into(),
+                "-o".into(),
+                "/dev/null".into(),
+                "--emit-clif".into(),
+            ],
+            target("m.clif"),
+        ),
+        (
+            "run --outputs",
+            vec![
+                "run".into(),
+                so.display().to_string(),
+                "--inputs".into(),
+                inputs.display().to_string(),
+                "--outputs".into(),
+            ],
+            target("out.npz"),
+        ),
+    ];
+    for (what, args, path) in cases {
+        std::fs::write(&path, &old).expect("write the old file");
+        let before = names_in(dir.path());
+        let mut cmd = relaxc();
+        cmd.args(&args).arg(&path);
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                // Writes past 64 bytes fail with EFBIG instead of killing the process.
+                libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                let limit = libc::rlimit { rlim_cur: 64, rlim_max: 64 };
+                if libc::setrlimit(libc::RLIMIT_FSIZE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = cmd.output().expect("relaxc");
+        assert_eq!(out.status.code(), Some(1), "{what} past the size limit: {}", stderr_of(&out));
+        assert!(stderr_of(&out).contains("File too large"), "{what}: {}", stderr_of(&out));
+        assert_eq!(std::fs::read(&path).expect("read"), old, "{what} changed the old file");
+        assert_eq!(names_in(dir.path()), before, "{what} left a file behind");
+        std::fs::remove_file(&path).expect("remove");
+    }
+}
+
+/// `relaxc compile` killed with SIGKILL at random moments, 50 times, over an older model: the
+/// output is always the old model or the new one whole (it loads and gives TVM's results).
+fn a_compile_killed_at_random_moments_leaves_the_old_or_the_new_model() {
+    let fixture = common::fixtures_dir().join("mlp_static");
+    let old =
+        common::build("chain_1", &common::fixtures_dir().join("chain_1/m.tar"), ExecMode::Bytecode).expect("build");
+    let old_bytes = std::fs::read(&old).expect("read");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("m.so");
+    let compile = || {
+        let mut cmd = relaxc();
+        cmd.arg("compile").arg(fixture.join("m.tar")).args(["--exec-mode", "compiled", "-o"]).arg(&out);
+        cmd
+    };
+    // The median of three compiles; kills fall in [0.3, 1.5] of it, most of them in the link and
+    // around the rename, where a torn file could appear.
+    let mut times: Vec<std::time::Duration> = (0..3)
+        .map(|_| {
+            let start = std::time::Instant::now();
+            assert!(compile().status().expect("compile").success());
+            start.elapsed()
+        })
+        .collect();
+    times.sort();
+    let full = times[1];
+    let new_bytes = std::fs::read(&out).expect("read");
+    let seed =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1;
+    eprintln!("a full compile takes {full:?}; kill times from seed {seed}");
+    let mut state = seed;
+    let (mut old_left, mut new_found) = (0, 0);
+    for round in 0..50 {
+        std::fs::write(&out, &old_bytes).expect("put the old model back");
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let delay = full.mul_f64(0.3 + (state % 1000) as f64 / 1000.0 * 1.2);
+        let mut child =
+            compile().stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().expect("spawn");
+        std::thread::sleep(delay);
+        let _ = child.kill();
+        let _ = child.wait();
+        let now = std::fs::read(&out).expect("the output is gone");
+        if now == old_bytes {
+            old_left += 1;
+        } else {
+            assert_eq!(
+                now, new_bytes,
+                "round {round} (killed after {delay:?}): the output is neither the old model nor the new one"
+            );
+            new_found += 1;
+        }
+        for name in names_in(dir.path()) {
+            assert!(!name.ends_with(".so") || name == "m.so", "round {round}: {name} looks like a model");
+        }
+    }
+    // The new model, whole, is a working one.
+    std::fs::write(&out, &new_bytes).expect("write");
+    let run = relaxc()
+        .arg("run")
+        .arg(&out)
+        .arg("--inputs")
+        .arg(fixture.join("ok_basic.in.npz"))
+        .arg("--expect")
+        .arg(fixture.join("ok_basic.out.npz"))
+        .output()
+        .expect("run");
+    assert!(run.status.success(), "{}", stderr_of(&run));
+    eprintln!("50 kills: the old model left {old_left} times, the new one whole {new_found} times");
+}
+
+/// `relaxc run` and `relaxc generate` under an address-space limit (`ulimit -v`), swept from the
+/// least that lets relaxc start to the least that lets the job finish: every run that fails says
+/// so and exits with status 1 (never a signal, never a core).
+fn a_memory_limit_gives_a_clean_error() {
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    let llm = common::build("tiny_llama", &common::fixtures_dir().join("tiny_llama/m.tar"), ExecMode::Compiled)
+        .expect("build");
+    let cnn = common::fixtures_dir().join("lib_mobilenet");
+    let cnn_so = common::build("lib_mobilenet", &cnn.join("m.tar"), ExecMode::Bytecode).expect("build");
+    let limited = |kib: u64, args: &[&std::ffi::OsStr]| {
+        let mut cmd = relaxc();
+        cmd.args(args);
+        let bytes = kib << 10;
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let limit = libc::rlimit { rlim_cur: bytes, rlim_max: bytes };
+                if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        cmd.output().expect("relaxc")
+    };
+    let cnn_inputs = cnn.join("ok_n4.in.npz");
+    let jobs: Vec<(&str, Vec<&std::ffi::OsStr>)> = vec![
+        (
+            "generate",
+            vec![
+                "generate".as_ref(),
+                llm.as_os_str(),
+                "--prompt".as_ref(),
+                "1,17,42".as_ref(),
+                "--max-new-tokens".as_ref(),
+                "4".as_ref(),
+                "--max-total-seq-len".as_ref(),
+                "16384".as_ref(),
+            ],
+        ),
+        ("run", vec!["run".as_ref(), cnn_so.as_os_str(), "--inputs".as_ref(), cnn_inputs.as_os_str()]),
+    ];
+    // Below this the dynamic loader cannot map relaxc itself, before any of its code runs.
+    let start = (16..4096)
+        .map(|quarter| quarter << 8)
+        .find(|&kib| limited(kib, &["--version".as_ref()]).status.success())
+        .expect("relaxc never starts");
+    for (what, args) in jobs {
+        let mut failures = 0;
+        let mut kib = start;
+        loop {
+            let out = limited(kib, &args);
+            let err = stderr_of(&out);
+            assert_eq!(out.status.signal(), None, "{what} under {kib} KiB died of a signal: {err}");
+            if out.status.success() {
+                break;
+            }
+            assert_eq!(out.status.code(), Some(1), "{what} under {kib} KiB: {err}");
+            let said = ["out of memory", "MemoryError", "Cannot allocate memory", "failed to map segment"];
+            assert!(said.iter().any(|s| err.contains(s)), "{what} under {kib} KiB does not say memory ran out: {err}");
+            failures += 1;
+            kib += 256;
+            assert!(kib < 4 << 20, "{what} never finished under a memory limit");
+        }
+        eprintln!("{what}: {failures} limits from {start} KiB failed cleanly; it finishes in {kib} KiB");
+        assert!(failures > 0, "{what} finished under the smallest limit: the sweep tested nothing");
+    }
+}
+
 fn main() {
     let args = Arguments::from_args();
     let trials = vec![
+        Trial::test("a_memory_limit_gives_a_clean_error", || {
+            a_memory_limit_gives_a_clean_error();
+            Ok(())
+        }),
+        Trial::test("a_failed_write_leaves_no_partial_file", || {
+            a_failed_write_leaves_no_partial_file();
+            Ok(())
+        }),
+        Trial::test("a_compile_killed_at_random_moments_leaves_the_old_or_the_new_model", || {
+            a_compile_killed_at_random_moments_leaves_the_old_or_the_new_model();
+            Ok(())
+        }),
         Trial::test("run_and_inspect_open_bare_relative_and_absolute_paths", || {
             run_and_inspect_open_bare_relative_and_absolute_paths();
             Ok(())

@@ -21,6 +21,8 @@ pub enum NpzError {
     Layout { path: String, message: String },
     #[error("cannot write result {index}: {message}")]
     Output { index: usize, message: String },
+    #[error(transparent)]
+    Write(#[from] crate::outfile::OutputError),
 }
 
 enum Kind {
@@ -384,14 +386,15 @@ pub fn write_named(path: &Path, outputs: &[(String, &Output)]) -> Result<(), Npz
         npy.extend_from_slice(&data);
         arrays.push((format!("{name}.npy"), npy));
     }
-    let file = std::fs::File::create(path).map_err(|e| io(e.to_string()))?;
-    let mut zip = zip::ZipWriter::new(file);
+    // Built in memory, then written whole (crate::outfile): a failed write leaves no torn archive.
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
     let options = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
     for (name, bytes) in arrays {
         zip.start_file(name, options).map_err(|e| io(e.to_string()))?;
         zip.write_all(&bytes).map_err(|e| io(e.to_string()))?;
     }
-    zip.finish().map_err(|e| io(e.to_string()))?;
+    let archive = zip.finish().map_err(|e| io(e.to_string()))?.into_inner();
+    crate::outfile::write_bytes(path, &archive, false)?;
     Ok(())
 }
 

@@ -29,6 +29,8 @@ pub enum LinkError {
     Failed { linker: String, status: String, stderr: String },
     #[error(transparent)]
     Target(#[from] crate::target::TargetError),
+    #[error(transparent)]
+    Output(#[from] crate::outfile::OutputError),
 }
 
 /// The sanitizers the embedded host shim was built with (`RELAXC_SANITIZE` at build time; empty
@@ -83,11 +85,34 @@ pub fn link_shared_for(inputs: &LinkInputs, out: &Path, target: &Target) -> Resu
     for (i, k) in kernels.iter().enumerate() {
         kernel_paths.push(write(&format!("kernels{i}.o"), &k.bytes)?);
     }
+    // The linker writes a file beside `out` that replaces it once complete (crate::outfile).
+    let files = LinkFiles { model, kernels: kernel_paths, shim, runtime, kernel_library, script };
+    crate::outfile::write_with(out, true, |partial| run_linker(&tc, target, partial, &files, undefined))
+}
+
+/// The link's inputs, written out for the linker.
+struct LinkFiles {
+    model: PathBuf,
+    kernels: Vec<PathBuf>,
+    shim: PathBuf,
+    runtime: PathBuf,
+    kernel_library: PathBuf,
+    script: PathBuf,
+}
+
+fn run_linker(
+    tc: &Toolchain,
+    target: &Target,
+    out: &Path,
+    files: &LinkFiles,
+    undefined: &[String],
+) -> Result<(), LinkError> {
+    let LinkFiles { model, kernels: kernel_paths, shim, runtime, kernel_library, script } = files;
     let linker = tc.program.clone();
     let mut cmd = tc.command();
-    cmd.arg("-shared").arg("-o").arg(out).arg(&model).args(&kernel_paths);
+    cmd.arg("-shared").arg("-o").arg(out).arg(model).args(kernel_paths);
     cmd.args(undefined.iter().map(|u| format!("-Wl,--undefined={u}")));
-    cmd.arg("-Wl,--whole-archive").arg(&shim).arg("-Wl,--no-whole-archive").arg(&runtime).arg(&kernel_library);
+    cmd.arg("-Wl,--whole-archive").arg(shim).arg("-Wl,--no-whole-archive").arg(runtime).arg(kernel_library);
     cmd.arg(format!("-Wl,--version-script={}", script.display()));
     cmd.args(["-Wl,--no-undefined", "-Wl,-z,noexecstack", "-Wl,-z,relro", "-Wl,-z,now", "-lm"]);
     // A relaxc built with RELAXC_SANITIZE embeds a sanitized shim (host only): link its runtimes.
