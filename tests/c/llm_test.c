@@ -5,9 +5,13 @@
  * tokens. The tokens are compared with the expected ones; everything is freed (tests/llm.rs
  * runs it under valgrind).
  *
- * usage: llm_test TINY_LLAMA.so PROMPT_IDS EXPECTED_IDS   (ids comma-separated)
+ * With THREADS, that many threads do it at once, each with its own VM and KV cache (tests/threads.rs
+ * runs that under ThreadSanitizer).
+ *
+ * usage: llm_test TINY_LLAMA.so PROMPT_IDS EXPECTED_IDS [THREADS]   (ids comma-separated)
  */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,23 +86,14 @@ done:
   return best;
 }
 
-int main(int argc, char **argv) {
-  if (argc != 4) {
-    fprintf(stderr, "usage: llm_test TINY_LLAMA.so PROMPT_IDS EXPECTED_IDS\n");
-    return 2;
-  }
-  int32_t prompt[64], expected[64];
-  int n_prompt = parse_ids(argv[2], prompt, 64), n_expected = parse_ids(argv[3], expected, 64);
-  void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
-  if (!lib) {
-    fprintf(stderr, "dlopen: %s\n", dlerror());
-    return 1;
-  }
-  api = ((rvm_get_api_fn)dlsym(lib, "rvm_get_api"))(RVM_ABI_VERSION);
-  rvm_module *module = NULL;
+static rvm_module *module;
+static int32_t prompt[64], expected[64];
+static int n_prompt, n_expected;
+
+/* One generation on a VM and cache of its own: 0 when the tokens are the expected ones. */
+static int generate(void) {
   llm m = {0};
   int rc = 1;
-  if (api->module_open(&module) != 0) return fail("module_open");
   if (api->vm_create(module, &m.vm) != 0) return fail("vm_create");
   int32_t create;
   if (api->function_find(module, "create_paged_kv_cache", &create) || api->function_find(module, "embed", &m.embed) ||
@@ -143,8 +138,47 @@ out:
   api->value_release(&m.begin);
   api->value_release(&m.end);
   api->vm_destroy(m.vm);
+  return rc;
+}
+
+static void *generate_thread(void *status) {
+  *(int *)status = generate();
+  return NULL;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 4 && argc != 5) {
+    fprintf(stderr, "usage: llm_test TINY_LLAMA.so PROMPT_IDS EXPECTED_IDS [THREADS]\n");
+    return 2;
+  }
+  n_prompt = parse_ids(argv[2], prompt, 64);
+  n_expected = parse_ids(argv[3], expected, 64);
+  int threads = argc == 5 ? atoi(argv[4]) : 0;
+  if (threads < 0 || threads > 64) {
+    fprintf(stderr, "llm_test: THREADS must be 0 to 64\n");
+    return 2;
+  }
+  void *lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    fprintf(stderr, "dlopen: %s\n", dlerror());
+    return 1;
+  }
+  api = ((rvm_get_api_fn)dlsym(lib, "rvm_get_api"))(RVM_ABI_VERSION);
+  if (api->module_open(&module) != 0) return fail("module_open");
+  int rc = 0;
+  if (threads == 0) {
+    rc = generate();
+  } else {
+    pthread_t ids[64];
+    int status[64];
+    for (int i = 0; i < threads; i++) pthread_create(&ids[i], NULL, generate_thread, &status[i]);
+    for (int i = 0; i < threads; i++) {
+      pthread_join(ids[i], NULL);
+      rc |= status[i];
+    }
+  }
   api->module_close(module);
   dlclose(lib);
-  if (rc == 0) printf("llm_test: %d tokens as expected\n", n_expected);
+  if (rc == 0) printf("llm_test: %d tokens as expected%s\n", n_expected, threads ? " on every thread" : "");
   return rc;
 }

@@ -273,11 +273,15 @@ pub fn check_error(err: &HostError, expected: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// Builds `tests/c/NAME.c`, a C host of the model API, with the project's warning flags.
+/// Builds `tests/c/NAME.c`, a C host of the model API, with the project's warning flags. Under a
+/// ThreadSanitizer build of the runtime the host is built with it too: the sanitizer's runtime
+/// must be in the program before the models are loaded.
 pub fn build_c_host(name: &str) -> PathBuf {
     let exe = scratch_dir().join(format!("{name}.{}", std::process::id()));
+    let tsan = relaxc::link::SHIM_SANITIZERS.split(',').any(|s| s.trim() == "thread");
     let status = std::process::Command::new(relaxc::link::linker())
         .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-g"])
+        .args(tsan.then_some("-fsanitize=thread"))
         .arg("-I")
         .arg(root().join("runtime-shim/include"))
         .arg(root().join(format!("tests/c/{name}.c")))
