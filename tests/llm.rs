@@ -294,6 +294,26 @@ fn id_list(bytes: &[u8]) -> String {
         .join(",")
 }
 
+/// `relaxc generate --soak 20000` in both modes: 20,000 tokens in rounds of add, prefill,
+/// decode, fork, batched decode and remove; the command itself fails if a round leaves pages,
+/// storage or allocator blocks behind, changes its tokens, or the resident set grows.
+fn soak_of_20000_tokens_leaves_nothing_behind() {
+    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+        let so = build(mode);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_relaxc"))
+            .arg("generate")
+            .arg(&so)
+            .args(["--prompt", "1,17,42,5,33,8", "--max-new-tokens", "24", "--soak", "20000"])
+            .output()
+            .expect("relaxc generate --soak");
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "soak ({}): {stderr}", common::mode_name(mode));
+        assert!(stdout.contains("tokens were the first round's"), "{stdout}");
+        assert!(stderr.contains("of 20000 tokens"), "no progress shown: {stderr}");
+        eprint!("{} {stdout}", common::mode_name(mode));
+    }
+}
+
 /// A C host runs prefill and decode through rvm.h alone and gets TVM's tokens; valgrind finds no
 /// leak and no invalid access.
 fn c_host_generates_tvms_tokens_under_valgrind() -> Option<String> {
@@ -392,7 +412,8 @@ fn generate_command_rejects_bad_input_clearly() {
 
 fn main() {
     let args = Arguments::from_args();
-    let plain: [(&str, fn()); 14] = [
+    let plain: [(&str, fn()); 15] = [
+        ("soak_of_20000_tokens_leaves_nothing_behind", soak_of_20000_tokens_leaves_nothing_behind),
         ("scenarios_match_tvm_bytecode", scenarios_match_tvm_bytecode),
         ("scenarios_match_tvm_compiled", scenarios_match_tvm_compiled),
         ("library_scenarios_match_tvm_bytecode", library_scenarios_match_tvm_bytecode),

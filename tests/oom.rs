@@ -10,93 +10,32 @@
 
 mod common;
 
-use std::ffi::c_void;
 use std::path::Path;
-use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use relaxc::abi::Allocator;
 use relaxc::codegen::ExecMode;
+use relaxc::host::heap::CountingHeap;
 use relaxc::host::llm::{CacheConfig, Llm};
 use relaxc::host::{HostError, Input, Model, Output, npz};
 
-unsafe extern "C" {
-    fn aligned_alloc(alignment: usize, size: usize) -> *mut c_void;
-    fn free(ptr: *mut c_void);
-}
+/// The counting allocator of `relaxc::host::heap`, and VMs on it.
+struct Heap(CountingHeap);
 
-/// The allocator under test. The thread pool's workers allocate through it too: atomics.
-#[derive(Default)]
-struct Counting {
-    live: AtomicI64,
-    calls: AtomicI64,
-    /// The request to refuse (1-based, counting every request so far), or 0.
-    fail_at: AtomicI64,
-    refused: AtomicI64,
-}
-
-unsafe extern "C" fn counting_alloc(ctx: *mut c_void, size: usize, alignment: usize) -> *mut c_void {
-    // SAFETY: ctx is the Counting the test handed over with this function.
-    let c = unsafe { &*(ctx as *const Counting) };
-    let n = c.calls.fetch_add(1, SeqCst) + 1;
-    if n == c.fail_at.load(SeqCst) {
-        c.refused.fetch_add(1, SeqCst);
-        return std::ptr::null_mut();
+impl std::ops::Deref for Heap {
+    type Target = CountingHeap;
+    fn deref(&self) -> &CountingHeap {
+        &self.0
     }
-    let rounded = size.div_ceil(alignment).max(1) * alignment;
-    // SAFETY: alignment is a power of two (rvm.h) and rounded a multiple of it.
-    let p = unsafe { aligned_alloc(alignment, rounded) };
-    if !p.is_null() {
-        c.live.fetch_add(1, SeqCst);
-    }
-    p
-}
-
-unsafe extern "C" fn counting_free(ctx: *mut c_void, ptr: *mut c_void) {
-    // SAFETY: as above; ptr came from counting_alloc.
-    let c = unsafe { &*(ctx as *const Counting) };
-    c.live.fetch_sub(1, SeqCst);
-    unsafe { free(ptr) }
-}
-
-/// A counting allocator and its rvm.h description; boxed so that the pointers stay put.
-struct Heap {
-    counts: Box<Counting>,
-    allocator: Box<Allocator>,
 }
 
 impl Heap {
     fn new() -> Heap {
-        let counts = Box::<Counting>::default();
-        let allocator = Box::new(Allocator {
-            alloc: Some(counting_alloc),
-            free: Some(counting_free),
-            ctx: &*counts as *const Counting as *mut c_void,
-        });
-        Heap { counts, allocator }
+        Heap(CountingHeap::new())
     }
 
     fn vm<'m>(&self, model: &'m Model) -> relaxc::host::Vm<'m> {
         // SAFETY: every test drops its VMs and values before the Heap (declared first, dropped last).
-        unsafe { model.vm_with_allocator(&*self.allocator) }.expect("vm_create_with_allocator")
-    }
-
-    fn calls(&self) -> i64 {
-        self.counts.calls.load(SeqCst)
-    }
-
-    fn live(&self) -> i64 {
-        self.counts.live.load(SeqCst)
-    }
-
-    /// Refuses the nth request from now on (0: none).
-    fn fail_in(&self, n: i64) {
-        self.counts.refused.store(0, SeqCst);
-        self.counts.fail_at.store(if n == 0 { 0 } else { self.calls() + n }, SeqCst);
-    }
-
-    fn refused(&self) -> bool {
-        self.counts.refused.load(SeqCst) > 0
+        unsafe { model.vm_with_allocator(self.allocator()) }.expect("vm_create_with_allocator")
     }
 }
 
@@ -143,7 +82,7 @@ fn tensor_model(so: &Path, inputs: &[Input], check: &dyn Fn(&[Output]) -> Result
         let out = vm.call(main, inputs).map_err(|e| format!("with memory: {e}"))?;
         let per_call = heap.calls() - before;
         check(&out.to_output().flatten())?;
-        if model.value_allocator(&out).map_err(|e| e.to_string())? != Some(&*heap.allocator as *const Allocator) {
+        if model.value_allocator(&out).map_err(|e| e.to_string())? != Some(heap.allocator()) {
             return Err("value_allocator does not name the VM's allocator".into());
         }
         drop(vm);

@@ -2,9 +2,11 @@
 //! `dlopen`, `rvm_get_api`, one module, VMs, calls. Used by `relaxc run` and the tests.
 
 pub mod foreign;
+pub mod heap;
 pub mod llm;
 pub mod npz;
 pub mod profile;
+pub mod soak;
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ffi::{CStr, CString, c_void};
