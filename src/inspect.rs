@@ -5,7 +5,7 @@ use std::path::Path;
 
 use object::{Object, ObjectSection};
 
-use crate::abi::{EXEC_SECTION, MODES_SECTION};
+use crate::abi::{CONSTS_SECTION, EXEC_SECTION, MODES_SECTION};
 use crate::tvm::{self, ImportError};
 use crate::vm::Executable;
 use crate::vm::format;
@@ -76,6 +76,38 @@ pub fn load_executable(path: &Path) -> Result<Executable, InspectError> {
     if !is_elf {
         return Ok(tvm::import_tar(path)?.exec);
     }
-    let data = model_section(path, EXEC_SECTION)?.ok_or(InspectError::NotAModel { path: shown.clone() })?;
-    format::read_executable(&data).map_err(|source| InspectError::Corrupt { path: shown, source })
+    let read_err = |message: String| InspectError::Read { path: shown.clone(), message };
+    let bytes = std::fs::read(path).map_err(|e| read_err(e.to_string()))?;
+    let file = object::File::parse(&*bytes).map_err(|e| read_err(e.to_string()))?;
+    let section = |name: &str| -> Result<Option<&[u8]>, InspectError> {
+        match file.section_by_name(name) {
+            Some(s) => Ok(Some(s.data().map_err(|e| read_err(e.to_string()))?)),
+            None => Ok(None),
+        }
+    };
+    let data = section(EXEC_SECTION)?.ok_or(InspectError::NotAModel { path: shown.clone() })?;
+    let corrupt = |source| InspectError::Corrupt { path: shown.clone(), source };
+    let Some(consts) = section(CONSTS_SECTION)? else {
+        // A model from before tensor constants were stored once: they are in .rvm_exec.
+        return format::read_executable(data).map_err(corrupt);
+    };
+    let words: Vec<u64> = consts.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))).collect();
+    let Some((&base, offsets)) = words.split_first() else {
+        return Err(read_err(format!("its {CONSTS_SECTION} section is empty")));
+    };
+    let mut elements = |index: usize, size: usize| -> Result<Vec<u8>, String> {
+        let offset = *offsets.get(index).filter(|o| **o != u64::MAX).ok_or("no place recorded for its elements")?;
+        let address = base.checked_add(offset).ok_or("its address overflows")?;
+        elements_at(&file, address, size).ok_or_else(|| format!("no section holds its {size} bytes at {address:#x}"))
+    };
+    format::read_executable_elided(data, &mut elements).map_err(corrupt)
+}
+
+/// `size` bytes at virtual address `address` of a linked model, from the section holding them.
+fn elements_at(file: &object::File, address: u64, size: usize) -> Option<Vec<u8>> {
+    let end = address.checked_add(size as u64)?;
+    let section = file.sections().find(|s| s.address() <= address && end <= s.address() + s.size())?;
+    let data = section.data().ok()?;
+    let start = (address - section.address()) as usize;
+    data.get(start..start + size).map(<[u8]>::to_vec)
 }

@@ -274,3 +274,33 @@ fn compiled_code_is_small_and_the_same_on_any_number_of_threads() {
     eprintln!("chain_1000 compiled: {code} bytes of native code, {per_op:.0} per operator");
     assert!(per_op <= 150.0, "{per_op:.0} bytes of native code per operator (at most 150 wanted)");
 }
+
+/// Tensor constants are stored once: their elements are in the model's data, and `.rvm_exec`
+/// (which `inspect` reads) points there instead of holding a copy. The largest constant's bytes
+/// occur exactly once in the file, and the executable read back from the `.so` has every
+/// constant of the export, elements included, in both modes.
+#[test]
+fn tensor_constants_are_stored_once_and_inspect_still_reads_them() {
+    for name in ["lib_mobilenet", "mlp_static", "tiny_llama"] {
+        let tar = common::fixtures_dir().join(name).join("m.tar");
+        let from_tar = relaxc::inspect::load_executable(&tar).expect("read the export");
+        for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+            let so = common::build(name, &tar, mode).expect("build");
+            let from_so = relaxc::inspect::load_executable(&so).expect("read the model");
+            assert!(from_so.constants == from_tar.constants, "{name}: the model's constants differ from the export's");
+            let largest = from_tar
+                .constants
+                .iter()
+                .filter_map(|c| match c {
+                    relaxc::vm::Constant::Tensor(t) => Some(&t.data),
+                    _ => None,
+                })
+                .max_by_key(|d| d.len())
+                .expect("a tensor constant");
+            let needle = &largest[..largest.len().min(4096)];
+            let file = std::fs::read(&so).expect("read");
+            let copies = file.windows(needle.len()).filter(|w| *w == needle).count();
+            assert_eq!(copies, 1, "{name}: the largest constant's bytes occur {copies} times in the model");
+        }
+    }
+}

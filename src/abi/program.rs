@@ -19,8 +19,16 @@ pub const FUNC_COMPILED: i32 = 2;
 
 /// Symbol of the program tables (hidden; read by the shim).
 pub const PROGRAM_SYMBOL: &str = "rvm_model_program";
-/// Non-allocated section holding the serialized executable, for `relaxc inspect`.
+/// Non-allocated section holding the serialized executable, for `relaxc inspect`. Its tensor
+/// constants carry no elements (their size field is `ELIDED_TENSOR_SIZE`): those are stored once,
+/// in the model's data, where `CONSTS_SECTION` points.
 pub const EXEC_SECTION: &str = ".rvm_exec";
+/// Non-allocated section locating the tensor constants' elements: a little-endian u64, the
+/// address of the constants' data object (a relocation the linker resolves), then one u64 per
+/// constant-pool entry: its offset from there, or u64::MAX for a constant that is no tensor.
+pub const CONSTS_SECTION: &str = ".rvm_consts";
+/// The data size a tensor record in `EXEC_SECTION` gives when its elements are elsewhere.
+pub const ELIDED_TENSOR_SIZE: i64 = -1;
 /// Non-allocated section listing how each Relax function runs ("name\tcompiled" lines).
 pub const MODES_SECTION: &str = ".rvm_modes";
 /// Non-allocated section naming what built the model ("relaxc <version> c-api <N> target <T>"),

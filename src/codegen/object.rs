@@ -9,13 +9,14 @@ use cranelift_module::{DataDescription, Linkage, Module};
 use cranelift_object::ObjectModule;
 
 use super::native::NativeOptions;
+use super::tables::TensorPlacement;
 use super::{CodegenError, ExecMode};
 use crate::abi;
 use crate::cuda::CudaModule;
 use crate::ir::ShapeFunc;
 use crate::kernel_object::{KernelObject, kernel_symbol};
 use crate::link::LinkInputs;
-use crate::vm::format::write_executable;
+use crate::vm::format::write_executable_elided;
 use crate::vm::{FuncKind, Verified};
 
 /// Alignment of the non-allocated sections' data.
@@ -90,12 +91,13 @@ pub fn emit_object(inputs: &ObjectInputs) -> Result<EmittedObject, CodegenError>
     if native_options.instrument {
         mode_word |= abi::PROGRAM_INSTRUMENTED;
     }
-    super::tables::define_tables(&mut module, exec, symbols, &native.compiled, mode_word, target)?;
+    let tensors = super::tables::define_tables(&mut module, exec, symbols, &native.compiled, mode_word, target)?;
     let mut product = module.finish();
     for (name, data) in metadata_sections(exec, &native.compiled, target, cuda_listing) {
         let section = product.object.add_section(Vec::new(), name.as_bytes().to_vec(), object::SectionKind::Metadata);
         product.object.append_section_data(section, &data, METADATA_ALIGN);
     }
+    add_consts_section(&mut product, &tensors)?;
     let bytes = product.emit().map_err(|e| CodegenError::Object(e.to_string()))?;
     let mut notes = native.notes;
     notes.extend(ffi.skipped.into_iter().map(|(f, why)| (f, format!("no tvm-ffi entry point: {why}"))));
@@ -119,7 +121,7 @@ fn metadata_sections(
         .collect();
     let identity = format!("relaxc {} c-api {} target {target}", env!("CARGO_PKG_VERSION"), abi::ABI_VERSION);
     let mut sections = vec![
-        (abi::EXEC_SECTION, write_executable(exec)),
+        (abi::EXEC_SECTION, write_executable_elided(exec)),
         (abi::MODES_SECTION, modes.into_bytes()),
         (abi::IDENTITY_SECTION, identity.into_bytes()),
     ];
@@ -127,6 +129,31 @@ fn metadata_sections(
         sections.push((abi::CUDA_LISTING_SECTION, cuda_listing.into_bytes()));
     }
     sections
+}
+
+/// The `.rvm_consts` section (see `abi::CONSTS_SECTION`): where each tensor constant's elements
+/// are in the linked model, so that they are stored once and `inspect` still finds them. The
+/// base address is an absolute relocation against the constants' data object, which the linker
+/// resolves in a non-allocated section as it does for debug information.
+fn add_consts_section(
+    product: &mut cranelift_object::ObjectProduct,
+    tensors: &TensorPlacement,
+) -> Result<(), CodegenError> {
+    use cranelift_object::object::write::{Relocation, SectionKind};
+    use cranelift_object::object::{RelocationEncoding, RelocationFlags, RelocationKind};
+    let mut data = vec![0u8; 8];
+    for offset in &tensors.offsets {
+        data.extend(offset.unwrap_or(u64::MAX).to_le_bytes());
+    }
+    let symbol = product.data_symbol(tensors.data);
+    let object = &mut product.object;
+    let section = object.add_section(Vec::new(), abi::CONSTS_SECTION.as_bytes().to_vec(), SectionKind::Metadata);
+    object.append_section_data(section, &data, METADATA_ALIGN);
+    let flags =
+        RelocationFlags::Generic { kind: RelocationKind::Absolute, encoding: RelocationEncoding::Generic, size: 64 };
+    object
+        .add_relocation(section, Relocation { offset: 0, symbol, addend: 0, flags })
+        .map_err(|e| CodegenError::Object(e.to_string()))
 }
 
 /// A table of addresses of optional runtime functions the model needs beyond those its bytecode

@@ -107,7 +107,7 @@ pub fn define_tables(
     compiled: &[Option<FuncId>],
     mode_word: u32,
     target: &target_lexicon::Triple,
-) -> Result<(), CodegenError> {
+) -> Result<TensorPlacement, CodegenError> {
     let mut rodata = Blob::new();
     let func_names: Vec<usize> = exec.funcs.iter().map(|f| rodata.cstr(&f.name)).collect();
     let version = rodata.cstr(env!("CARGO_PKG_VERSION"));
@@ -124,7 +124,24 @@ pub fn define_tables(
     let funcs_at = w.function_table(module, exec, symbols, compiled, &at)?;
     let consts_at = w.constant_table(exec, &at);
     let prog = w.program_header(exec, mode_word, &at, funcs_at, consts_at);
-    w.define(module, prog)
+    let offsets = exec
+        .constants
+        .iter()
+        .zip(&at.consts)
+        .map(|(c, d)| match (c, d.data) {
+            (Constant::Tensor(_), Some((_, offset))) => Some(offset as u64),
+            _ => None,
+        })
+        .collect();
+    w.define(module, prog)?;
+    Ok(TensorPlacement { data: tensors_id, offsets })
+}
+
+/// Where the tensor constants' elements went: one data object, and each constant's offset in it
+/// (None for other kinds). The model's `.rvm_consts` section points `inspect` there.
+pub struct TensorPlacement {
+    pub data: DataId,
+    pub offsets: Vec<Option<u64>>,
 }
 
 impl Writer {

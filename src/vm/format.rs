@@ -111,8 +111,20 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Supplies the elements of an elided tensor constant: (constant index, byte size) -> bytes.
+pub type ElidedData<'a> = &'a mut dyn FnMut(usize, usize) -> Result<Vec<u8>, String>;
+
 /// Reads one tensor record (TVM's stand-alone tensor format), as nested in the constant pool.
 pub fn read_tensor(r: &mut Reader, what: &str) -> Result<TensorConst, FormatError> {
+    read_tensor_record(r, what, None)
+}
+
+/// A tensor record; with `elided` = (index, source), one without elements takes them from there.
+fn read_tensor_record(
+    r: &mut Reader,
+    what: &str,
+    elided: Option<(usize, &mut ElidedData)>,
+) -> Result<TensorConst, FormatError> {
     if r.u64(what)? != TENSOR_MAGIC {
         return Err(r.error(what, "bad tensor magic"));
     }
@@ -145,6 +157,15 @@ pub fn read_tensor(r: &mut Reader, what: &str) -> Result<TensorConst, FormatErro
     // TVM ignores lanes in this formula; so do we, to accept exactly what TVM writes.
     let expect =
         elems.checked_mul(dtype.bits.div_ceil(8) as i64).ok_or_else(|| r.error(what, "tensor size overflows"))?;
+    if size == crate::abi::ELIDED_TENSOR_SIZE
+        && let Some((index, source)) = elided
+    {
+        let data = source(index, expect as usize).map_err(|m| r.error(what, m))?;
+        if data.len() as i64 != expect {
+            return Err(r.error(what, format!("{} bytes of elements found, the shape needs {expect}", data.len())));
+        }
+        return Ok(TensorConst { dtype, shape, data });
+    }
     if size != expect {
         return Err(r.error(what, format!("tensor data size {size} does not match shape and dtype ({expect} bytes)")));
     }
@@ -153,6 +174,11 @@ pub fn read_tensor(r: &mut Reader, what: &str) -> Result<TensorConst, FormatErro
 }
 
 pub fn write_tensor(out: &mut Vec<u8>, t: &TensorConst) {
+    write_tensor_record(out, t, false)
+}
+
+/// A tensor record; `elided`: without its elements (size `ELIDED_TENSOR_SIZE`).
+fn write_tensor_record(out: &mut Vec<u8>, t: &TensorConst, elided: bool) {
     out.extend(TENSOR_MAGIC.to_le_bytes());
     out.extend(0u64.to_le_bytes());
     out.extend(1i32.to_le_bytes());
@@ -163,12 +189,26 @@ pub fn write_tensor(out: &mut Vec<u8>, t: &TensorConst) {
     for d in &t.shape {
         out.extend(d.to_le_bytes());
     }
-    out.extend((t.data.len() as i64).to_le_bytes());
-    out.extend(&t.data);
+    if elided {
+        out.extend(crate::abi::ELIDED_TENSOR_SIZE.to_le_bytes());
+    } else {
+        out.extend((t.data.len() as i64).to_le_bytes());
+        out.extend(&t.data);
+    }
 }
 
 /// Parses a VMExecutable byte stream.
 pub fn read_executable(bytes: &[u8]) -> Result<Executable, FormatError> {
+    read_executable_with(bytes, None)
+}
+
+/// Parses one written by `write_executable_elided`, taking each tensor constant's elements from
+/// `source` (a plain executable reads the same).
+pub fn read_executable_elided(bytes: &[u8], source: ElidedData) -> Result<Executable, FormatError> {
+    read_executable_with(bytes, Some(source))
+}
+
+fn read_executable_with(bytes: &[u8], mut source: Option<ElidedData>) -> Result<Executable, FormatError> {
     let mut r = Reader::new(bytes);
     let magic = r.u64("header magic")?;
     if magic != MAGIC_V1 && magic != MAGIC_V2 {
@@ -212,7 +252,7 @@ pub fn read_executable(bytes: &[u8]) -> Result<Executable, FormatError> {
     for i in 0..nconsts {
         let what = format!("constant {i}");
         let c = match r.i32(&what)? {
-            70 => Constant::Tensor(read_tensor(&mut r, &what)?),
+            70 => Constant::Tensor(read_tensor_record(&mut r, &what, source.as_mut().map(|s| (i, s)))?),
             69 => Constant::Shape(r.vec_i64(&what)?),
             65 => Constant::Str(r.string(&what)?),
             1 => Constant::Int(r.i64(&what)?),
@@ -234,6 +274,16 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 
 /// Serializes an executable as TVM 0.27 writes it (magic V2, version 0.14).
 pub fn write_executable(exec: &Executable) -> Vec<u8> {
+    write_executable_with(exec, false)
+}
+
+/// The same with every tensor constant's elements left out (a built model's `.rvm_exec`: the
+/// elements are in the model's data once). `read_executable_elided` reads it back.
+pub fn write_executable_elided(exec: &Executable) -> Vec<u8> {
+    write_executable_with(exec, true)
+}
+
+fn write_executable_with(exec: &Executable, elide_tensors: bool) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend(MAGIC_V2.to_le_bytes());
     put_str(&mut out, VERSION);
@@ -258,7 +308,7 @@ pub fn write_executable(exec: &Executable) -> Vec<u8> {
     for c in &exec.constants {
         out.extend(c.type_index().to_le_bytes());
         match c {
-            Constant::Tensor(t) => write_tensor(&mut out, t),
+            Constant::Tensor(t) => write_tensor_record(&mut out, t, elide_tensors),
             Constant::Shape(s) => {
                 out.extend((s.len() as u64).to_le_bytes());
                 for d in s {
