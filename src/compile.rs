@@ -342,7 +342,13 @@ pub fn build_kernel_library(out: &Path, target: &crate::target::Target) -> Resul
     let object = emit(&program, &options)?;
     let exports = library_exports();
     let symbols: Vec<String> = exports.iter().map(|e| format!("__tvm_ffi_{}", e.export)).collect();
-    let inputs = link::LinkInputs { object: &object.bytes, exports: &symbols, kernels: &[], undefined: &symbols };
+    let inputs = link::LinkInputs {
+        object: &object.bytes,
+        streamed: &object.streamed,
+        exports: &symbols,
+        kernels: &[],
+        undefined: &symbols,
+    };
     link::link_shared_for(&inputs, out, target)?;
     Ok(exports)
 }

@@ -41,7 +41,7 @@ pub fn safetensors_from_bytes(bytes: &[u8]) -> Result<HashMap<String, TensorCons
             .iter()
             .map(|&d| i64::try_from(d).map_err(|_| format!("{name}: dimension {d} is larger than an int64")))
             .collect::<Result<_, _>>()?;
-        out.insert(name.to_string(), TensorConst { dtype, shape, data: view.data().to_vec() });
+        out.insert(name.to_string(), TensorConst { dtype, shape, data: view.data().to_vec().into() });
     }
     Ok(out)
 }

@@ -170,7 +170,7 @@ fn tvm_compiled_mode_export_is_refused() {
 #[test]
 fn mutated_executables_never_panic() {
     let seeds: Vec<Vec<u8>> =
-        common::fixtures().iter().map(|f| tvm::import_tar(&f.tar()).expect("import").exec_bytes).collect();
+        common::fixtures().iter().map(|f| tvm::import_tar(&f.tar()).expect("import").exec_bytes.to_vec()).collect();
     let count: usize = common::random::fuzz_count(4000);
     let mut rng = Rng::new(0x5eed_1234_abcd_0001);
     let (mut parsed, mut verified) = (0, 0);

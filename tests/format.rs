@@ -15,7 +15,7 @@ fn writer_reproduces_tvm_bytes_for_every_fixture() {
     for f in fixtures {
         let export = tvm::import_tar(&f.tar()).unwrap_or_else(|e| panic!("{}: {e}", f.name));
         let written = format::write_executable(&export.exec);
-        assert!(written == export.exec_bytes, "{}: written executable differs from TVM's bytes", f.name);
+        assert!(written[..] == *export.exec_bytes, "{}: written executable differs from TVM's bytes", f.name);
     }
 }
 
@@ -82,9 +82,9 @@ fn float_and_every_constant_kind_round_trip() {
         Constant::Tensor(TensorConst {
             dtype: DType::new(0, 16, 1),
             shape: vec![2, 2],
-            data: vec![1, 0, 2, 0, 3, 0, 4, 0],
+            data: vec![1, 0, 2, 0, 3, 0, 4, 0].into(),
         }),
-        Constant::Tensor(TensorConst { dtype: DType::F32, shape: vec![], data: 1.5f32.to_le_bytes().to_vec() }),
+        Constant::Tensor(TensorConst { dtype: DType::F32, shape: vec![], data: 1.5f32.to_le_bytes().to_vec().into() }),
     ];
     for c in &consts {
         b.constant(c.clone());
@@ -228,7 +228,11 @@ fn tensor_constants_must_hold_what_their_shape_needs() {
         [(vec![2, 3], 24, true), (vec![2, 3], 23, false), (vec![-1], 0, false), (vec![1 << 62, 4], 0, false)]
     {
         let mut b = ExecBuilder::new();
-        b.constant(Constant::Tensor(TensorConst { dtype: DType::F32, shape: shape.clone(), data: vec![0; bytes] }));
+        b.constant(Constant::Tensor(TensorConst {
+            dtype: DType::F32,
+            shape: shape.clone(),
+            data: vec![0; bytes].into(),
+        }));
         b.begin_function("main", &["x"]);
         b.emit(Instr::Ret { result: 0 });
         b.end_function(1);

@@ -17,6 +17,9 @@ pub const FUNC_PACKED: i32 = 0;
 pub const FUNC_BYTECODE: i32 = 1;
 pub const FUNC_COMPILED: i32 = 2;
 
+/// Symbol of the tensor constants' elements (hidden), defined by the constants object relaxc
+/// writes beside the model object (`codegen::constants`).
+pub const CONSTANTS_SYMBOL: &str = "rvm_model_constants";
 /// Symbol of the program tables (hidden; read by the shim).
 pub const PROGRAM_SYMBOL: &str = "rvm_model_program";
 /// Non-allocated section holding the serialized executable, for `relaxc inspect`. Its tensor

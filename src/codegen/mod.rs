@@ -6,6 +6,7 @@
 
 pub mod binding;
 pub mod clif_text;
+pub mod constants;
 pub mod cuda_tables;
 pub mod ffi_entries;
 pub mod native;

@@ -25,6 +25,8 @@ const METADATA_ALIGN: u64 = 8;
 /// What the model object holds and how each Relax function runs.
 pub struct EmittedObject {
     pub bytes: Vec<u8>,
+    /// Objects the link writes from data kept out of `bytes`: the tensor constants.
+    pub streamed: Vec<Box<dyn crate::link::StreamedObject>>,
     /// The symbols the shared object exports besides `rvm_get_api`: the tvm-ffi entry points.
     pub exports: Vec<String>,
     /// Relax functions left as bytecode in compiled mode, with the reason.
@@ -36,7 +38,7 @@ pub struct EmittedObject {
 impl EmittedObject {
     /// What the link needs of this object, with the kernel objects to link beside it.
     pub fn link_inputs<'a>(&'a self, kernels: &'a [KernelObject]) -> LinkInputs<'a> {
-        LinkInputs { object: &self.bytes, exports: &self.exports, kernels, undefined: &[] }
+        LinkInputs { object: &self.bytes, streamed: &self.streamed, exports: &self.exports, kernels, undefined: &[] }
     }
 }
 
@@ -98,10 +100,11 @@ pub fn emit_object(inputs: &ObjectInputs) -> Result<EmittedObject, CodegenError>
         product.object.append_section_data(section, &data, METADATA_ALIGN);
     }
     add_consts_section(&mut product, &tensors)?;
+    let constants = super::constants::ConstantsObject::new(exec, &tensors, target);
     let bytes = product.emit().map_err(|e| CodegenError::Object(e.to_string()))?;
     let mut notes = native.notes;
     notes.extend(ffi.skipped.into_iter().map(|(f, why)| (f, format!("no tvm-ffi entry point: {why}"))));
-    Ok(EmittedObject { bytes, exports: ffi.symbols, notes, clif: native.clif })
+    Ok(EmittedObject { bytes, streamed: vec![Box::new(constants)], exports: ffi.symbols, notes, clif: native.clif })
 }
 
 /// The non-allocated sections: the serialized executable, each Relax function's mode, the

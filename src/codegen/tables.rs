@@ -13,7 +13,7 @@ use cranelift_object::ObjectModule;
 
 use super::CodegenError;
 use crate::abi::{self, ConstInfo, FuncInfo, Program};
-use crate::vm::format::write_executable;
+use crate::vm::format::write_executable_elided;
 use crate::vm::{Constant, Executable, FuncKind};
 
 /// Alignment of constant tensors' elements (what TVM's kernels assume).
@@ -62,16 +62,19 @@ impl Blob {
     }
 }
 
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
+const FNV_OFFSET: u64 = 0xcbf29ce484222325;
+
+/// FNV-1a over `bytes`, continuing from `hash`.
+fn fnv1a(hash: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(hash, |h, &b| (h ^ b as u64).wrapping_mul(0x100000001b3))
 }
 
 /// The three data objects the tables are made of, while they are being written.
 struct Writer {
     /// Pointer-free read-only data: strings, shapes, code.
     rodata: Blob,
-    /// Constant tensors' elements, writable.
-    tensors: Blob,
+    /// The bytes the constant tensors' elements take, laid out one after another.
+    tensors_len: usize,
     /// The tables proper: full of pointers.
     tables: Blob,
     rodata_id: DataId,
@@ -116,8 +119,8 @@ pub fn define_tables(
     let instr_offset = rodata.words(&exec.instr_offset);
     let instr_data = rodata.words(&exec.instr_data);
     let rodata_id = module.declare_data("rvm_model_rodata", Linkage::Local, false, false)?;
-    let tensors_id = module.declare_data("rvm_model_constants", Linkage::Local, true, false)?;
-    let mut w = Writer { rodata, tensors: Blob::new(), tables: Blob::new(), rodata_id, tensors_id };
+    let tensors_id = module.declare_data(abi::CONSTANTS_SYMBOL, Linkage::Import, true, false)?;
+    let mut w = Writer { rodata, tensors_len: 0, tables: Blob::new(), rodata_id, tensors_id };
     let consts = w.constant_data(exec);
     let param_arrays = w.param_name_arrays(exec);
     let at = Pointees { func_names, version, triple, instr_offset, instr_data, consts, param_arrays };
@@ -133,15 +136,18 @@ pub fn define_tables(
             _ => None,
         })
         .collect();
+    let size = w.tensors_len as u64;
     w.define(module, prog)?;
-    Ok(TensorPlacement { data: tensors_id, offsets })
+    Ok(TensorPlacement { data: tensors_id, offsets, size })
 }
 
-/// Where the tensor constants' elements went: one data object, and each constant's offset in it
-/// (None for other kinds). The model's `.rvm_consts` section points `inspect` there.
+/// Where the tensor constants' elements go: the constants object's one symbol, each constant's
+/// offset from it (None for other kinds), and the bytes they take. The model's `.rvm_consts`
+/// section points `inspect` there too.
 pub struct TensorPlacement {
     pub data: DataId,
     pub offsets: Vec<Option<u64>>,
+    pub size: u64,
 }
 
 impl Writer {
@@ -153,8 +159,9 @@ impl Writer {
                 Constant::Tensor(t) => {
                     let shape = self.rodata.align(size_of::<i64>());
                     self.rodata.words(&t.shape);
-                    let data = self.tensors.align(TENSOR_ALIGN);
-                    self.tensors.put(&t.data);
+                    // Only the place: the elements go to the constants object (super::constants).
+                    let data = self.tensors_len.next_multiple_of(TENSOR_ALIGN);
+                    self.tensors_len = data + t.data.len();
                     ConstData { data: Some((self.tensors_id, data)), shape: Some(shape) }
                 }
                 Constant::Shape(s) => {
@@ -262,7 +269,13 @@ impl Writer {
         funcs_at: usize,
         consts_at: usize,
     ) -> usize {
-        let exec_bytes = write_executable(exec);
+        // The hash covers the whole executable, elements included, without serializing it whole.
+        let mut hash = fnv1a(FNV_OFFSET, &write_executable_elided(exec));
+        for c in &exec.constants {
+            if let Constant::Tensor(t) = c {
+                hash = fnv1a(hash, &t.data);
+            }
+        }
         let t = &mut self.tables;
         let prog = t.align(TABLE_ALIGN);
         t.zeros(size_of::<Program>());
@@ -272,7 +285,7 @@ impl Writer {
         t.put_at(field(offset_of!(Program, exec_mode)), &mode_word.to_le_bytes());
         t.data_relocs.push((field(offset_of!(Program, compiler_version)), self.rodata_id, at.version));
         t.data_relocs.push((field(offset_of!(Program, target_triple)), self.rodata_id, at.triple));
-        t.put_at(field(offset_of!(Program, executable_hash)), &fnv1a(&exec_bytes).to_le_bytes());
+        t.put_at(field(offset_of!(Program, executable_hash)), &hash.to_le_bytes());
         t.put_at(field(offset_of!(Program, num_funcs)), &(exec.funcs.len() as i64).to_le_bytes());
         t.self_relocs.push((field(offset_of!(Program, funcs)), funcs_at));
         t.put_at(field(offset_of!(Program, num_consts)), &(exec.constants.len() as i64).to_le_bytes());
@@ -286,7 +299,7 @@ impl Writer {
     /// Defines the data objects. The program header is the exported (hidden) symbol: it is
     /// split off the tables as its own data object, so that it comes first in it.
     fn define(self, module: &mut ObjectModule, prog: usize) -> Result<(), CodegenError> {
-        let Writer { rodata, tensors, tables, rodata_id, tensors_id } = self;
+        let Writer { rodata, tables, rodata_id, .. } = self;
         let tables_id = module.declare_data("rvm_model_tables", Linkage::Local, false, false)?;
         let program_id = module.declare_data(abi::PROGRAM_SYMBOL, Linkage::Hidden, false, false)?;
         let header: Vec<u8> = tables.bytes[prog..prog + size_of::<Program>()].to_vec();
@@ -322,10 +335,7 @@ impl Writer {
         }
         module.define_data(tables_id, &tables_desc)?;
         module.define_data(program_id, &header_desc)?;
-        define_blob(module, rodata_id, rodata.bytes, TENSOR_ALIGN as u64)?;
-        // An empty object still needs one byte to have an address.
-        let tensor_bytes = if tensors.bytes.is_empty() { vec![0] } else { tensors.bytes };
-        define_blob(module, tensors_id, tensor_bytes, TENSOR_ALIGN as u64)
+        define_blob(module, rodata_id, rodata.bytes, TENSOR_ALIGN as u64)
     }
 }
 

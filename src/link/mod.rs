@@ -43,10 +43,18 @@ pub fn linker() -> String {
     std::env::var("CC").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "cc".to_string())
 }
 
+/// An object file the link writes itself just before it runs, from data too large to hold in
+/// memory once more (the model's weights).
+pub trait StreamedObject {
+    fn write_to(&self, path: &Path) -> std::io::Result<()>;
+}
+
 /// What the link makes a model of besides the shim.
 pub struct LinkInputs<'a> {
     /// The model object (relaxc's code generation output).
     pub object: &'a [u8],
+    /// Objects written straight to disk (the model's constants).
+    pub streamed: &'a [Box<dyn StreamedObject>],
     /// Symbols the `.so` exports besides `rvm_get_api`.
     pub exports: &'a [String],
     pub kernels: &'a [KernelObject],
@@ -69,7 +77,7 @@ pub fn link_shared_for(inputs: &LinkInputs, out: &Path, target: &Target) -> Resu
         crate::target::toolchain(target)?
     };
     let archives = crate::target::shim::archives(target, &tc)?;
-    let LinkInputs { object: model_object, exports, kernels, undefined } = *inputs;
+    let LinkInputs { object: model_object, streamed, exports, kernels, undefined } = *inputs;
     let dir = tempfile::tempdir().map_err(|source| LinkError::Io { path: "temporary directory".into(), source })?;
     let write = |name: &str, bytes: &[u8]| -> Result<PathBuf, LinkError> {
         let path = dir.path().join(name);
@@ -84,6 +92,11 @@ pub fn link_shared_for(inputs: &LinkInputs, out: &Path, target: &Target) -> Resu
     let mut kernel_paths = Vec::new();
     for (i, k) in kernels.iter().enumerate() {
         kernel_paths.push(write(&format!("kernels{i}.o"), &k.bytes)?);
+    }
+    for (i, object) in streamed.iter().enumerate() {
+        let path = dir.path().join(format!("streamed{i}.o"));
+        object.write_to(&path).map_err(|source| LinkError::Io { path: path.display().to_string(), source })?;
+        kernel_paths.push(path);
     }
     // The linker writes a file beside `out` that replaces it once complete (crate::outfile).
     let files = LinkFiles { model, kernels: kernel_paths, shim, runtime, kernel_library, script };

@@ -767,7 +767,7 @@ impl Converter<'_> {
             (0 | 1, 64) => (value as i64).to_le_bytes().to_vec(),
             _ => return err(span, format!("R.const of dtype {dtype} is not supported")),
         };
-        self.module.constants.push(TensorConst { dtype, shape: vec![], data });
+        self.module.constants.push(TensorConst { dtype, shape: vec![], data: data.into() });
         let c = self.module.constants.len() - 1;
         Ok((Op::Copy(Atom::Const(c)), StructInfo::tensor(vec![], dtype)))
     }

@@ -3,12 +3,13 @@
 
 use std::io::Read;
 use std::path::Path;
+use std::sync::Arc;
 
 use object::{Object, ObjectSection, ObjectSymbol};
 
 use crate::kernel_object::{KernelObject, KernelObjectError};
 use crate::vm::format::{self, FormatError, Reader};
-use crate::vm::{Executable, FuncKind};
+use crate::vm::{Executable, FuncKind, SharedBytes};
 
 const LIBRARY_BIN: &str = "__tvm_ffi__library_bin";
 
@@ -43,67 +44,83 @@ pub enum ImportError {
 #[derive(Clone, Debug)]
 pub struct TvmExport {
     pub exec: Executable,
-    /// The VMExecutable bytes exactly as TVM wrote them.
-    pub exec_bytes: Vec<u8>,
+    /// The VMExecutable bytes exactly as TVM wrote them (tensor constants' elements are ranges of
+    /// these).
+    pub exec_bytes: SharedBytes,
     pub kernels: Vec<KernelObject>,
 }
+
+/// A member's bytes: read into memory, or (devc.o, which holds the weights) spooled to an
+/// unnamed temporary file and memory-mapped, so that the weights are in memory once, as pages of
+/// that file, from here to the object file relaxc writes.
+type Member = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
 /// Imports `export_library("x.tar")` output.
 pub fn import_tar(path: &Path) -> Result<TvmExport, ImportError> {
     let shown = path.display().to_string();
-    let raw = std::fs::read(path).map_err(|source| ImportError::Io { path: shown.clone(), source })?;
-    if raw.is_empty() {
+    let io_err = |source: std::io::Error| ImportError::Io { path: shown.clone(), source };
+    let file = std::fs::File::open(path).map_err(io_err)?;
+    if file.metadata().map_err(io_err)?.len() == 0 {
         return Err(ImportError::Tar { path: shown, message: "the file is empty".into() });
     }
+    let mut input = std::io::BufReader::new(file);
+    let gzip = std::io::BufRead::fill_buf(&mut input).map_err(io_err)?.starts_with(&[0x1f, 0x8b]);
+    // TVM writes the archive gzip-compressed; plain tar is accepted too. The stream is read once:
+    // the members relaxc needs are taken as they pass, and the rest of a gzip stream is read to
+    // its end so that a damaged or truncated one (bad checksum) is an error.
+    let stream: Box<dyn Read> = if gzip { Box::new(flate2::read::GzDecoder::new(input)) } else { Box::new(input) };
     let tar_err = |e: std::io::Error| {
         let message = e.to_string();
+        if gzip && (e.kind() == std::io::ErrorKind::InvalidData || e.kind() == std::io::ErrorKind::InvalidInput) {
+            return ImportError::Tar {
+                path: shown.clone(),
+                message: format!("gzip stream is damaged or truncated: {message}"),
+            };
+        }
         // The tar reader's words for an archive that ends inside a block.
-        let message = if message.contains("failed to read entire block") {
-            format!("the archive is truncated ({message})")
-        } else {
-            message
-        };
+        let message =
+            if message.contains("failed to read entire block") || e.kind() == std::io::ErrorKind::UnexpectedEof {
+                format!("the archive is truncated ({message})")
+            } else {
+                message
+            };
         ImportError::Tar { path: shown.clone(), message }
     };
-    // TVM writes the archive gzip-compressed; plain tar is accepted too. The whole stream is
-    // inflated first so that a damaged or truncated gzip (bad checksum) is an error.
-    let inflated;
-    let data: &[u8] = if raw.starts_with(&[0x1f, 0x8b]) {
-        let mut out = Vec::new();
-        flate2::read::GzDecoder::new(&raw[..]).read_to_end(&mut out).map_err(|e| ImportError::Tar {
-            path: shown.clone(),
-            message: format!("gzip stream is damaged or truncated: {e}"),
-        })?;
-        inflated = out;
-        &inflated
-    } else {
-        &raw
-    };
-    let mut archive = tar::Archive::new(data);
-    let (mut devc_o, mut devc_c, mut lib0_o, mut lib0_c) = (None, None, None, None);
+    let mut archive = tar::Archive::new(stream);
+    let (mut devc_o, mut devc_c, mut lib0_o, mut lib0_c): (Option<Member>, _, _, _) = (None, None, None, None);
     for entry in archive.entries().map_err(tar_err)? {
         let mut entry = entry.map_err(tar_err)?;
         let name = entry.path().map_err(tar_err)?.to_string_lossy().trim_start_matches("./").to_string();
-        let slot = match name.as_str() {
-            "devc.o" => &mut devc_o,
-            "devc.c" => &mut devc_c,
-            "lib0.o" => &mut lib0_o,
-            "lib0.c" => &mut lib0_c,
+        match name.as_str() {
+            "devc.o" => devc_o = Some(spool(&mut entry).map_err(tar_err)?),
+            "devc.c" | "lib0.o" | "lib0.c" => {
+                let mut bytes = Vec::new();
+                entry.read_to_end(&mut bytes).map_err(tar_err)?;
+                let slot = match name.as_str() {
+                    "devc.c" => &mut devc_c,
+                    "lib0.o" => &mut lib0_o,
+                    _ => &mut lib0_c,
+                };
+                *slot = Some(bytes);
+            }
             _ => continue,
-        };
-        let mut bytes = Vec::new();
-        entry.read_to_end(&mut bytes).map_err(tar_err)?;
-        *slot = Some(bytes);
+        }
     }
-    let (member, blob) = match (devc_o, devc_c) {
-        (Some(o), _) => ("devc.o", library_blob_from_object(&o)?),
-        (None, Some(c)) => ("devc.c", library_blob_from_c(&c)?),
+    std::io::copy(&mut archive.into_inner(), &mut std::io::sink()).map_err(tar_err)?;
+    let (member, blob): (&str, Member) = match (devc_o, devc_c) {
+        (Some(o), _) => {
+            let range = library_blob_from_object((*o).as_ref())?;
+            ("devc.o", Arc::new(SharedBytes::slice_of(o, range)))
+        }
+        (None, Some(c)) => ("devc.c", Arc::new(library_blob_from_c(&c)?)),
         (None, None) => {
             return Err(ImportError::MissingMember { path: shown, member: "devc.o".into() });
         }
     };
-    let exec = executable_from_blob(member, &blob)?;
-    let exec_bytes = executable_payload(member, &blob)?.to_vec();
+    let payload = executable_range(member, (*blob).as_ref())?;
+    let exec = format::read_executable_shared(&blob, payload.clone())
+        .map_err(|source| ImportError::Executable { member: member.to_string(), source })?;
+    let exec_bytes = SharedBytes::slice_of(blob, payload);
     let mut kernels = Vec::new();
     if let Some(bytes) = lib0_o {
         kernels.push(KernelObject::parse("lib0.o", bytes)?.with_scalar_results());
@@ -127,7 +144,17 @@ pub fn import_tar(path: &Path) -> Result<TvmExport, ImportError> {
     Ok(TvmExport { exec, exec_bytes, kernels })
 }
 
-fn library_blob_from_object(bytes: &[u8]) -> Result<Vec<u8>, ImportError> {
+/// Copies a member into an unnamed temporary file and maps it.
+fn spool(entry: &mut impl Read) -> std::io::Result<Member> {
+    let mut file = tempfile::tempfile()?;
+    std::io::copy(entry, &mut file)?;
+    // SAFETY: the file is unnamed and private to this process: nothing else can change it.
+    let map = unsafe { memmap2::Mmap::map(&file) }?;
+    Ok(Arc::new(map))
+}
+
+/// Where the library blob lies in devc.o's bytes.
+fn library_blob_from_object(bytes: &[u8]) -> Result<std::ops::Range<usize>, ImportError> {
     let err = |message: String| ImportError::Object { member: "devc.o".into(), message };
     let file = object::File::parse(bytes).map_err(|e| err(e.to_string()))?;
     let sym = file
@@ -139,10 +166,12 @@ fn library_blob_from_object(bytes: &[u8]) -> Result<Vec<u8>, ImportError> {
         .and_then(|i| file.section_by_index(i).ok())
         .ok_or_else(|| err(format!("{LIBRARY_BIN} is not defined in a section")))?;
     let data = section.data().map_err(|e| err(e.to_string()))?;
+    let (file_offset, _) =
+        section.file_range().ok_or_else(|| err(format!("{LIBRARY_BIN}'s section has no bytes in the file")))?;
     let start = usize::try_from(sym.address().saturating_sub(section.address())).unwrap_or(usize::MAX);
     let end = start.checked_add(sym.size() as usize).filter(|&e| e <= data.len());
     match end {
-        Some(end) => Ok(data[start..end].to_vec()),
+        Some(end) => Ok(file_offset as usize + start..file_offset as usize + end),
         None => Err(err(format!("{LIBRARY_BIN} lies outside its section"))),
     }
 }
@@ -166,6 +195,13 @@ fn library_blob_from_c(bytes: &[u8]) -> Result<Vec<u8>, ImportError> {
             u8::from_str_radix(digits, radix).map_err(|_| err(&format!("bad byte {t:?} in the array")))
         })
         .collect()
+}
+
+/// Where the `relax.VMExecutable` payload lies in a library blob.
+fn executable_range(member: &str, blob: &[u8]) -> Result<std::ops::Range<usize>, ImportError> {
+    let payload = executable_payload(member, blob)?;
+    let start = payload.as_ptr() as usize - blob.as_ptr() as usize;
+    Ok(start..start + payload.len())
 }
 
 /// Parses the library blob and returns its `relax.VMExecutable`.

@@ -260,7 +260,7 @@ fn parse_constant(body: &str) -> Option<Constant> {
             let dtype = parse_dtype(parts.next()?)?;
             let shape = parse_ints(parts.next()?)?;
             let data = parse_hex(parts.next()?)?;
-            Constant::Tensor(TensorConst { dtype, shape, data })
+            Constant::Tensor(TensorConst { dtype, shape, data: data.into() })
         }
         _ => return None,
     })

@@ -3,7 +3,9 @@
 //! checked against the bytes left before anything is allocated, and every error names the
 //! section and the byte offset.
 
-use super::{Constant, DType, Executable, FuncInfo, FuncKind, TensorConst};
+use std::sync::Arc;
+
+use super::{Constant, DType, Executable, FuncInfo, FuncKind, SharedBytes, TensorConst};
 
 pub const MAGIC_V1: u64 = 0xD225DE2F4214151D;
 pub const MAGIC_V2: u64 = 0xD225DE2F4214151E;
@@ -18,15 +20,20 @@ pub struct FormatError {
     pub message: String,
 }
 
+/// The shared buffer an executable's bytes are part of, and where they start in it.
+pub type Backing<'a> = (&'a Arc<dyn AsRef<[u8]> + Send + Sync>, usize);
+
 /// A cursor over untrusted little-endian bytes.
 pub struct Reader<'a> {
     data: &'a [u8],
     pos: usize,
+    /// When `data` is part of a shared buffer: tensor elements are taken as ranges of it.
+    backing: Option<Backing<'a>>,
 }
 
 impl<'a> Reader<'a> {
     pub fn new(data: &'a [u8]) -> Reader<'a> {
-        Reader { data, pos: 0 }
+        Reader { data, pos: 0, backing: None }
     }
 
     pub fn pos(&self) -> usize {
@@ -164,12 +171,19 @@ fn read_tensor_record(
         if data.len() as i64 != expect {
             return Err(r.error(what, format!("{} bytes of elements found, the shape needs {expect}", data.len())));
         }
-        return Ok(TensorConst { dtype, shape, data });
+        return Ok(TensorConst { dtype, shape, data: data.into() });
     }
     if size != expect {
         return Err(r.error(what, format!("tensor data size {size} does not match shape and dtype ({expect} bytes)")));
     }
-    let data = r.bytes(size as usize, what)?.to_vec();
+    let start = r.pos();
+    let bytes = r.bytes(size as usize, what)?;
+    let data = match r.backing {
+        Some((buffer, offset)) => {
+            SharedBytes::slice_of(Arc::clone(buffer), offset + start..offset + start + bytes.len())
+        }
+        None => bytes.to_vec().into(),
+    };
     Ok(TensorConst { dtype, shape, data })
 }
 
@@ -193,7 +207,7 @@ fn write_tensor_record(out: &mut Vec<u8>, t: &TensorConst, elided: bool) {
         out.extend(crate::abi::ELIDED_TENSOR_SIZE.to_le_bytes());
     } else {
         out.extend((t.data.len() as i64).to_le_bytes());
-        out.extend(&t.data);
+        out.extend_from_slice(&t.data);
     }
 }
 
@@ -208,8 +222,27 @@ pub fn read_executable_elided(bytes: &[u8], source: ElidedData) -> Result<Execut
     read_executable_with(bytes, Some(source))
 }
 
-fn read_executable_with(bytes: &[u8], mut source: Option<ElidedData>) -> Result<Executable, FormatError> {
+/// Parses `buffer[range]`, whose tensor constants keep their elements in `buffer` (shared, not
+/// copied: a memory-mapped export stays the only copy of the weights).
+pub fn read_executable_shared(
+    buffer: &Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: std::ops::Range<usize>,
+) -> Result<Executable, FormatError> {
+    let bytes = (**buffer).as_ref().get(range.clone()).ok_or_else(|| FormatError {
+        what: "executable".into(),
+        offset: 0,
+        message: "lies outside its buffer".into(),
+    })?;
     let mut r = Reader::new(bytes);
+    r.backing = Some((buffer, range.start));
+    read_executable_from(r, None)
+}
+
+fn read_executable_with(bytes: &[u8], source: Option<ElidedData>) -> Result<Executable, FormatError> {
+    read_executable_from(Reader::new(bytes), source)
+}
+
+fn read_executable_from(mut r: Reader, mut source: Option<ElidedData>) -> Result<Executable, FormatError> {
     let magic = r.u64("header magic")?;
     if magic != MAGIC_V1 && magic != MAGIC_V2 {
         return Err(FormatError {

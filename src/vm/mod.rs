@@ -236,7 +236,66 @@ impl fmt::Display for DType {
 pub struct TensorConst {
     pub dtype: DType,
     pub shape: Vec<i64>,
-    pub data: Vec<u8>,
+    pub data: SharedBytes,
+}
+
+/// Bytes that may be a range of a larger shared buffer: a tensor constant's elements inside a
+/// memory-mapped export, used in place from import to the object file, so that compiling a model
+/// never holds its weights more than once. Cloning shares them.
+#[derive(Clone)]
+pub struct SharedBytes {
+    buffer: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>,
+    range: std::ops::Range<usize>,
+}
+
+impl SharedBytes {
+    /// `range` of `buffer` (clamped to it).
+    pub fn slice_of(
+        buffer: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync>,
+        range: std::ops::Range<usize>,
+    ) -> SharedBytes {
+        let len = (*buffer).as_ref().len();
+        let range = range.start.min(len)..range.end.min(len).max(range.start.min(len));
+        SharedBytes { buffer, range }
+    }
+}
+
+impl std::ops::Deref for SharedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &(*self.buffer).as_ref()[self.range.clone()]
+    }
+}
+
+impl AsRef<[u8]> for SharedBytes {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl From<Vec<u8>> for SharedBytes {
+    fn from(bytes: Vec<u8>) -> SharedBytes {
+        let range = 0..bytes.len();
+        SharedBytes { buffer: std::sync::Arc::new(bytes), range }
+    }
+}
+
+impl PartialEq for SharedBytes {
+    fn eq(&self, other: &SharedBytes) -> bool {
+        **self == **other
+    }
+}
+
+impl PartialEq<Vec<u8>> for SharedBytes {
+    fn eq(&self, other: &Vec<u8>) -> bool {
+        **self == other[..]
+    }
+}
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{} bytes>", self.len())
+    }
 }
 
 /// A constant-pool entry (the kinds TVM can serialize).

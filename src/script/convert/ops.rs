@@ -138,7 +138,7 @@ impl Converter<'_> {
     }
 
     fn constant(&mut self, dtype: DType, shape: Vec<i64>, data: Vec<u8>) -> Atom {
-        self.module.constants.push(TensorConst { dtype, shape, data });
+        self.module.constants.push(TensorConst { dtype, shape, data: data.into() });
         Atom::Const(self.module.constants.len() - 1)
     }
 
