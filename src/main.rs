@@ -118,6 +118,12 @@ enum Command {
         /// chrome://tracing): one slice per call of each callee. Implies --profile.
         #[arg(long, value_name = "FILE.json")]
         trace: Option<PathBuf>,
+        /// Weights for a model exported with its weights as parameters: a tensor cache
+        /// (a directory with tensor-cache.json or ndarray-cache.json and its shards) or safetensors
+        /// (a file, or a directory of shards). Memory-mapped; each weight parameter is matched by
+        /// name.
+        #[arg(long, value_name = "PATH")]
+        weights: Option<PathBuf>,
     },
     /// Generate tokens with an LLM (TVM nn / MLC export convention) on relaxc's paged KV cache.
     ///
@@ -161,6 +167,12 @@ enum Command {
         /// reports the resident set.
         #[arg(long, value_name = "TOKENS")]
         soak: Option<usize>,
+        /// Weights for a model exported with its weights as parameters: a tensor cache
+        /// (a directory with tensor-cache.json or ndarray-cache.json and its shards) or safetensors
+        /// (a file, or a directory of shards). Memory-mapped; each weight parameter is matched by
+        /// name.
+        #[arg(long, value_name = "PATH")]
+        weights: Option<PathBuf>,
     },
     /// Build relaxc's kernel library as a shared object for TVM's own process.
     ///
@@ -362,7 +374,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::Run { model, func, inputs, outputs, expect, bench, stats, device, profile, trace } => {
+        Command::Run { model, func, inputs, outputs, expect, bench, stats, device, profile, trace, weights } => {
             let device = device.map(|d| parse_device(&d)).transpose()?;
             let sources: Vec<&Path> =
                 [Some(model.as_path()), inputs.as_deref(), expect.as_deref()].into_iter().flatten().collect();
@@ -372,7 +384,10 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
             let profile = profile.or(trace.as_ref().map(|_| 10));
-            let opts = RunOptions { func, inputs, outputs, expect, bench, stats, device, profile, trace };
+            if weights.is_some() && profile.is_some() {
+                bail!("--profile does not take --weights yet");
+            }
+            let opts = RunOptions { func, inputs, outputs, expect, bench, stats, device, profile, trace, weights };
             run_model(&model, &opts)
         }
         Command::Generate {
@@ -387,6 +402,7 @@ fn run(cli: Cli) -> Result<()> {
             max_batch_size,
             vocab_size,
             soak,
+            weights,
         } => {
             let config =
                 relaxc::host::llm::CacheConfig { max_batch_size, max_total_seq_len, prefill_chunk_size, page_size };
@@ -394,12 +410,12 @@ fn run(cli: Cli) -> Result<()> {
                 if logits.is_some() || bench.is_some() {
                     bail!("--soak runs alone: it takes neither --logits nor --bench");
                 }
-                return soak_run(&model, config, &prompt, max_new_tokens, total);
+                return soak_run(&model, config, &prompt, max_new_tokens, total, weights.as_deref());
             }
             if let Some(out) = &logits {
                 refuse_overwriting("--logits", out, &[&model])?;
             }
-            let opts = GenerateOptions { prompt, max_new_tokens, logits, bench, config, vocab_size };
+            let opts = GenerateOptions { prompt, max_new_tokens, logits, bench, config, vocab_size, weights };
             generate(&model, &opts)
         }
         Command::KernelLibrary { output, target } => {
@@ -467,13 +483,14 @@ struct RunOptions {
     expect: Option<PathBuf>,
     bench: Option<usize>,
     stats: bool,
+    weights: Option<PathBuf>,
 }
 
 fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
     if let Some(target) = relaxc::host::foreign::foreign_target(path) {
         return run_foreign(path, &target, opts);
     }
-    let RunOptions { func, inputs, outputs, expect, bench, stats, device, profile, trace } = opts;
+    let RunOptions { func, inputs, outputs, expect, bench, stats, device, profile, trace, weights } = opts;
     let (func, bench, stats) = (func.as_str(), *bench, *stats);
     let model = Model::load(path)?;
     let Ok(f) = model.find(func) else {
@@ -487,7 +504,24 @@ fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
         Some((t, id)) => model.vm_on(*t, *id)?,
         None => model.vm()?,
     };
-    let result = vm.call(f, &args).with_context(|| format!("calling {func}"))?;
+    let weights = weights.as_deref().map(relaxc::host::external::Weights::load).transpose()?;
+    let weight_args = match &weights {
+        Some(w) => {
+            let exec = relaxc::inspect::load_executable(path)?;
+            let names: Vec<String> = exec
+                .funcs
+                .iter()
+                .find(|g| g.name == func)
+                .map(|g| g.param_names.iter().skip(args.len()).cloned().collect())
+                .unwrap_or_default();
+            w.arguments(func, &names)?
+        }
+        None => Vec::new(),
+    };
+    let prepared = vm.prepare(&args)?;
+    let mut all = prepared.values().to_vec();
+    all.extend_from_slice(&weight_args);
+    let result = vm.call_values(f, &all).with_context(|| format!("calling {func}"))?;
     let flat = result.to_output().flatten();
     drop(result);
     if stats {
@@ -516,12 +550,11 @@ fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
         if n == 0 {
             bail!("--bench needs at least one call");
         }
-        let prepared = vm.prepare(&args)?;
-        drop(vm.call_prepared(f, &prepared)?);
+        drop(vm.call_values(f, &all)?);
         let mut times = Vec::with_capacity(n);
         for _ in 0..n {
             let t = Instant::now();
-            let r = vm.call_prepared(f, &prepared)?;
+            let r = vm.call_values(f, &all)?;
             drop(r);
             times.push(t.elapsed().as_secs_f64() * 1e6);
         }
@@ -538,13 +571,16 @@ fn soak_run(
     prompt: &[i32],
     steps: usize,
     total: usize,
+    weights: Option<&Path>,
 ) -> Result<()> {
     let model = Model::load(path)?;
+    let weights = weights.map(relaxc::host::external::Weights::load).transpose()?;
     config.max_batch_size = config.max_batch_size.max(2);
     let start = Instant::now();
     let mut next = total / 10;
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    let report = relaxc::host::soak::soak(&model, path, config, prompt, steps, total, |r| {
+    let plan = relaxc::host::soak::SoakPlan { prompt, steps, total };
+    let report = relaxc::host::soak::soak(&model, path, config, &plan, weights.as_ref(), |r| {
         if r.tokens >= next {
             eprintln!(
                 "soak: {} of {total} tokens, {} rounds, RSS {:.1} MiB, {} live allocator blocks",
@@ -582,6 +618,7 @@ struct GenerateOptions {
     bench: Option<usize>,
     config: relaxc::host::llm::CacheConfig,
     vocab_size: Option<usize>,
+    weights: Option<PathBuf>,
 }
 
 /// One greedy generation: the new tokens, their logits, the prefill time and the decode time.
@@ -593,9 +630,14 @@ struct Generation {
     decode: std::time::Duration,
 }
 
-fn generate_once(model: &Model, path: &Path, opts: &GenerateOptions) -> Result<Generation> {
+fn generate_once(
+    model: &Model,
+    path: &Path,
+    opts: &GenerateOptions,
+    weights: Option<&relaxc::host::external::Weights>,
+) -> Result<Generation> {
     use relaxc::host::llm::Llm;
-    let mut llm = Llm::new(model, path, opts.config)?;
+    let mut llm = Llm::with_weights(model, path, opts.config, weights)?;
     if opts.vocab_size.is_some() {
         llm.vocab = opts.vocab_size;
     }
@@ -637,14 +679,15 @@ fn generate(path: &Path, opts: &GenerateOptions) -> Result<()> {
         );
     }
     let model = Model::load(path)?;
-    let run = generate_once(&model, path, opts)?;
+    let weights = opts.weights.as_deref().map(relaxc::host::external::Weights::load).transpose()?;
+    let run = generate_once(&model, path, opts, weights.as_ref())?;
     let tokens: Vec<String> = run.tokens.iter().map(|t| t.to_string()).collect();
     println!("tokens: {}", tokens.join(" "));
     let (mut prefill, mut decode) = (run.prefill, run.decode);
     if let Some(runs) = opts.bench {
         let (mut p, mut d) = (Vec::new(), Vec::new());
         for _ in 0..runs.max(1) {
-            let again = generate_once(&model, path, opts)?;
+            let again = generate_once(&model, path, opts, weights.as_ref())?;
             if again.tokens != run.tokens {
                 bail!("a repeated generation gave different tokens");
             }

@@ -294,6 +294,147 @@ fn id_list(bytes: &[u8]) -> String {
         .join(",")
 }
 
+fn relaxc_cli() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_relaxc"))
+}
+
+/// tiny_llama_params: the model exported with its weights as parameters. `relaxc generate
+/// --weights` with TVM's tensor cache and with safetensors gives TVM's tokens and logits bit for
+/// bit, in both modes; `relaxc run --weights` runs one function; without weights the error says
+/// what to pass.
+fn external_weights_give_tvms_tokens_and_logits() {
+    let dir = fixture_named("tiny_llama_params");
+    let want = npz::read_arrays(&dir.join("generate.npz")).expect("generate.npz");
+    let ids = |b: &[u8]| {
+        b.chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]).to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let (prompt, tokens) = (ids(&want["prompt"].2), ids(&want["tokens"].2));
+    let scratch = tempfile::tempdir().expect("tempdir");
+    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+        let so = build_named("tiny_llama_params", mode);
+        for weights in [dir.join("tensor-cache"), dir.join("params.safetensors")] {
+            let logits = scratch.path().join("logits.npz");
+            let out = relaxc_cli()
+                .arg("generate")
+                .arg(&so)
+                .args(["--prompt", &prompt, "--max-new-tokens", "16", "--weights"])
+                .arg(&weights)
+                .arg("--logits")
+                .arg(&logits)
+                .output()
+                .expect("relaxc generate");
+            let what = format!("{} with {}", common::mode_name(mode), weights.display());
+            assert!(out.status.success(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(stdout.contains(&format!("tokens: {}", tokens.replace(',', " "))), "{what}: {stdout}");
+            let got = npz::read_arrays(&logits).expect("logits");
+            assert!(got["logits"].2 == want["logits"].2, "{what}: logits differ from TVM's");
+        }
+        let out = relaxc_cli().arg("generate").arg(&so).args(["--prompt", "1,2"]).output().expect("relaxc generate");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains("pass them with --weights"), "{err}");
+        let inputs = scratch.path().join("ids.npz");
+        npz::write_named(
+            &inputs,
+            &[(
+                "arg0".to_string(),
+                &relaxc::host::Output::Tensor {
+                    dtype: relaxc::abi::DLDataType { code: 0, bits: 32, lanes: 1 },
+                    shape: vec![3],
+                    data: [1i32, 17, 42].iter().flat_map(|v| v.to_le_bytes()).collect(),
+                },
+            )],
+        )
+        .expect("write ids");
+        let out = relaxc_cli()
+            .arg("run")
+            .arg(&so)
+            .args(["--func", "embed", "--inputs"])
+            .arg(&inputs)
+            .arg("--weights")
+            .arg(dir.join("tensor-cache"))
+            .output()
+            .expect("relaxc run");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("shape [3, 32]"),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Every kind of broken weight file is an error that names the tensor and the file: a tensor
+/// missing, the wrong dtype or shape (TVM's own check, which names the parameter), a truncated
+/// shard, an index pointing past its file, an index that is not JSON, a missing shard, and a
+/// truncated safetensors file.
+fn broken_weight_files_are_clear_errors() {
+    let dir = fixture_named("tiny_llama_params");
+    let so = build_named("tiny_llama_params", ExecMode::Bytecode);
+    let index: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tensor-cache/tensor-cache.json")).expect("index"))
+            .expect("json");
+    let shard = std::fs::read(dir.join("tensor-cache/params_shard_0.bin")).expect("shard");
+    let run = |weights: &std::path::Path| {
+        let out = relaxc_cli()
+            .arg("generate")
+            .arg(&so)
+            .args(["--prompt", "1,2", "--weights"])
+            .arg(weights)
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    type Edit = fn(&mut serde_json::Value, &mut Vec<u8>);
+    let cases: [(&str, Edit, &[&str]); 6] = [
+        (
+            "missing",
+            |j, _| {
+                j["records"][0]["records"].as_array_mut().expect("records").remove(1);
+            },
+            &["layers.0.attn_norm.weight", "does not have"],
+        ),
+        ("dtype", |j, _| j["records"][0]["records"][0]["dtype"] = "int32".into(), &["embed_tokens.weight", "dtype"]),
+        (
+            "shape",
+            |j, _| j["records"][0]["records"][0]["shape"] = serde_json::json!([32, 64]),
+            &["embed_tokens.weight"],
+        ),
+        ("truncated", |_, s| s.truncate(s.len() - 100), &["lm_head.weight", "params_shard_0.bin", "truncated"]),
+        (
+            "past_end",
+            |j, _| j["records"][0]["records"][2]["byteOffset"] = (1u64 << 40).into(),
+            &["layers.0.attn.qkv_proj.weight", "params_shard_0.bin", "past the end"],
+        ),
+        ("not_json", |_, _| {}, &["tensor-cache.json", "not valid JSON"]),
+    ];
+    for (name, edit, says) in cases {
+        let broken = tempfile::tempdir().expect("tempdir");
+        let (mut j, mut s) = (index.clone(), shard.clone());
+        edit(&mut j, &mut s);
+        let text = if name == "not_json" { "{\"records\": [".to_string() } else { j.to_string() };
+        std::fs::write(broken.path().join("tensor-cache.json"), text).expect("write index");
+        std::fs::write(broken.path().join("params_shard_0.bin"), &s).expect("write shard");
+        let err = run(broken.path());
+        for word in says {
+            assert!(err.contains(word), "{name}: the error does not say {word:?}: {err}");
+        }
+    }
+    let broken = tempfile::tempdir().expect("tempdir");
+    std::fs::write(broken.path().join("tensor-cache.json"), index.to_string()).expect("write index");
+    let err = run(broken.path());
+    assert!(err.contains("params_shard_0.bin") && err.contains("No such file"), "missing shard: {err}");
+    let safetensors = std::fs::read(dir.join("params.safetensors")).expect("safetensors");
+    let cut = broken.path().join("cut.safetensors");
+    std::fs::write(&cut, &safetensors[..safetensors.len() - 64]).expect("write");
+    let err = run(&cut);
+    assert!(err.contains("cut.safetensors"), "truncated safetensors: {err}");
+}
+
 /// `relaxc generate --soak 20000` in both modes: 20,000 tokens in rounds of add, prefill,
 /// decode, fork, batched decode and remove; the command itself fails if a round leaves pages,
 /// storage or allocator blocks behind, changes its tokens, or the resident set grows.
@@ -412,7 +553,9 @@ fn generate_command_rejects_bad_input_clearly() {
 
 fn main() {
     let args = Arguments::from_args();
-    let plain: [(&str, fn()); 15] = [
+    let plain: [(&str, fn()); 17] = [
+        ("external_weights_give_tvms_tokens_and_logits", external_weights_give_tvms_tokens_and_logits),
+        ("broken_weight_files_are_clear_errors", broken_weight_files_are_clear_errors),
         ("soak_of_20000_tokens_leaves_nothing_behind", soak_of_20000_tokens_leaves_nothing_behind),
         ("scenarios_match_tvm_bytecode", scenarios_match_tvm_bytecode),
         ("scenarios_match_tvm_compiled", scenarios_match_tvm_compiled),

@@ -16,6 +16,10 @@ use super::tables::TensorPlacement;
 use crate::abi;
 use crate::vm::{Constant, Executable, SharedBytes};
 
+/// The x86-64 psABI's flag of a section beyond the small code model's reach (object has no name
+/// for it).
+const SHF_X86_64_LARGE: u64 = 0x1000_0000;
+
 /// Alignment of the section, and of each constant in it (the runtime's kernels want 64).
 const ALIGN: u64 = 64;
 
@@ -25,6 +29,11 @@ pub struct ConstantsObject {
     size: u64,
     machine: u16,
     flags: u32,
+    /// The section: on x86-64 a large-data one (`.ldata`, SHF_X86_64_LARGE), which the linker
+    /// places after `.bss`: gigabytes of weights between the code and its `.bss` would put the
+    /// runtime's 32-bit PC-relative references to its own variables out of range.
+    section_name: &'static [u8],
+    section_flags: u64,
 }
 
 impl ConstantsObject {
@@ -47,8 +56,14 @@ impl ConstantsObject {
             Architecture::Riscv64(_) => (elf::EM_RISCV, elf::EF_RISCV_RVC | elf::EF_RISCV_FLOAT_ABI_DOUBLE),
             _ => (elf::EM_X86_64, 0),
         };
+        let writable = (elf::SHF_ALLOC | elf::SHF_WRITE) as u64;
+        let (section_name, section_flags): (&[u8], u64) = if machine == elf::EM_X86_64 {
+            (b".ldata.rvm_constants", writable | SHF_X86_64_LARGE)
+        } else {
+            (b".data.rvm_constants", writable)
+        };
         // An empty section still needs a byte for its symbol to have an address.
-        ConstantsObject { pieces, size: placement.size.max(1), machine, flags }
+        ConstantsObject { pieces, size: placement.size.max(1), machine, flags, section_name, section_flags }
     }
 
     /// Writes the object to `path`, streaming the elements.
@@ -57,7 +72,7 @@ impl ConstantsObject {
         let mut buffer = StreamingBuffer::new(file);
         let mut w = Writer::new(object::Endianness::Little, true, &mut buffer);
         w.reserve_file_header();
-        let section_name = w.add_section_name(b".data.rvm_constants");
+        let section_name = w.add_section_name(self.section_name);
         w.reserve_null_section_index();
         let section = w.reserve_section_index();
         let data_offset = w.reserve(self.size as usize, ALIGN as usize);
@@ -113,7 +128,7 @@ impl ConstantsObject {
         w.write_section_header(&SectionHeader {
             name: Some(section_name),
             sh_type: elf::SHT_PROGBITS,
-            sh_flags: (elf::SHF_ALLOC | elf::SHF_WRITE) as u64,
+            sh_flags: self.section_flags,
             sh_addr: 0,
             sh_offset: data_offset as u64,
             sh_size: self.size,

@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use super::external::Weights;
 use super::{HostError, HostTensor, Input, Model, Output, Value, Vm};
 use crate::abi::{Any, TYPE_ARRAY, TYPE_TENSOR};
 
@@ -58,6 +59,8 @@ pub struct Llm<'m> {
     model: &'m Model,
     vm: Vm<'m>,
     kv: Value<'m>,
+    /// Weight arguments appended to embed, prefill and decode (empty when bound).
+    weights: WeightArgs,
     embed: i32,
     prefill: i32,
     decode: i32,
@@ -74,6 +77,7 @@ pub struct Llm<'m> {
 struct LlmParts<'m> {
     model: &'m Model,
     kv: Value<'m>,
+    weights: WeightArgs,
     embed: i32,
     prefill: i32,
     decode: i32,
@@ -92,22 +96,44 @@ fn int(v: i64) -> Any {
 impl<'m> Llm<'m> {
     /// Creates the model's KV cache. `path` is the model's file, read for the vocabulary size.
     pub fn new(model: &'m Model, path: &Path, config: CacheConfig) -> Result<Llm<'m>, HostError> {
-        Llm::on_vm(model, model.vm()?, path, config).map_err(|(e, _)| e)
+        Llm::with_weights(model, path, config, None)
+    }
+
+    /// As `new`, for a model whose functions take their weights as parameters (`--weights`).
+    pub fn with_weights(
+        model: &'m Model,
+        path: &Path,
+        config: CacheConfig,
+        weights: Option<&'m Weights>,
+    ) -> Result<Llm<'m>, HostError> {
+        Llm::on_vm_with(model, model.vm()?, path, config, weights).map_err(|(e, _)| e)
     }
 
     /// As `new`, on a VM the caller made (one with a host allocator, say); on failure the VM is
     /// handed back with the error.
     pub fn on_vm(
         model: &'m Model,
-        mut vm: Vm<'m>,
+        vm: Vm<'m>,
         path: &Path,
         config: CacheConfig,
     ) -> Result<Llm<'m>, (HostError, Vm<'m>)> {
-        match Llm::setup(model, &mut vm, path, config) {
+        Llm::on_vm_with(model, vm, path, config, None)
+    }
+
+    /// `on_vm` with external weights.
+    pub fn on_vm_with(
+        model: &'m Model,
+        mut vm: Vm<'m>,
+        path: &Path,
+        config: CacheConfig,
+        weights: Option<&'m Weights>,
+    ) -> Result<Llm<'m>, (HostError, Vm<'m>)> {
+        match Llm::setup(model, &mut vm, path, config, weights) {
             Ok(p) => Ok(Llm {
                 model: p.model,
                 vm,
                 kv: p.kv,
+                weights: p.weights,
                 embed: p.embed,
                 prefill: p.prefill,
                 decode: p.decode,
@@ -127,7 +153,13 @@ impl<'m> Llm<'m> {
         self.vm
     }
 
-    fn setup(model: &'m Model, vm: &mut Vm<'m>, path: &Path, config: CacheConfig) -> Result<LlmParts<'m>, HostError> {
+    fn setup(
+        model: &'m Model,
+        vm: &mut Vm<'m>,
+        path: &Path,
+        config: CacheConfig,
+        weights: Option<&'m Weights>,
+    ) -> Result<LlmParts<'m>, HostError> {
         let names = model.functions();
         let missing: Vec<&str> = REQUIRED_FUNCTIONS.iter().copied().filter(|f| !names.iter().any(|n| n == f)).collect();
         if !missing.is_empty() {
@@ -143,9 +175,11 @@ impl<'m> Llm<'m> {
         let inputs: Vec<Input> = sizes.iter().map(|v| Input::Shape(vec![*v])).collect();
         let kv = vm.call(create, &inputs)?;
         let embed = model.find("embed")?;
-        let hidden = hidden_size(vm, embed)?;
+        let (weight_args, weight_vocab) = WeightArgs::of(path, weights)?;
+        let hidden = hidden_size(vm, embed, &weight_args.embed)?;
         Ok(LlmParts {
             model,
+            weights: weight_args,
             embed,
             hidden,
             prefill: model.find("prefill")?,
@@ -155,7 +189,7 @@ impl<'m> Llm<'m> {
             end: model.function("vm.builtin.kv_state_end_forward")?,
             kv,
             config,
-            vocab: vocab_size(path),
+            vocab: vocab_size(path).or(weight_vocab),
         })
     }
 
@@ -236,7 +270,10 @@ impl<'m> Llm<'m> {
             vec![tokens.len() as i64],
             &bytes,
         ))];
-        let embeds = self.vm.call(self.embed, &ids)?;
+        let prepared = self.model.prepare(&ids)?;
+        let mut args = prepared.values().to_vec();
+        args.extend_from_slice(&self.weights.embed);
+        let embeds = self.vm.call_values(self.embed, &args)?;
         let dims = self.model.shape(&shape)?;
         self.model.call_function(&self.reshape, &[embeds.any(), dims.any()])
     }
@@ -244,7 +281,9 @@ impl<'m> Llm<'m> {
     fn forward(&mut self, f: i32, seqs: &[i64], lengths: &[i64], embeds: Value<'m>) -> Result<Logits, HostError> {
         let (ids, lens) = (self.model.shape(seqs)?, self.model.shape(lengths)?);
         self.model.call_function(&self.begin, &[self.kv.any(), ids.any(), lens.any()])?;
-        let out = self.vm.call_values(f, &[embeds.any(), self.kv.any()])?;
+        let mut args = vec![embeds.any(), self.kv.any()];
+        args.extend_from_slice(if f == self.prefill { &self.weights.prefill } else { &self.weights.decode });
+        let out = self.vm.call_values(f, &args)?;
         self.model.call_function(&self.end, &[self.kv.any()])?;
         logits_of(&out)
     }
@@ -266,12 +305,64 @@ impl<'m> Llm<'m> {
 }
 
 /// The embedding width, from embedding one token (0) once.
-fn hidden_size(vm: &mut Vm, embed: i32) -> Result<i64, HostError> {
+fn hidden_size(vm: &mut Vm, embed: i32, weights: &[Any]) -> Result<i64, HostError> {
     let bytes = 0i32.to_le_bytes();
     let ids = [Input::Tensor(HostTensor::new(crate::abi::DLDataType { code: 0, bits: 32, lanes: 1 }, vec![1], &bytes))];
-    match vm.call(embed, &ids)?.to_output() {
+    let prepared = vm.prepare(&ids)?;
+    let mut args = prepared.values().to_vec();
+    args.extend_from_slice(weights);
+    match vm.call_values(embed, &args)?.to_output() {
         Output::Tensor { shape, .. } if shape.len() == 2 => Ok(shape[1]),
         other => Err(HostError::Value(format!("embed returned {other:?}, expected an [n, hidden] tensor"))),
+    }
+}
+
+/// The weight arguments of embed, prefill and decode: for a model exported with its weights as
+/// parameters, the parameters after each function's inputs (1, 2 and 2), by name from `weights`.
+#[derive(Default)]
+struct WeightArgs {
+    embed: Vec<Any>,
+    prefill: Vec<Any>,
+    decode: Vec<Any>,
+}
+
+impl WeightArgs {
+    /// The arguments, and the vocabulary size read from the embedding table among them.
+    fn of(path: &Path, weights: Option<&Weights>) -> Result<(WeightArgs, Option<usize>), HostError> {
+        let exec = crate::inspect::load_executable(path).map_err(|e| HostError::Value(e.to_string()))?;
+        let params = |name: &str, inputs: usize| -> Vec<String> {
+            exec.funcs
+                .iter()
+                .find(|f| f.name == name)
+                .map(|f| f.param_names.iter().skip(inputs).cloned().collect())
+                .unwrap_or_default()
+        };
+        let (embed, prefill, decode) = (params("embed", 1), params("prefill", 2), params("decode", 2));
+        let Some(w) = weights else {
+            if let Some(first) = embed.first().or(prefill.first()) {
+                let n = embed.len().max(prefill.len());
+                return Err(HostError::Value(format!(
+                    "{} takes its {n} weights as parameters ({first}, ...): pass them with --weights (a tensor cache or safetensors)",
+                    path.display()
+                )));
+            }
+            return Ok((WeightArgs::default(), None));
+        };
+        let args = |f: &str, names: &[String]| w.arguments(f, names).map_err(|e| HostError::Value(e.to_string()));
+        let vocab = embed
+            .iter()
+            .find(|n| n.contains("embed"))
+            .and_then(|n| w.shape_of(n))
+            .filter(|s| s.len() == 2)
+            .map(|s| s[0] as usize);
+        Ok((
+            WeightArgs {
+                embed: args("embed", &embed)?,
+                prefill: args("prefill", &prefill)?,
+                decode: args("decode", &decode)?,
+            },
+            vocab,
+        ))
     }
 }
 

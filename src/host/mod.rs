@@ -1,6 +1,7 @@
 //! Loading a built model `.so` into this process through its C API, the way any C host does:
 //! `dlopen`, `rvm_get_api`, one module, VMs, calls. Used by `relaxc run` and the tests.
 
+pub mod external;
 pub mod foreign;
 pub mod heap;
 pub mod llm;

@@ -67,15 +67,22 @@ fn round(llm: &mut Llm, a: i64, b: i64, prompt: &[i32], steps: usize) -> Result<
 
 /// Runs rounds until `total` tokens are generated; `progress(tokens so far, report)` after each
 /// round. Fails at the first round that leaves anything behind.
+/// What a soak generates: the prompt of every round, new tokens per sequence, the total.
+pub struct SoakPlan<'a> {
+    pub prompt: &'a [i32],
+    pub steps: usize,
+    pub total: usize,
+}
+
 pub fn soak(
     model: &Model,
     path: &std::path::Path,
     config: CacheConfig,
-    prompt: &[i32],
-    steps: usize,
-    total: usize,
+    plan: &SoakPlan,
+    weights: Option<&crate::host::external::Weights>,
     mut progress: impl FnMut(&SoakReport),
 ) -> Result<SoakReport, HostError> {
+    let SoakPlan { prompt, steps, total } = *plan;
     if steps < 2 {
         return Err(HostError::Value("a soak round needs at least 2 new tokens per sequence".into()));
     }
@@ -87,7 +94,7 @@ pub fn soak(
     let heap = CountingHeap::new();
     // SAFETY: the heap outlives the Llm and its VM (both dropped at the end of this block).
     let vm = unsafe { model.vm_with_allocator(heap.allocator()) }?;
-    let mut llm = Llm::on_vm(model, vm, path, config).map_err(|(e, _)| e)?;
+    let mut llm = Llm::on_vm_with(model, vm, path, config, weights).map_err(|(e, _)| e)?;
     let pages = llm.available_pages()?;
     let mut report = SoakReport { tokens: 0, rounds: 0, rss_after_first_round: 0, rss_max: 0, live_blocks: 0 };
     let mut reference: Option<(Vec<i32>, u64)> = None;

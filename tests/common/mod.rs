@@ -108,7 +108,10 @@ fn fixtures_in(root: &Path, marker: &str) -> Vec<Fixture> {
 
 /// Every TVM fixture with a `main` (the LLM fixtures have none; tests/llm.rs drives them).
 pub fn fixtures() -> Vec<Fixture> {
-    fixtures_in(&fixtures_dir(), "m.tar").into_iter().filter(|f| !f.dir.join("scenarios.json").exists()).collect()
+    fixtures_in(&fixtures_dir(), "m.tar")
+        .into_iter()
+        .filter(|f| !f.dir.join("scenarios.json").exists() && !f.dir.join("generate.npz").exists())
+        .collect()
 }
 
 /// Every TVMScript fixture.
