@@ -56,8 +56,15 @@ impl Logits {
 
 /// An LLM with its KV cache on one VM.
 pub struct Llm<'m> {
-    model: &'m Model,
     vm: Vm<'m>,
+    p: LlmParts<'m>,
+    /// Token ids must be below this (TVM's embedding kernel reads out of bounds otherwise).
+    pub vocab: Option<usize>,
+}
+
+/// Everything of an Llm but its VM, as setting it up makes it.
+struct LlmParts<'m> {
+    model: &'m Model,
     kv: Value<'m>,
     /// Weight arguments appended to embed, prefill and decode (empty when bound).
     weights: WeightArgs,
@@ -69,24 +76,6 @@ pub struct Llm<'m> {
     end: Value<'m>,
     config: CacheConfig,
     hidden: i64,
-    /// Token ids must be below this (TVM's embedding kernel reads out of bounds otherwise).
-    pub vocab: Option<usize>,
-}
-
-/// Everything of an Llm but its VM, as setting it up makes it.
-struct LlmParts<'m> {
-    model: &'m Model,
-    kv: Value<'m>,
-    weights: WeightArgs,
-    embed: i32,
-    prefill: i32,
-    decode: i32,
-    reshape: Value<'m>,
-    begin: Value<'m>,
-    end: Value<'m>,
-    config: CacheConfig,
-    hidden: i64,
-    vocab: Option<usize>,
 }
 
 fn int(v: i64) -> Any {
@@ -129,21 +118,7 @@ impl<'m> Llm<'m> {
         weights: Option<&'m Weights>,
     ) -> Result<Llm<'m>, (HostError, Vm<'m>)> {
         match Llm::setup(model, &mut vm, path, config, weights) {
-            Ok(p) => Ok(Llm {
-                model: p.model,
-                vm,
-                kv: p.kv,
-                weights: p.weights,
-                embed: p.embed,
-                prefill: p.prefill,
-                decode: p.decode,
-                reshape: p.reshape,
-                begin: p.begin,
-                end: p.end,
-                config: p.config,
-                hidden: p.hidden,
-                vocab: p.vocab,
-            }),
+            Ok((p, vocab)) => Ok(Llm { vm, p, vocab }),
             Err(e) => Err((e, vm)),
         }
     }
@@ -159,7 +134,7 @@ impl<'m> Llm<'m> {
         path: &Path,
         config: CacheConfig,
         weights: Option<&'m Weights>,
-    ) -> Result<LlmParts<'m>, HostError> {
+    ) -> Result<(LlmParts<'m>, Option<usize>), HostError> {
         let names = model.functions();
         let missing: Vec<&str> = REQUIRED_FUNCTIONS.iter().copied().filter(|f| !names.iter().any(|n| n == f)).collect();
         if !missing.is_empty() {
@@ -177,7 +152,7 @@ impl<'m> Llm<'m> {
         let embed = model.find("embed")?;
         let (weight_args, weight_vocab) = WeightArgs::of(path, weights)?;
         let hidden = hidden_size(vm, embed, &weight_args.embed)?;
-        Ok(LlmParts {
+        let parts = LlmParts {
             model,
             weights: weight_args,
             embed,
@@ -189,17 +164,17 @@ impl<'m> Llm<'m> {
             end: model.function("vm.builtin.kv_state_end_forward")?,
             kv,
             config,
-            vocab: vocab_size(path).or(weight_vocab),
-        })
+        };
+        Ok((parts, vocab_size(path).or(weight_vocab)))
     }
 
     /// The cache object (borrowed; valid while self lives).
     pub fn state_handle(&self) -> Any {
-        self.kv.any()
+        self.p.kv.any()
     }
 
     pub fn config(&self) -> CacheConfig {
-        self.config
+        self.p.config
     }
 
     /// The VM's storage counters (to show a decode step allocates nothing).
@@ -209,10 +184,10 @@ impl<'m> Llm<'m> {
 
     /// Calls a KV-state function of the runtime on the cache with integer arguments.
     pub fn state(&self, name: &str, args: &[i64]) -> Result<Output, HostError> {
-        let f = self.model.function(&format!("vm.builtin.{name}"))?;
-        let mut all = vec![self.kv.any()];
+        let f = self.p.model.function(&format!("vm.builtin.{name}"))?;
+        let mut all = vec![self.p.kv.any()];
         all.extend(args.iter().map(|v| int(*v)));
-        Ok(self.model.call_function(&f, &all)?.to_output())
+        Ok(self.p.model.call_function(&f, &all)?.to_output())
     }
 
     pub fn add_sequence(&self, seq: i64) -> Result<(), HostError> {
@@ -270,21 +245,21 @@ impl<'m> Llm<'m> {
             vec![tokens.len() as i64],
             &bytes,
         ))];
-        let prepared = self.model.prepare(&ids)?;
+        let prepared = self.p.model.prepare(&ids)?;
         let mut args = prepared.values().to_vec();
-        args.extend_from_slice(&self.weights.embed);
-        let embeds = self.vm.call_values(self.embed, &args)?;
-        let dims = self.model.shape(&shape)?;
-        self.model.call_function(&self.reshape, &[embeds.any(), dims.any()])
+        args.extend_from_slice(&self.p.weights.embed);
+        let embeds = self.vm.call_values(self.p.embed, &args)?;
+        let dims = self.p.model.shape(&shape)?;
+        self.p.model.call_function(&self.p.reshape, &[embeds.any(), dims.any()])
     }
 
     fn forward(&mut self, f: i32, seqs: &[i64], lengths: &[i64], embeds: Value<'m>) -> Result<Logits, HostError> {
-        let (ids, lens) = (self.model.shape(seqs)?, self.model.shape(lengths)?);
-        self.model.call_function(&self.begin, &[self.kv.any(), ids.any(), lens.any()])?;
-        let mut args = vec![embeds.any(), self.kv.any()];
-        args.extend_from_slice(if f == self.prefill { &self.weights.prefill } else { &self.weights.decode });
+        let (ids, lens) = (self.p.model.shape(seqs)?, self.p.model.shape(lengths)?);
+        self.p.model.call_function(&self.p.begin, &[self.p.kv.any(), ids.any(), lens.any()])?;
+        let mut args = vec![embeds.any(), self.p.kv.any()];
+        args.extend_from_slice(if f == self.p.prefill { &self.p.weights.prefill } else { &self.p.weights.decode });
         let out = self.vm.call_values(f, &args)?;
-        self.model.call_function(&self.end, &[self.kv.any()])?;
+        self.p.model.call_function(&self.p.end, &[self.p.kv.any()])?;
         logits_of(&out)
     }
 
@@ -292,15 +267,15 @@ impl<'m> Llm<'m> {
     /// token of the batch.
     pub fn prefill(&mut self, seqs: &[i64], tokens: &[Vec<i32>]) -> Result<Logits, HostError> {
         let all: Vec<i32> = tokens.iter().flatten().copied().collect();
-        let embeds = self.embed_as(&all, [1, all.len() as i64, self.hidden])?;
+        let embeds = self.embed_as(&all, [1, all.len() as i64, self.p.hidden])?;
         let lengths: Vec<i64> = tokens.iter().map(|t| t.len() as i64).collect();
-        self.forward(self.prefill, seqs, &lengths, embeds)
+        self.forward(self.p.prefill, seqs, &lengths, embeds)
     }
 
     /// One decode step: one token for each sequence; a row of logits each.
     pub fn decode(&mut self, seqs: &[i64], tokens: &[i32]) -> Result<Logits, HostError> {
-        let embeds = self.embed_as(tokens, [tokens.len() as i64, 1, self.hidden])?;
-        self.forward(self.decode, seqs, &vec![1; seqs.len()], embeds)
+        let embeds = self.embed_as(tokens, [tokens.len() as i64, 1, self.p.hidden])?;
+        self.forward(self.p.decode, seqs, &vec![1; seqs.len()], embeds)
     }
 }
 
