@@ -12,7 +12,8 @@
 use std::path::{Path, PathBuf};
 
 /// Files whose code runs off the hot path, built with -Os.
-const COLD: &[&str] = &["sort.c", "render.c", "relax_run.c", "cuda.c", "registry.c", "error.c", "kv_cache.c"];
+const COLD: &[&str] =
+    &["sort.c", "render.c", "relax_run.c", "cuda.c", "registry.c", "error.c", "kv_cache.c", "weights.c", "json.c"];
 
 /// Files of the optional archive (the functions of rvm_runtime.def, and what only they use).
 const OPTIONAL: &[&str] = &["sort.c", "render.c", "relax_run.c", "kv_cache.c"];

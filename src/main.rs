@@ -504,18 +504,9 @@ fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
         Some((t, id)) => model.vm_on(*t, *id)?,
         None => model.vm()?,
     };
-    let weights = weights.as_deref().map(relaxc::host::external::Weights::load).transpose()?;
+    let weights = weights.as_deref().map(|p| relaxc::host::external::Weights::load(&model, p)).transpose()?;
     let weight_args = match &weights {
-        Some(w) => {
-            let exec = relaxc::inspect::load_executable(path)?;
-            let names: Vec<String> = exec
-                .funcs
-                .iter()
-                .find(|g| g.name == func)
-                .map(|g| g.param_names.iter().skip(args.len()).cloned().collect())
-                .unwrap_or_default();
-            w.arguments(func, &names)?
-        }
+        Some(w) => w.arguments(f, args.len())?,
         None => Vec::new(),
     };
     let prepared = vm.prepare(&args)?;
@@ -574,7 +565,7 @@ fn soak_run(
     weights: Option<&Path>,
 ) -> Result<()> {
     let model = Model::load(path)?;
-    let weights = weights.map(relaxc::host::external::Weights::load).transpose()?;
+    let weights = weights.map(|p| relaxc::host::external::Weights::load(&model, p)).transpose()?;
     config.max_batch_size = config.max_batch_size.max(2);
     let start = Instant::now();
     let mut next = total / 10;
@@ -679,7 +670,7 @@ fn generate(path: &Path, opts: &GenerateOptions) -> Result<()> {
         );
     }
     let model = Model::load(path)?;
-    let weights = opts.weights.as_deref().map(relaxc::host::external::Weights::load).transpose()?;
+    let weights = opts.weights.as_deref().map(|p| relaxc::host::external::Weights::load(&model, p)).transpose()?;
     let run = generate_once(&model, path, opts, weights.as_ref())?;
     let tokens: Vec<String> = run.tokens.iter().map(|t| t.to_string()).collect();
     println!("tokens: {}", tokens.join(" "));

@@ -177,3 +177,68 @@ fn npz_fortran_order_and_big_endian_arrays_are_converted() {
     assert_eq!(floats(b), vec![1.5, -2.0]);
     assert_eq!(s, &vec![2, 3]);
 }
+
+/// The model's weight loader (rvm.h's weights_open) reads files from outside: 400 randomly
+/// damaged tensor-cache indexes and safetensors headers (bytes flipped, cut, repeated) must each
+/// load or fail with a message, never crash (this file also runs under AddressSanitizer), and
+/// weights that load give arguments or an error.
+#[test]
+fn damaged_weight_files_never_crash_the_loader() {
+    let dir = common::fixtures_dir().join("tiny_llama_params");
+    let so = common::build("tiny_llama_params", &dir.join("m.tar"), ExecMode::Bytecode).expect("build");
+    let model = Model::load(&so).expect("load");
+    let prefill = model.find("prefill").expect("prefill");
+    let index = std::fs::read(dir.join("tensor-cache/tensor-cache.json")).expect("index");
+    let shard = std::fs::read(dir.join("tensor-cache/params_shard_0.bin")).expect("shard");
+    let safetensors = std::fs::read(dir.join("params.safetensors")).expect("safetensors");
+    let scratch = tempfile::tempdir().expect("tempdir");
+    std::fs::write(scratch.path().join("params_shard_0.bin"), &shard).expect("shard");
+    let mut state = 0x2545f4914f6cdd1du64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    let (mut loaded, mut refused) = (0, 0);
+    for round in 0..400 {
+        let safetensors_round = round % 2 == 1;
+        let mut bytes = if safetensors_round { safetensors[..(8 + 1200).min(safetensors.len())].to_vec() } else { index.clone() };
+        for _ in 0..1 + next() % 4 {
+            let at = (next() as usize) % bytes.len().max(1);
+            match next() % 4 {
+                0 => bytes[at] = next() as u8,
+                1 => bytes.truncate(at),
+                2 => bytes.insert(at, b"{}[]\",:0123456789-e"[(next() % 19) as usize]),
+                _ => {
+                    let piece: Vec<u8> = bytes[at..].iter().take(16).copied().collect();
+                    bytes.splice(at..at, piece);
+                }
+            }
+        }
+        let path = if safetensors_round {
+            let mut whole = bytes.clone();
+            if whole.len() >= 8 + 1200 {
+                whole.extend_from_slice(&safetensors[8 + 1200..]);
+            }
+            let p = scratch.path().join("w.safetensors");
+            std::fs::write(&p, whole).expect("write");
+            p
+        } else {
+            std::fs::write(scratch.path().join("tensor-cache.json"), &bytes).expect("write");
+            scratch.path().to_path_buf()
+        };
+        match relaxc::host::external::Weights::load(&model, &path) {
+            Ok(w) => {
+                loaded += 1;
+                let _ = w.arguments(prefill, 2);
+            }
+            Err(e) => {
+                refused += 1;
+                assert!(!e.to_string().is_empty());
+            }
+        }
+    }
+    eprintln!("damaged weight files: {loaded} loaded, {refused} refused with a message");
+    assert!(refused > 0, "no damage was noticed: the test damages nothing");
+}

@@ -389,6 +389,19 @@ fn broken_weight_files_are_clear_errors() {
         assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
+    // The same files through rvm.h's weights_open, from a C host.
+    let exe = common::build_c_host("llm_test");
+    let c_host = |weights: &std::path::Path| {
+        let out = std::process::Command::new(&exe)
+            .arg("--weights")
+            .arg(weights)
+            .arg(&so)
+            .args(["1,2", "3"])
+            .output()
+            .expect("llm_test");
+        assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
     type Edit = fn(&mut serde_json::Value, &mut Vec<u8>);
     let cases: [(&str, Edit, &[&str]); 6] = [
         (
@@ -420,19 +433,23 @@ fn broken_weight_files_are_clear_errors() {
         std::fs::write(broken.path().join("tensor-cache.json"), text).expect("write index");
         std::fs::write(broken.path().join("params_shard_0.bin"), &s).expect("write shard");
         let err = run(broken.path());
+        let c_err = c_host(broken.path());
         for word in says {
             assert!(err.contains(word), "{name}: the error does not say {word:?}: {err}");
+            assert!(c_err.contains(word), "{name} (C host): the error does not say {word:?}: {c_err}");
         }
     }
     let broken = tempfile::tempdir().expect("tempdir");
     std::fs::write(broken.path().join("tensor-cache.json"), index.to_string()).expect("write index");
-    let err = run(broken.path());
-    assert!(err.contains("params_shard_0.bin") && err.contains("No such file"), "missing shard: {err}");
+    for err in [run(broken.path()), c_host(broken.path())] {
+        assert!(err.contains("params_shard_0.bin") && err.contains("No such file"), "missing shard: {err}");
+    }
     let safetensors = std::fs::read(dir.join("params.safetensors")).expect("safetensors");
     let cut = broken.path().join("cut.safetensors");
     std::fs::write(&cut, &safetensors[..safetensors.len() - 64]).expect("write");
-    let err = run(&cut);
-    assert!(err.contains("cut.safetensors"), "truncated safetensors: {err}");
+    for err in [run(&cut), c_host(&cut)] {
+        assert!(err.contains("cut.safetensors"), "truncated safetensors: {err}");
+    }
 }
 
 /// `relaxc generate --soak 20000` in both modes: 20,000 tokens in rounds of add, prefill,
@@ -462,15 +479,35 @@ fn c_host_generates_tvms_tokens_under_valgrind() -> Option<String> {
     let want = npz::read_arrays(&fixture().join("generate.npz")).expect("generate.npz");
     let (prompt, tokens) = (id_list(&want["prompt"].2), id_list(&want["tokens"].2));
     let mut skipped = None;
-    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
-        let so = build(mode);
-        let out = std::process::Command::new(&exe).arg(&so).arg(&prompt).arg(&tokens).output().expect("run llm_test");
+    let params = fixture_named("tiny_llama_params");
+    let runs = [ExecMode::Bytecode, ExecMode::Compiled].into_iter().flat_map(|mode| {
+        // The bound model, and the model with its weights outside (tensor cache, then
+        // safetensors: both give the same tokens, loaded through rvm.h's weights_open).
+        [
+            (build(mode), vec![]),
+            (build_named("tiny_llama_params", mode), vec!["--weights".into(), params.join("tensor-cache")]),
+            (build_named("tiny_llama_params", mode), vec!["--weights".into(), params.join("params.safetensors")]),
+        ]
+        .into_iter()
+        .map(move |(so, weights): (PathBuf, Vec<PathBuf>)| (mode, so, weights))
+    });
+    for (mode, so, weights) in runs {
+        let out = std::process::Command::new(&exe)
+            .args(&weights)
+            .arg(&so)
+            .arg(&prompt)
+            .arg(&tokens)
+            .output()
+            .expect("run llm_test");
         assert!(
             out.status.success(),
-            "llm_test ({}): {}",
+            "llm_test ({} {weights:?}): {}",
             common::mode_name(mode),
             String::from_utf8_lossy(&out.stderr)
         );
+        if weights.last().is_some_and(|w| w.extension().is_some_and(|e| e == "safetensors")) {
+            continue; // one valgrind run of each model and mode is enough
+        }
         if std::process::Command::new("valgrind").arg("--version").output().is_err() {
             assert!(std::env::var_os("CI").is_none(), "valgrind is required in CI (.ci/run installs it)");
             skipped =
@@ -480,6 +517,7 @@ fn c_host_generates_tvms_tokens_under_valgrind() -> Option<String> {
         let vg = std::process::Command::new("valgrind")
             .args(["--error-exitcode=99", "--leak-check=full", "--errors-for-leak-kinds=definite,indirect"])
             .arg(&exe)
+            .args(&weights)
             .arg(&so)
             .arg(&prompt)
             .arg(&tokens)

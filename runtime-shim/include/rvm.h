@@ -88,6 +88,9 @@ typedef struct rvm_allocator {
   void *ctx;
 } rvm_allocator;
 
+/* Weights loaded from files outside the model (ABI version 3, weights_open). */
+typedef struct rvm_weights rvm_weights;
+
 /* Counters of one VM, reset by vm_reset_stats. */
 typedef struct rvm_vm_stats {
   uint64_t live_storage_bytes; /* storage currently held by tensors */
@@ -215,6 +218,23 @@ typedef struct rvm_api {
    * vm_create_with_allocator), or NULL when the library's own malloc does (or the value is not an
    * object relaxc made). A result is freed through its owner when its last reference goes. */
   const rvm_allocator *(*value_allocator)(const rvm_value *value);
+
+  /* Weights outside the model, for a model exported with its weights as parameters (TVM nn's
+   * export_tvm without binding; MLC): `path` is TVM's tensor cache (a directory with
+   * tensor-cache.json or ndarray-cache.json and its shards) or safetensors (a file, or a
+   * directory of them). The files are memory-mapped read-only and used in place (a weight not
+   * 64-byte aligned in its file is copied once). Every offset and size is checked; an error names
+   * the weight and the file. Load once per module and share across VMs and threads; *out retains
+   * the module until weights_close. */
+  int (*weights_open)(rvm_module *module, const char *path, rvm_weights **out);
+  /* The weight arguments of `function`: its parameters after the first `num_inputs`, found by
+   * name, written to args[0..*count) as borrowed DLTensor values (valid until weights_close), to
+   * put after the inputs in vm_call. Fails naming the first weight `path` lacks, or when capacity
+   * is less than *count (which is set either way). */
+  int (*weights_arguments)(const rvm_weights *weights, int32_t function, int32_t num_inputs, rvm_value *args,
+                           int32_t capacity, int32_t *count);
+  /* Unmaps the files. NULL is ignored. */
+  void (*weights_close)(rvm_weights *weights);
 } rvm_api;
 
 typedef const rvm_api *(*rvm_get_api_fn)(uint32_t abi_version);

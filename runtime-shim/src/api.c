@@ -630,6 +630,9 @@ static const rvm_api api_table = {
     .vm_set_instrument = api_vm_set_instrument,
     .vm_create_with_allocator = api_vm_create_with_allocator,
     .value_allocator = api_value_allocator,
+    .weights_open = rvm_weights_open,
+    .weights_arguments = rvm_weights_arguments,
+    .weights_close = rvm_weights_close,
 };
 
 __attribute__((visibility("default"))) const rvm_api *rvm_get_api(uint32_t abi_version) {

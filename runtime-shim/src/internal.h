@@ -312,6 +312,43 @@ RVM_HIDDEN rvm_storage *rvm_storage_new_unpooled(uint64_t nbytes);
 /* A compact, zero-offset, 64-byte aligned copy of t's elements as a new Tensor. */
 RVM_HIDDEN rvm_tensor *rvm_tensor_copy_aligned(const DLTensor *t);
 
+/* ---- JSON (json.c), for weight indexes ---------------------------------------------------- */
+
+enum { RVM_JSON_NULL, RVM_JSON_BOOL, RVM_JSON_NUMBER, RVM_JSON_STRING, RVM_JSON_ARRAY, RVM_JSON_OBJECT };
+
+/* A value; the items of an array or object are a list from `first` through `next`. */
+typedef struct rvm_json {
+  int kind;
+  bool is_integer;          /* NUMBER: it is an integer that fits int64 */
+  int64_t integer;          /* NUMBER (when is_integer) and BOOL */
+  const char *string;       /* STRING: decoded, NUL-terminated */
+  size_t length;            /* STRING */
+  const char *key;          /* an object member's key, else NULL */
+  size_t count;             /* ARRAY, OBJECT: items */
+  const struct rvm_json *first, *next;
+} rvm_json;
+
+typedef struct rvm_json_doc {
+  const rvm_json *root;
+  rvm_json *nodes;
+  char *strings;
+} rvm_json_doc;
+
+/* Parses untrusted JSON text; a ValueError naming `what` and the place when it is not JSON. */
+RVM_HIDDEN int rvm_json_parse(const char *text, size_t len, const char *what, rvm_json_doc *out);
+RVM_HIDDEN void rvm_json_free(rvm_json_doc *doc);
+/* An object's member by key, or NULL (also when `object` is no object). */
+RVM_HIDDEN const rvm_json *rvm_json_get(const rvm_json *object, const char *key);
+/* An integer value; false for anything else. */
+RVM_HIDDEN bool rvm_json_int(const rvm_json *n, int64_t *out);
+
+/* ---- Weights outside the model (weights.c) -------------------------------------------------- */
+
+RVM_HIDDEN int rvm_weights_open(rvm_module *module, const char *path, rvm_weights **out);
+RVM_HIDDEN int rvm_weights_arguments(const rvm_weights *w, int32_t function, int32_t num_inputs, rvm_value *args,
+                                     int32_t capacity, int32_t *count);
+RVM_HIDDEN void rvm_weights_close(rvm_weights *w);
+
 /* ---- Modules and VMs ---------------------------------------------------------------------- */
 
 struct rvm_module {

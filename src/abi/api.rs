@@ -116,6 +116,16 @@ pub struct ApiV3 {
     pub vm_create_with_allocator:
         unsafe extern "C" fn(m: *mut Module, allocator: *const Allocator, out: *mut *mut Vm) -> c_int,
     pub value_allocator: unsafe extern "C" fn(v: *const Any) -> *const Allocator,
+    pub weights_open: unsafe extern "C" fn(m: *mut Module, path: *const c_char, out: *mut *mut c_void) -> c_int,
+    pub weights_arguments: unsafe extern "C" fn(
+        w: *const c_void,
+        function: i32,
+        num_inputs: i32,
+        args: *mut Any,
+        capacity: i32,
+        count: *mut i32,
+    ) -> c_int,
+    pub weights_close: unsafe extern "C" fn(w: *mut c_void),
 }
 
 c_struct! {
@@ -175,7 +185,7 @@ impl super::CStruct for ApiV3 {
         macro_rules! at3 {
             ($($f:ident),*) => { vec![$((stringify!($f), offset_of!(ApiV3, $f))),*] };
         }
-        fields.extend(at3!(vm_create_with_allocator, value_allocator));
+        fields.extend(at3!(vm_create_with_allocator, value_allocator, weights_open, weights_arguments, weights_close));
         fields
     }
 }

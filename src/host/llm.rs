@@ -93,7 +93,7 @@ impl<'m> Llm<'m> {
         model: &'m Model,
         path: &Path,
         config: CacheConfig,
-        weights: Option<&'m Weights>,
+        weights: Option<&'m Weights<'m>>,
     ) -> Result<Llm<'m>, HostError> {
         Llm::on_vm_with(model, model.vm()?, path, config, weights).map_err(|(e, _)| e)
     }
@@ -115,7 +115,7 @@ impl<'m> Llm<'m> {
         mut vm: Vm<'m>,
         path: &Path,
         config: CacheConfig,
-        weights: Option<&'m Weights>,
+        weights: Option<&'m Weights<'m>>,
     ) -> Result<Llm<'m>, (HostError, Vm<'m>)> {
         match Llm::setup(model, &mut vm, path, config, weights) {
             Ok((p, vocab)) => Ok(Llm { vm, p, vocab }),
@@ -133,7 +133,7 @@ impl<'m> Llm<'m> {
         vm: &mut Vm<'m>,
         path: &Path,
         config: CacheConfig,
-        weights: Option<&'m Weights>,
+        weights: Option<&'m Weights<'m>>,
     ) -> Result<(LlmParts<'m>, Option<usize>), HostError> {
         let names = model.functions();
         let missing: Vec<&str> = REQUIRED_FUNCTIONS.iter().copied().filter(|f| !names.iter().any(|n| n == f)).collect();
@@ -150,7 +150,7 @@ impl<'m> Llm<'m> {
         let inputs: Vec<Input> = sizes.iter().map(|v| Input::Shape(vec![*v])).collect();
         let kv = vm.call(create, &inputs)?;
         let embed = model.find("embed")?;
-        let (weight_args, weight_vocab) = WeightArgs::of(path, weights)?;
+        let (weight_args, weight_vocab) = WeightArgs::of(model, path, weights)?;
         let hidden = hidden_size(vm, embed, &weight_args.embed)?;
         let parts = LlmParts {
             model,
@@ -303,7 +303,7 @@ struct WeightArgs {
 
 impl WeightArgs {
     /// The arguments, and the vocabulary size read from the embedding table among them.
-    fn of(path: &Path, weights: Option<&Weights>) -> Result<(WeightArgs, Option<usize>), HostError> {
+    fn of(model: &Model, path: &Path, weights: Option<&Weights>) -> Result<(WeightArgs, Option<usize>), HostError> {
         let exec = crate::inspect::load_executable(path).map_err(|e| HostError::Value(e.to_string()))?;
         let params = |name: &str, inputs: usize| -> Vec<String> {
             exec.funcs
@@ -312,10 +312,11 @@ impl WeightArgs {
                 .map(|f| f.param_names.iter().skip(inputs).cloned().collect())
                 .unwrap_or_default()
         };
-        let (embed, prefill, decode) = (params("embed", 1), params("prefill", 2), params("decode", 2));
+        let embed_params = params("embed", 1);
         let Some(w) = weights else {
-            if let Some(first) = embed.first().or(prefill.first()) {
-                let n = embed.len().max(prefill.len());
+            let prefill_params = params("prefill", 2);
+            if let Some(first) = embed_params.first().or(prefill_params.first()) {
+                let n = embed_params.len().max(prefill_params.len());
                 return Err(HostError::Value(format!(
                     "{} takes its {n} weights as parameters ({first}, ...): pass them with --weights (a tensor cache or safetensors)",
                     path.display()
@@ -323,21 +324,17 @@ impl WeightArgs {
             }
             return Ok((WeightArgs::default(), None));
         };
-        let args = |f: &str, names: &[String]| w.arguments(f, names).map_err(|e| HostError::Value(e.to_string()));
-        let vocab = embed
+        let embed = w.arguments(model.find("embed")?, 1)?;
+        let vocab = embed_params
             .iter()
-            .find(|n| n.contains("embed"))
-            .and_then(|n| w.shape_of(n))
+            .position(|n| n.contains("embed"))
+            .and_then(|i| embed.get(i))
+            .and_then(crate::host::external::shape_of)
             .filter(|s| s.len() == 2)
             .map(|s| s[0] as usize);
-        Ok((
-            WeightArgs {
-                embed: args("embed", &embed)?,
-                prefill: args("prefill", &prefill)?,
-                decode: args("decode", &decode)?,
-            },
-            vocab,
-        ))
+        let prefill = w.arguments(model.find("prefill")?, 2)?;
+        let decode = w.arguments(model.find("decode")?, 2)?;
+        Ok((WeightArgs { embed, prefill, decode }, vocab))
     }
 }
 

@@ -136,6 +136,16 @@ static void nulls(rvm_module *m, rvm_vm *vm) {
   CHECK(v3 == NULL, "vm_create_with_allocator wrote a VM on failure");
   CHECK(api->value_allocator(NULL) == NULL && api->value_allocator(&seven) == NULL && api->value_allocator(&none) == NULL,
         "value_allocator of NULL, an int or None names an allocator");
+  rvm_weights *weights = NULL;
+  int32_t count = 0;
+  FAILS(api->weights_open(NULL, "/nonexistent", &weights), "weights_open(NULL module)");
+  FAILS(api->weights_open(m, NULL, &weights), "weights_open(NULL path)");
+  FAILS(api->weights_open(m, "/nonexistent", NULL), "weights_open(NULL out)");
+  FAILS(api->weights_open(m, "/nonexistent", &weights), "weights_open(a missing path)");
+  FAILS(api->weights_open(m, "/dev/null", &weights), "weights_open(not weights)");
+  CHECK(weights == NULL, "weights_open wrote weights on failure");
+  FAILS(api->weights_arguments(NULL, 0, 0, NULL, 0, &count), "weights_arguments(NULL)");
+  api->weights_close(NULL);
 }
 
 /* Bad DLTensor arguments: NULL shape, zero lanes, sizes that wrap, negative dims. */

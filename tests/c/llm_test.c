@@ -8,7 +8,10 @@
  * With THREADS, that many threads do it at once, each with its own VM and KV cache (tests/threads.rs
  * runs that under ThreadSanitizer).
  *
- * usage: llm_test TINY_LLAMA.so PROMPT_IDS EXPECTED_IDS [THREADS]   (ids comma-separated)
+ * With --weights PATH the model takes its weights as parameters (tiny_llama_params): they are
+ * loaded once with weights_open and appended to every embed, prefill and decode call.
+ *
+ * usage: llm_test [--weights PATH] TINY_LLAMA.so PROMPT_IDS EXPECTED_IDS [THREADS]   (ids comma-separated)
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -41,11 +44,25 @@ static rvm_value shape(const int64_t *dims, int64_t n) {
   return v;
 }
 
+enum { MAX_WEIGHTS = 256 };
+
+/* The model's weight arguments per function, when it takes them as parameters. */
+static rvm_weights *weights;
+static rvm_value embed_weights[MAX_WEIGHTS], prefill_weights[MAX_WEIGHTS], decode_weights[MAX_WEIGHTS];
+static int32_t num_embed_weights, num_prefill_weights, num_decode_weights;
+
 typedef struct {
   rvm_vm *vm;
   int32_t embed, prefill, decode;
   rvm_value reshape, begin, end, kv;
 } llm;
+
+/* args[0..n) followed by the function's weights, into out (capacity MAX_WEIGHTS + 2). */
+static int32_t with_weights(const rvm_value *args, int32_t n, const rvm_value *w, int32_t nw, rvm_value *out) {
+  memcpy(out, args, sizeof(rvm_value) * (size_t)n);
+  memcpy(out + n, w, sizeof(rvm_value) * (size_t)nw);
+  return n + nw;
+}
 
 /* One step: embed `tokens`, view them as [rows, cols, hidden], run `fn` between begin and end
  * forward for sequence 0; returns the argmax of the last row of logits (or -1). */
@@ -58,7 +75,9 @@ static int32_t step(llm *m, int32_t fn, const int32_t *tokens, int64_t n, int64_
   int32_t best = -1;
   int64_t dims[3] = {rows, cols, 0}, seq = 0;
   rvm_value new_shape = {0}, seq_ids = shape(&seq, 1), lengths = shape(&n, 1);
-  if (api->vm_call(m->vm, m->embed, &arg, 1, &embeds) != 0) goto done;
+  rvm_value all[MAX_WEIGHTS + 2];
+  int32_t n_all = with_weights(&arg, 1, embed_weights, num_embed_weights, all);
+  if (api->vm_call(m->vm, m->embed, all, n_all, &embeds) != 0) goto done;
   dims[2] = api->tensor_view(&embeds)->shape[1]; /* the hidden size: embed gives [n, hidden] */
   new_shape = shape(dims, 3);
   rvm_value reshape_args[2] = {embeds, new_shape};
@@ -66,7 +85,9 @@ static int32_t step(llm *m, int32_t fn, const int32_t *tokens, int64_t n, int64_
   rvm_value begin_args[3] = {m->kv, seq_ids, lengths};
   if (api->function_call(&m->begin, begin_args, 3, &none) != 0) goto done;
   rvm_value call_args[2] = {view, m->kv};
-  if (api->vm_call(m->vm, fn, call_args, 2, &out) != 0) goto done;
+  n_all = fn == m->prefill ? with_weights(call_args, 2, prefill_weights, num_prefill_weights, all)
+                          : with_weights(call_args, 2, decode_weights, num_decode_weights, all);
+  if (api->vm_call(m->vm, fn, all, n_all, &out) != 0) goto done;
   if (api->function_call(&m->end, &m->kv, 1, &none) != 0) goto done;
   rvm_value logits = {0};
   if (api->tuple_get(&out, 0, &logits) != 0) goto done;
@@ -147,8 +168,14 @@ static void *generate_thread(void *status) {
 }
 
 int main(int argc, char **argv) {
+  const char *weights_path = NULL;
+  if (argc > 2 && strcmp(argv[1], "--weights") == 0) {
+    weights_path = argv[2];
+    argv += 2;
+    argc -= 2;
+  }
   if (argc != 4 && argc != 5) {
-    fprintf(stderr, "usage: llm_test TINY_LLAMA.so PROMPT_IDS EXPECTED_IDS [THREADS]\n");
+    fprintf(stderr, "usage: llm_test [--weights PATH] TINY_LLAMA.so PROMPT_IDS EXPECTED_IDS [THREADS]\n");
     return 2;
   }
   n_prompt = parse_ids(argv[2], prompt, 64);
@@ -165,6 +192,21 @@ int main(int argc, char **argv) {
   }
   api = ((rvm_get_api_fn)dlsym(lib, "rvm_get_api"))(RVM_ABI_VERSION);
   if (api->module_open(&module) != 0) return fail("module_open");
+  if (weights_path) {
+    int32_t f;
+    if (api->weights_open(module, weights_path, &weights) != 0) return fail("weights_open");
+    if (api->function_find(module, "embed", &f) ||
+        api->weights_arguments(weights, f, 1, embed_weights, MAX_WEIGHTS, &num_embed_weights) ||
+        api->function_find(module, "prefill", &f) ||
+        api->weights_arguments(weights, f, 2, prefill_weights, MAX_WEIGHTS, &num_prefill_weights) ||
+        api->function_find(module, "decode", &f) ||
+        api->weights_arguments(weights, f, 2, decode_weights, MAX_WEIGHTS, &num_decode_weights)) {
+      fail("weights_arguments");
+      api->weights_close(weights);
+      api->module_close(module);
+      return 1;
+    }
+  }
   int rc = 0;
   if (threads == 0) {
     rc = generate();
@@ -177,6 +219,7 @@ int main(int argc, char **argv) {
       rc |= status[i];
     }
   }
+  api->weights_close(weights);
   api->module_close(module);
   dlclose(lib);
   if (rc == 0) printf("llm_test: %d tokens as expected%s\n", n_expected, threads ? " on every thread" : "");

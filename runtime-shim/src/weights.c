@@ -1,0 +1,404 @@
+/*
+ * weights.c: weights outside the model (rvm.h's weights_open): TVM's tensor cache (a directory
+ * with tensor-cache.json or ndarray-cache.json and its shards) or safetensors (a file, or a
+ * directory of them), for models exported with their weights as parameters (TVM nn's export_tvm
+ * without binding; MLC).
+ *
+ * Files are memory-mapped once, read-only; each weight is a DLTensor over its bytes, passed to
+ * the model in place. A weight not 64-byte aligned in its file is copied once, here: the runtime
+ * would otherwise copy it on every call. Every offset, size and name read from the files is
+ * checked before use; an error names the weight and the file. The same rules as relaxc's Rust
+ * host (src/host/external.rs), so `relaxc generate --weights` and a C host agree.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+typedef struct mapping {
+  void *base;
+  size_t size;
+} mapping;
+
+typedef struct weight {
+  char *name;
+  int64_t *shape;
+  DLTensor tensor;
+  void *copy; /* an aligned copy, when the file's bytes were not aligned */
+} weight;
+
+struct rvm_weights {
+  rvm_module *module;
+  char *path;
+  mapping *maps;
+  int32_t num_maps, cap_maps;
+  weight *weights;
+  int32_t num_weights, cap_weights;
+};
+
+static char *copy_string(const char *s) {
+  size_t n = strlen(s);
+  char *c = rvm_mem_alloc(n + 1, "a weight's name");
+  if (c) memcpy(c, s, n + 1);
+  return c;
+}
+
+static int io_error(const char *path, const char *doing) {
+  return rvm_raise("OSError", "cannot %s %s: %s", doing, path, strerror(errno));
+}
+
+/* Maps `path` read-only and keeps the mapping; *data and *size describe it. */
+static int map_file(rvm_weights *w, const char *path, const unsigned char **data, size_t *size) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return io_error(path, "open");
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int rc = io_error(path, "stat");
+    close(fd);
+    return rc;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return rvm_raise("ValueError", "%s is not a regular file", path);
+  }
+  void *base = st.st_size > 0 ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : NULL;
+  close(fd);
+  if (st.st_size > 0 && base == MAP_FAILED) return io_error(path, "map");
+  if (w->num_maps == w->cap_maps) {
+    int32_t cap = w->cap_maps ? 2 * w->cap_maps : 8;
+    mapping *m = rvm_mem_realloc(w->maps, sizeof(mapping) * (size_t)cap, "the weights' file list");
+    if (!m) {
+      if (base) munmap(base, (size_t)st.st_size);
+      return -1;
+    }
+    w->maps = m;
+    w->cap_maps = cap;
+  }
+  w->maps[w->num_maps++] = (mapping){base, (size_t)st.st_size};
+  *data = base;
+  *size = (size_t)st.st_size;
+  return 0;
+}
+
+/* A dtype by the names the tensor cache (numpy's) and safetensors use; false if unknown. */
+static bool dtype_of(const char *name, DLDataType *out) {
+  static const struct { const char *a, *b; uint8_t code, bits; } table[] = {
+      {"float32", "F32", kDLFloat, 32}, {"float16", "F16", kDLFloat, 16}, {"float64", "F64", kDLFloat, 64},
+      {"bfloat16", "BF16", kDLBfloat, 16}, {"int8", "I8", kDLInt, 8}, {"int16", "I16", kDLInt, 16},
+      {"int32", "I32", kDLInt, 32}, {"int64", "I64", kDLInt, 64}, {"uint8", "U8", kDLUInt, 8},
+      {"uint16", "U16", kDLUInt, 16}, {"uint32", "U32", kDLUInt, 32}, {"uint64", "U64", kDLUInt, 64},
+      {"bool", "BOOL", kDLBool, 8}};
+  for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+    if (strcmp(name, table[i].a) == 0 || strcmp(name, table[i].b) == 0) {
+      *out = (DLDataType){table[i].code, table[i].bits, 1};
+      return true;
+    }
+  return false;
+}
+
+/* Adds one weight over `bytes` (which must hold exactly its elements). */
+static int add_weight(rvm_weights *w, const char *name, DLDataType dtype, const int64_t *shape, int32_t ndim,
+                      const unsigned char *bytes, int64_t nbytes, const char *file) {
+  for (int32_t i = 0; i < w->num_weights; i++)
+    if (strcmp(w->weights[i].name, name) == 0) return rvm_raise("ValueError", "weight %s in %s: appears twice", name, file);
+  if (w->num_weights == w->cap_weights) {
+    int32_t cap = w->cap_weights ? 2 * w->cap_weights : 64;
+    weight *grown = rvm_mem_realloc(w->weights, sizeof(weight) * (size_t)cap, "the weights' table");
+    if (!grown) return -1;
+    w->weights = grown;
+    w->cap_weights = cap;
+  }
+  weight *e = &w->weights[w->num_weights];
+  memset(e, 0, sizeof *e);
+  e->name = copy_string(name);
+  e->shape = rvm_mem_calloc((size_t)ndim + 1, sizeof(int64_t), "a weight's shape");
+  if (!e->name || !e->shape) {
+    rvm_mem_free(e->name);
+    rvm_mem_free(e->shape);
+    return -1;
+  }
+  if (ndim > 0) memcpy(e->shape, shape, sizeof(int64_t) * (size_t)ndim);
+  void *data = (void *)bytes;
+  if (((uintptr_t)bytes % 64) != 0) {
+    e->copy = rvm_mem_aligned((size_t)nbytes + 1, 64, "an aligned copy of a weight");
+    if (!e->copy) {
+      rvm_mem_free(e->name);
+      rvm_mem_free(e->shape);
+      return -1;
+    }
+    if (nbytes) memcpy(e->copy, bytes, (size_t)nbytes);
+    data = e->copy;
+  }
+  e->tensor = (DLTensor){data, {kDLCPU, 0}, ndim, dtype, e->shape, NULL, 0};
+  w->num_weights++;
+  return 0;
+}
+
+/* A shape from a JSON array of non-negative integers, at most 16 dims. */
+static int shape_of(const rvm_json *a, int64_t *shape, int32_t *ndim) {
+  if (!a || a->kind != RVM_JSON_ARRAY || a->count > 16) return -1;
+  *ndim = 0;
+  for (const rvm_json *d = a->first; d; d = d->next)
+    if (!rvm_json_int(d, &shape[(*ndim)++]) || shape[*ndim - 1] < 0) return -1;
+  return 0;
+}
+
+static int64_t checked_bytes(const int64_t *shape, int32_t ndim, DLDataType dtype) {
+  int64_t n = (dtype.bits + 7) / 8;
+  for (int32_t i = 0; i < ndim; i++) {
+    if (shape[i] != 0 && n > INT64_MAX / shape[i]) return -1;
+    n *= shape[i];
+  }
+  return n;
+}
+
+static int load_tensor_cache(rvm_weights *w, const char *dir, const char *index) {
+  const unsigned char *text;
+  size_t len;
+  if (map_file(w, index, &text, &len)) return -1;
+  rvm_json_doc doc;
+  if (rvm_json_parse((const char *)text, len, index, &doc)) return -1;
+  int rc = 0;
+  const rvm_json *shards = rvm_json_get(doc.root, "records");
+  if (!shards || shards->kind != RVM_JSON_ARRAY) rc = rvm_raise("ValueError", "%s: no \"records\" list", index);
+  int s = 0;
+  for (const rvm_json *shard = shards ? shards->first : NULL; rc == 0 && shard; shard = shard->next, s++) {
+    const rvm_json *data_path = rvm_json_get(shard, "dataPath"), *records = rvm_json_get(shard, "records");
+    if (!data_path || data_path->kind != RVM_JSON_STRING) {
+      rc = rvm_raise("ValueError", "%s: shard %d has no \"dataPath\"", index, s);
+      break;
+    }
+    if (strchr(data_path->string, '/') || strstr(data_path->string, "..")) {
+      rc = rvm_raise("ValueError", "%s: shard %d's dataPath \"%s\" leaves the cache's directory", index, s, data_path->string);
+      break;
+    }
+    if (!records || records->kind != RVM_JSON_ARRAY) {
+      rc = rvm_raise("ValueError", "%s: shard %d (%s) has no \"records\" list", index, s, data_path->string);
+      break;
+    }
+    char file[4096];
+    if ((size_t)snprintf(file, sizeof file, "%s/%s", dir, data_path->string) >= sizeof file) {
+      rc = rvm_raise("ValueError", "%s: shard path too long", index);
+      break;
+    }
+    const unsigned char *bytes;
+    size_t size;
+    if ((rc = map_file(w, file, &bytes, &size)) != 0) break;
+    int k = 0;
+    for (const rvm_json *r = records->first; rc == 0 && r; r = r->next, k++) {
+      const rvm_json *name = rvm_json_get(r, "name"), *dtype_name = rvm_json_get(r, "dtype"), *format = rvm_json_get(r, "format");
+      if (!name || name->kind != RVM_JSON_STRING) {
+        rc = rvm_raise("ValueError", "%s: record %d of shard %d has no name", index, k, s);
+        break;
+      }
+      const char *n = name->string;
+      if (format && (format->kind != RVM_JSON_STRING || strcmp(format->string, "raw") != 0)) {
+        rc = rvm_raise("ValueError", "weight %s in %s: is not stored \"raw\"", n, file);
+        break;
+      }
+      DLDataType dtype;
+      if (!dtype_name || dtype_name->kind != RVM_JSON_STRING || !dtype_of(dtype_name->string, &dtype)) {
+        rc = rvm_raise("ValueError", "weight %s in %s: unknown dtype", n, file);
+        break;
+      }
+      int64_t shape[16], nbytes, offset;
+      int32_t ndim;
+      if (shape_of(rvm_json_get(r, "shape"), shape, &ndim)) {
+        rc = rvm_raise("ValueError", "weight %s in %s: has no list of integer dims as its shape", n, file);
+        break;
+      }
+      if (!rvm_json_int(rvm_json_get(r, "nbytes"), &nbytes) || !rvm_json_int(rvm_json_get(r, "byteOffset"), &offset) ||
+          nbytes < 0 || offset < 0) {
+        rc = rvm_raise("ValueError", "weight %s in %s: has no nbytes or byteOffset", n, file);
+        break;
+      }
+      int64_t need = checked_bytes(shape, ndim, dtype);
+      if (need != nbytes) {
+        rc = rvm_raise("ValueError", "weight %s in %s: %lld bytes for its shape and dtype, which need %lld", n, file,
+                       (long long)nbytes, (long long)need);
+        break;
+      }
+      if ((uint64_t)offset > size || (uint64_t)nbytes > size - (uint64_t)offset) {
+        rc = rvm_raise("ValueError",
+                       "weight %s in %s: its bytes %lld..%lld lie past the end of the shard (%zu bytes): the shard is "
+                       "truncated or the index is wrong",
+                       n, file, (long long)offset, (long long)offset + (long long)nbytes, size);
+        break;
+      }
+      rc = add_weight(w, n, dtype, shape, ndim, bytes + offset, nbytes, file);
+    }
+  }
+  rvm_json_free(&doc);
+  return rc;
+}
+
+static int load_safetensors(rvm_weights *w, const char *file) {
+  const unsigned char *bytes;
+  size_t size;
+  if (map_file(w, file, &bytes, &size)) return -1;
+  uint64_t header = 0;
+  if (size < 8) return rvm_raise("ValueError", "%s: not a safetensors file (%zu bytes)", file, size);
+  memcpy(&header, bytes, 8);
+  if (header > size - 8) return rvm_raise("ValueError", "%s: its header length %llu passes the end of the file", file, (unsigned long long)header);
+  rvm_json_doc doc;
+  if (rvm_json_parse((const char *)bytes + 8, (size_t)header, file, &doc)) return -1;
+  int rc = 0;
+  size_t data = 8 + (size_t)header;
+  if (doc.root->kind != RVM_JSON_OBJECT) rc = rvm_raise("ValueError", "%s: its header is not an object", file);
+  for (const rvm_json *t = doc.root->kind == RVM_JSON_OBJECT ? doc.root->first : NULL; rc == 0 && t; t = t->next) {
+    if (strcmp(t->key, "__metadata__") == 0) continue;
+    const rvm_json *dtype_name = rvm_json_get(t, "dtype"), *offsets = rvm_json_get(t, "data_offsets");
+    DLDataType dtype;
+    if (!dtype_name || dtype_name->kind != RVM_JSON_STRING || !dtype_of(dtype_name->string, &dtype)) {
+      rc = rvm_raise("ValueError", "weight %s in %s: unknown dtype", t->key, file);
+      break;
+    }
+    int64_t shape[16], begin, end;
+    int32_t ndim;
+    if (shape_of(rvm_json_get(t, "shape"), shape, &ndim)) {
+      rc = rvm_raise("ValueError", "weight %s in %s: has no list of integer dims as its shape", t->key, file);
+      break;
+    }
+    if (!offsets || offsets->kind != RVM_JSON_ARRAY || offsets->count != 2 || !rvm_json_int(offsets->first, &begin) ||
+        !rvm_json_int(offsets->first->next, &end) || begin < 0 || end < begin) {
+      rc = rvm_raise("ValueError", "weight %s in %s: bad data_offsets", t->key, file);
+      break;
+    }
+    int64_t need = checked_bytes(shape, ndim, dtype);
+    if (need != end - begin) {
+      rc = rvm_raise("ValueError", "weight %s in %s: its data_offsets %lld..%lld do not hold the %lld bytes of its shape", t->key,
+                     file, (long long)begin, (long long)end, (long long)need);
+      break;
+    }
+    if ((uint64_t)end > size - data) {
+      rc = rvm_raise("ValueError", "weight %s in %s: its bytes lie past the end of the file (%zu bytes): truncated?", t->key, file, size);
+      break;
+    }
+    rc = add_weight(w, t->key, dtype, shape, ndim, bytes + data + begin, need, file);
+  }
+  rvm_json_free(&doc);
+  return rc;
+}
+
+static int compare_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int load_directory(rvm_weights *w, const char *dir) {
+  char index[4096];
+  for (const char *const *name = (const char *const[]){"tensor-cache.json", "ndarray-cache.json", NULL}; *name; name++) {
+    if ((size_t)snprintf(index, sizeof index, "%s/%s", dir, *name) >= sizeof index) return rvm_raise("ValueError", "path too long");
+    if (access(index, F_OK) == 0) return load_tensor_cache(w, dir, index);
+  }
+  DIR *d = opendir(dir);
+  if (!d) return io_error(dir, "list");
+  char **names = NULL;
+  size_t n = 0, cap = 0;
+  int rc = 0;
+  for (struct dirent *e; rc == 0 && (e = readdir(d));) {
+    size_t len = strlen(e->d_name);
+    if (len <= 12 || strcmp(e->d_name + len - 12, ".safetensors") != 0) continue;
+    if (n == cap) {
+      cap = cap ? 2 * cap : 16;
+      char **grown = rvm_mem_realloc(names, sizeof(char *) * cap, "a file list");
+      if (!grown) {
+        rc = -1;
+        break;
+      }
+      names = grown;
+    }
+    if (!(names[n] = copy_string(e->d_name))) rc = -1;
+    else n++;
+  }
+  closedir(d);
+  if (rc == 0 && n == 0)
+    rc = rvm_raise("ValueError", "%s is neither a tensor cache (tensor-cache.json or ndarray-cache.json) nor a directory of .safetensors files", dir);
+  if (rc == 0) qsort(names, n, sizeof(char *), compare_names);
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    char file[4096];
+    if ((size_t)snprintf(file, sizeof file, "%s/%s", dir, names[i]) >= sizeof file) rc = rvm_raise("ValueError", "path too long");
+    else rc = load_safetensors(w, file);
+  }
+  for (size_t i = 0; i < n; i++) rvm_mem_free(names[i]);
+  rvm_mem_free(names);
+  return rc;
+}
+
+void rvm_weights_close(rvm_weights *w) {
+  if (!w) return;
+  for (int32_t i = 0; i < w->num_weights; i++) {
+    rvm_mem_free(w->weights[i].name);
+    rvm_mem_free(w->weights[i].shape);
+    rvm_mem_free(w->weights[i].copy);
+  }
+  for (int32_t i = 0; i < w->num_maps; i++)
+    if (w->maps[i].base) munmap(w->maps[i].base, w->maps[i].size);
+  rvm_mem_free(w->weights);
+  rvm_mem_free(w->maps);
+  rvm_mem_free(w->path);
+  if (w->module) rvm_module_close(w->module);
+  rvm_mem_free(w);
+}
+
+int rvm_weights_open(rvm_module *module, const char *path, rvm_weights **out) {
+  rvm_error_clear();
+  if (!module || !path || !out) return rvm_raise("ValueError", "weights_open: the module, the path and out must not be NULL");
+  *out = NULL;
+  rvm_weights *w = rvm_mem_calloc(1, sizeof *w, "weights");
+  if (!w) return -1;
+  if (!(w->path = copy_string(path))) {
+    rvm_mem_free(w);
+    return -1;
+  }
+  struct stat st;
+  int rc;
+  if (stat(path, &st) != 0) {
+    rc = io_error(path, "open");
+  } else if (S_ISDIR(st.st_mode)) {
+    rc = load_directory(w, path);
+  } else {
+    size_t len = strlen(path);
+    rc = len > 12 && strcmp(path + len - 12, ".safetensors") == 0
+             ? load_safetensors(w, path)
+             : rvm_raise("ValueError", "%s is neither a tensor cache directory nor safetensors (a .safetensors file or a directory of them)", path);
+  }
+  if (rc) {
+    rvm_weights_close(w);
+    return -1;
+  }
+  atomic_fetch_add_explicit(&module->refcount, 1, memory_order_relaxed);
+  w->module = module;
+  *out = w;
+  return 0;
+}
+
+int rvm_weights_arguments(const rvm_weights *w, int32_t function, int32_t num_inputs, rvm_value *args, int32_t capacity,
+                          int32_t *count) {
+  rvm_error_clear();
+  if (!w || !count || (capacity > 0 && !args)) return rvm_raise("ValueError", "weights_arguments: weights, args and count must not be NULL");
+  rvm_module *m = w->module;
+  if (function < 0 || function >= m->num_relax_funcs)
+    return rvm_raise("ValueError", "function index %d out of range (the model has %d functions)", function, m->num_relax_funcs);
+  const rvm_func_info *f = &m->program->funcs[m->relax_funcs[function]];
+  if (num_inputs < 0 || num_inputs > f->num_args)
+    return rvm_raise("ValueError", "%s takes %d parameters; %d inputs leave no room", f->name, f->num_args, num_inputs);
+  int32_t needed = f->num_args - num_inputs;
+  *count = needed;
+  if (needed > capacity)
+    return rvm_raise("ValueError", "%s takes %d weights; the argument array holds %d", f->name, needed, capacity);
+  for (int32_t i = 0; i < needed; i++) {
+    const char *name = f->param_names[num_inputs + i];
+    const weight *found = NULL;
+    for (int32_t k = 0; k < w->num_weights && !found; k++)
+      if (strcmp(w->weights[k].name, name) == 0) found = &w->weights[k];
+    if (!found) return rvm_raise("ValueError", "%s takes weight %s, which %s does not have", f->name, name, w->path);
+    args[i] = (rvm_value){.type_index = kTVMFFIDLTensorPtr, .v_ptr = (void *)&found->tensor};
+  }
+  return 0;
+}
