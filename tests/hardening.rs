@@ -203,7 +203,8 @@ fn damaged_weight_files_never_crash_the_loader() {
     let (mut loaded, mut refused) = (0, 0);
     for round in 0..400 {
         let safetensors_round = round % 2 == 1;
-        let mut bytes = if safetensors_round { safetensors[..(8 + 1200).min(safetensors.len())].to_vec() } else { index.clone() };
+        let mut bytes =
+            if safetensors_round { safetensors[..(8 + 1200).min(safetensors.len())].to_vec() } else { index.clone() };
         for _ in 0..1 + next() % 4 {
             let at = (next() as usize) % bytes.len().max(1);
             match next() % 4 {

@@ -20,6 +20,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -121,5 +122,107 @@ int rvm_ffi_call(int64_t function, const TVMFFIAny *args, int32_t num_args, TVMF
     return fail();
   }
   *result = out;
+  return 0;
+}
+
+/* ---- weights outside the model, for Python ------------------------------------------------ */
+
+/* Weights loaded through relaxc_weights, by path, kept until the library is unloaded: the tensors
+ * handed to Python view them, and loading a path again reuses its mappings. */
+typedef struct loaded_weights {
+  struct loaded_weights *next;
+  rvm_weights *weights;
+  char path[];
+} loaded_weights;
+
+static loaded_weights *ffi_weights;
+static pthread_mutex_t ffi_weights_lock = PTHREAD_MUTEX_INITIALIZER;
+
+__attribute__((destructor(102))) static void close_ffi_weights(void) {
+  for (loaded_weights *l = ffi_weights; l;) {
+    loaded_weights *next = l->next;
+    rvm_weights_close(l->weights);
+    free(l);
+    l = next;
+  }
+  ffi_weights = NULL;
+}
+
+static rvm_weights *weights_at(const char *path) {
+  pthread_mutex_lock(&ffi_weights_lock);
+  loaded_weights *l = ffi_weights;
+  while (l && strcmp(l->path, path) != 0) l = l->next;
+  if (!l) {
+    size_t len = strlen(path);
+    rvm_weights *w = NULL;
+    l = malloc(sizeof *l + len + 1);
+    if (!l) {
+      rvm_raise("MemoryError", "out of memory loading weights");
+    } else if (rvm_weights_open(ffi_module, path, &w)) {
+      free(l);
+      l = NULL;
+    } else {
+      l->weights = w;
+      memcpy(l->path, path, len + 1);
+      l->next = ffi_weights;
+      ffi_weights = l;
+    }
+  }
+  pthread_mutex_unlock(&ffi_weights_lock);
+  return l ? l->weights : NULL;
+}
+
+/* relaxc_weights(path, function, num_inputs) -> Array of Tensors: the weight arguments of
+ * `function` (its parameters after the first num_inputs), from a tensor cache or safetensors
+ * at `path`, memory-mapped once per path. From Python:
+ *   m = tvm_ffi.load_module("m.so"); w = m["relaxc_weights"](path, "prefill", 2)
+ *   m["prefill"](x, kv, *w) */
+__attribute__((visibility("default"))) int __tvm_ffi_relaxc_weights(void *self, const TVMFFIAny *args, int32_t n,
+                                                                    TVMFFIAny *result) {
+  (void)self;
+  rvm_error_clear();
+  if (!thread_vm()) return fail();
+  const char *path, *name;
+  uint64_t path_len, name_len;
+  if (n != 3 || !rvm_as_string(&args[0], &path, &path_len) || !rvm_as_string(&args[1], &name, &name_len) ||
+      args[2].type_index != kTVMFFIInt) {
+    rvm_raise("TypeError", "relaxc_weights(path: str, function: str, num_inputs: int)");
+    return fail();
+  }
+  char path_z[4096], name_z[512];
+  if (path_len >= sizeof path_z || name_len >= sizeof name_z) {
+    rvm_raise("ValueError", "relaxc_weights: the path or the function name is too long");
+    return fail();
+  }
+  memcpy(path_z, path, path_len);
+  path_z[path_len] = 0;
+  memcpy(name_z, name, name_len);
+  name_z[name_len] = 0;
+  int32_t function = -1;
+  for (int32_t i = 0; i < ffi_module->num_relax_funcs; i++)
+    if (strcmp(ffi_module->program->funcs[ffi_module->relax_funcs[i]].name, name_z) == 0) function = i;
+  if (function < 0) {
+    rvm_raise("ValueError", "the model has no function %s", name_z);
+    return fail();
+  }
+  rvm_weights *w = weights_at(path_z);
+  if (!w) return fail();
+  int32_t count = 0;
+  rvm_weights_arguments(w, function, (int32_t)args[2].v_int64, NULL, 0, &count);
+  rvm_value *values = rvm_mem_calloc((size_t)count + 1, sizeof(rvm_value), "weight arguments");
+  rvm_array *out = values ? rvm_array_new(count) : NULL;
+  int rc = out ? rvm_weights_arguments(w, function, (int32_t)args[2].v_int64, values, count, &count) : -1;
+  for (int32_t i = 0; rc == 0 && i < count; i++) {
+    const DLTensor *t = values[i].v_ptr;
+    rvm_tensor *view = rvm_tensor_new(t->data, t->device, t->ndim, t->dtype, t->shape, 0, NULL);
+    if (!view) rc = -1;
+    else out->items[i] = rvm_obj_any(view);
+  }
+  rvm_mem_free(values);
+  if (rc) {
+    if (out) rvm_object_decref(&out->header);
+    return fail();
+  }
+  *result = rvm_obj_any(out);
   return 0;
 }

@@ -39,6 +39,9 @@ pub const MODES_SECTION: &str = ".rvm_modes";
 pub const IDENTITY_SECTION: &str = ".rvm_identity";
 /// Non-allocated section listing a model's CUDA images and kernels.
 pub const CUDA_LISTING_SECTION: &str = ".rvm_cuda";
+/// The runtime's tvm-ffi entry that loads weights outside the model for Python
+/// (runtime-shim/src/ffi_module.c), exported beside the model's functions.
+pub const FFI_WEIGHTS_SYMBOL: &str = "__tvm_ffi_relaxc_weights";
 /// What every kernel's symbol starts with: TVM-FFI's safe-call entry prefix.
 pub const KERNEL_PREFIX: &str = "__tvm_ffi_";
 

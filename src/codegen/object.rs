@@ -102,9 +102,14 @@ pub fn emit_object(inputs: &ObjectInputs) -> Result<EmittedObject, CodegenError>
     add_consts_section(&mut product, &tensors)?;
     let constants = super::constants::ConstantsObject::new(exec, &tensors, target);
     let bytes = product.emit().map_err(|e| CodegenError::Object(e.to_string()))?;
+    let mut exports = ffi.symbols;
+    // The runtime's own tvm-ffi entry: weights outside the model, for Python (ffi_module.c).
+    if !exports.is_empty() && !taken.contains(abi::FFI_WEIGHTS_SYMBOL) {
+        exports.push(abi::FFI_WEIGHTS_SYMBOL.to_string());
+    }
     let mut notes = native.notes;
     notes.extend(ffi.skipped.into_iter().map(|(f, why)| (f, format!("no tvm-ffi entry point: {why}"))));
-    Ok(EmittedObject { bytes, streamed: vec![Box::new(constants)], exports: ffi.symbols, notes, clif: native.clif })
+    Ok(EmittedObject { bytes, streamed: vec![Box::new(constants)], exports, notes, clif: native.clif })
 }
 
 /// The non-allocated sections: the serialized executable, each Relax function's mode, the

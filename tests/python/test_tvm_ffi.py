@@ -224,3 +224,24 @@ def test_torch_tensors(build_dir):
     x = np.load(os.path.join(FIXTURES, "mlp_static", "ok_basic.in.npz"))["arg0"]
     y = torch.from_dlpack(main(torch.from_numpy(x)))
     assert y.numpy().tobytes() == np.load(os.path.join(FIXTURES, "mlp_static", "ok_basic.out.npz"))["out0"].tobytes()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_external_weights_from_python(mode, build_dir):
+    """tiny_llama_params takes its weights as parameters: relaxc_weights loads them (tensor cache
+    or safetensors, memory-mapped once per path) as the arguments to append; embed then equals the
+    bound model's (tiny_llama, the same weights) bit for bit. A broken path is an error naming it."""
+    external = tvm_ffi.load_module(build("tiny_llama_params", mode, build_dir))
+    bound = tvm_ffi.load_module(build("tiny_llama", mode, build_dir))
+    ids = tvm_ffi.from_dlpack(np.array([1, 17, 42, 5], dtype="int32"))
+    want = np.from_dlpack(bound["embed"](ids)).copy()
+    params = os.path.join(FIXTURES, "tiny_llama_params")
+    for path in [os.path.join(params, "tensor-cache"), os.path.join(params, "params.safetensors")]:
+        weights = external["relaxc_weights"](path, "embed", 1)
+        assert len(weights) == 15
+        got = np.from_dlpack(external["embed"](ids, *weights))
+        assert got.tobytes() == want.tobytes(), path
+    with pytest.raises(Exception, match="nowhere.safetensors"):
+        external["relaxc_weights"](os.path.join(params, "nowhere.safetensors"), "embed", 1)
+    with pytest.raises(Exception, match="no function nope"):
+        external["relaxc_weights"](os.path.join(params, "tensor-cache"), "nope", 1)
