@@ -108,6 +108,7 @@ void rvm_error_locate(const char *function, int64_t pc, const char *callee) {
 }
 
 void rvm_error_clear(void) {
+  /* A thread without its own state leaves the shared fallback alone: other threads may be using it. */
   error_state *e = existing_state();
   if (!e) return;
   e->kind[0] = 0;
@@ -115,12 +116,14 @@ void rvm_error_clear(void) {
   e->located = false;
 }
 
+/* A thread without its own state has never recorded an error but in the fallback (its state could
+ * not be allocated: memory ran out): that is where its last error is. */
 const char *rvm_error_message(void) {
   error_state *e = existing_state();
-  return e ? e->message : "";
+  return e ? e->message : fallback_error.message;
 }
 
 const char *rvm_error_kind(void) {
   error_state *e = existing_state();
-  return e ? e->kind : "";
+  return e ? e->kind : fallback_error.kind;
 }
