@@ -80,8 +80,9 @@ typedef struct rvm_module_info {
  * (module_open: shared by all VMs, so no one VM's allocator can own it), the thread pool and the
  * function registry (process-wide), each thread's error message (it must be possible to report
  * that memory ran out), the kernel library's per-thread scratch buffers (shared by every VM that
- * runs on the thread, kept at their largest size), CUDA device memory (from the driver), and
- * values the host makes itself outside a call (shape_new, tuple_new, tensor_to_host). */
+ * runs on the thread, kept at their largest size), CUDA device memory (from the driver), weights
+ * loaded with weights_open (shared by all VMs, like the module), and values the host makes itself
+ * outside a call (shape_new, tuple_new, tensor_to_host). */
 typedef struct rvm_allocator {
   void *(*alloc)(void *ctx, size_t size, size_t alignment);
   void (*free)(void *ctx, void *ptr);
