@@ -7,8 +7,13 @@ by side:
   compile     relaxc compile of TVM's export: seconds and peak RSS (GNU time), .so size
               beside TVM's own .so of the same export
   load        loading the library in this process and making it ready to run (tvm_ffi for
-              relaxc, with relaxc_weights for external weights; tvm.runtime.load_module and a
-              VirtualMachine for TVM, with the weights loaded from the same tensor cache)
+              relaxc, its module opened by a first call, with relaxc_weights for external
+              weights; tvm.runtime.load_module and a VirtualMachine for TVM, with the weights
+              loaded from the same tensor cache)
+
+Both run TVM's default CPU kernels (the export is TVM's relax.build): the speed columns compare
+runtimes on the same untuned kernels, which are slow at this size; bench/llm_midsize.py measures
+relaxc with its kernel library.
   first token prefill of a 6-token prompt (median of --runs)
   decode      tokens/s over --tokens greedy steps (median of --runs)
 
@@ -104,6 +109,8 @@ def relaxc_load(so, weights):
     if weights:
         for fn, n in [("embed", 1), ("prefill", 2), ("decode", 2)]:
             m["relaxc_weights"](weights, fn, n)
+    # The module opens at the first call (tvm-ffi loads lazily): make one, as TVM's VM is made.
+    m["create_paged_kv_cache"](*[tvm_ffi.Shape([v]) for v in [4, 2048, 256, 16, 0]])
     return time.perf_counter() - start
 
 
