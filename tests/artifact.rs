@@ -32,8 +32,9 @@ fn exports_only_the_c_api_and_tvm_ffi_entries() {
             let mut names: Vec<&str> = text.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();
             names.sort();
             let mut want: Vec<String> = functions.iter().map(|f| format!("__tvm_ffi_{f}")).collect();
-            // The runtime's own entry for Python: weights outside the model (ffi_module.c).
+            // The runtime's own entries for Python (ffi_module.c).
             want.push(abi::FFI_WEIGHTS_SYMBOL.into());
+            want.push(abi::FFI_CALL_SYMBOL.into());
             want.push("rvm_get_api".into());
             want.sort();
             assert_eq!(names, want, "{name} ({})", common::mode_name(mode));

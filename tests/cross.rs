@@ -192,7 +192,10 @@ fn artifact(target: &Target) -> Result<(), Failed> {
             .filter_map(|s| s.name().ok().map(String::from))
             .collect();
         exports.sort();
-        if exports != ["__tvm_ffi_main", relaxc::abi::FFI_WEIGHTS_SYMBOL, "rvm_get_api"] {
+        let mut want =
+            vec!["__tvm_ffi_main", relaxc::abi::FFI_CALL_SYMBOL, relaxc::abi::FFI_WEIGHTS_SYMBOL, "rvm_get_api"];
+        want.sort();
+        if exports != want {
             return Err(format!("{}: exports {exports:?}", common::mode_name(mode)).into());
         }
         let out = std::process::Command::new("readelf").args(["-d"]).arg(&so).output()?;

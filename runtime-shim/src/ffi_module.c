@@ -226,3 +226,32 @@ __attribute__((visibility("default"))) int __tvm_ffi_relaxc_weights(void *self, 
   *result = rvm_obj_any(out);
   return 0;
 }
+
+/* relaxc_call(name, args...) -> the result of the library's runtime function `name` (the KV
+ * cache's vm.builtin.kv_state_*, vm.builtin.reshape, ...; what rvm.h's function_get finds), so
+ * that Python drives an LLM's cache as a C host does:
+ *   call = m["relaxc_call"]; call("vm.builtin.kv_state_add_sequence", kv, 0) */
+__attribute__((visibility("default"))) int __tvm_ffi_relaxc_call(void *self, const TVMFFIAny *args, int32_t n,
+                                                                 TVMFFIAny *result) {
+  (void)self;
+  rvm_error_clear();
+  if (!thread_vm()) return fail();
+  const char *name;
+  uint64_t len;
+  char name_z[256];
+  if (n < 1 || !rvm_as_string(&args[0], &name, &len) || len >= sizeof name_z) {
+    rvm_raise("TypeError", "relaxc_call(name: str, *args): the first argument names a runtime function");
+    return fail();
+  }
+  memcpy(name_z, name, len);
+  name_z[len] = 0;
+  TVMFFIObject *f = rvm_registry_find(name_z);
+  if (!f) {
+    rvm_raise("ValueError", "Function %s is not registered in this library", name_z);
+    return fail();
+  }
+  TVMFFIAny callee = rvm_obj_any(f), out = {0};
+  if (rvm_invoke_value(NULL, &callee, args + 1, n - 1, &out)) return fail();
+  *result = out;
+  return 0;
+}

@@ -42,6 +42,9 @@ pub const CUDA_LISTING_SECTION: &str = ".rvm_cuda";
 /// The runtime's tvm-ffi entry that loads weights outside the model for Python
 /// (runtime-shim/src/ffi_module.c), exported beside the model's functions.
 pub const FFI_WEIGHTS_SYMBOL: &str = "__tvm_ffi_relaxc_weights";
+/// The runtime's tvm-ffi entry that calls one of the library's runtime functions by name (the KV
+/// cache's, for Python), exported beside the model's functions.
+pub const FFI_CALL_SYMBOL: &str = "__tvm_ffi_relaxc_call";
 /// What every kernel's symbol starts with: TVM-FFI's safe-call entry prefix.
 pub const KERNEL_PREFIX: &str = "__tvm_ffi_";
 

@@ -103,9 +103,12 @@ pub fn emit_object(inputs: &ObjectInputs) -> Result<EmittedObject, CodegenError>
     let constants = super::constants::ConstantsObject::new(exec, &tensors, target);
     let bytes = product.emit().map_err(|e| CodegenError::Object(e.to_string()))?;
     let mut exports = ffi.symbols;
-    // The runtime's own tvm-ffi entry: weights outside the model, for Python (ffi_module.c).
-    if !exports.is_empty() && !taken.contains(abi::FFI_WEIGHTS_SYMBOL) {
-        exports.push(abi::FFI_WEIGHTS_SYMBOL.to_string());
+    // The runtime's own tvm-ffi entries, for Python (ffi_module.c): weights outside the model,
+    // and runtime functions by name.
+    for symbol in [abi::FFI_WEIGHTS_SYMBOL, abi::FFI_CALL_SYMBOL] {
+        if !exports.is_empty() && !taken.contains(symbol) {
+            exports.push(symbol.to_string());
+        }
     }
     let mut notes = native.notes;
     notes.extend(ffi.skipped.into_iter().map(|(f, why)| (f, format!("no tvm-ffi entry point: {why}"))));

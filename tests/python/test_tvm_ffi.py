@@ -245,3 +245,43 @@ def test_external_weights_from_python(mode, build_dir):
         external["relaxc_weights"](os.path.join(params, "nowhere.safetensors"), "embed", 1)
     with pytest.raises(Exception, match="no function nope"):
         external["relaxc_weights"](os.path.join(params, "tensor-cache"), "nope", 1)
+    # A truncated shard: the error names the weight and the file, as from the CLI and C.
+    broken = os.path.join(build_dir, f"truncated-cache-{mode}")
+    shutil.copytree(os.path.join(params, "tensor-cache"), broken, dirs_exist_ok=True)
+    shard = os.path.join(broken, "params_shard_0.bin")
+    os.truncate(shard, os.path.getsize(shard) - 100)
+    with pytest.raises(Exception, match=r"weight lm_head\.weight in .*params_shard_0\.bin: .*past the end of the shard"):
+        external["relaxc_weights"](broken, "embed", 1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_generation_with_external_weights_from_python(mode, build_dir):
+    """The whole generation from Python with the weights outside: the KV cache driven through
+    relaxc_call (the library's vm.builtin.kv_state_* functions), the weights from relaxc_weights,
+    tokens and logits equal to TVM's bit for bit with the tensor cache and with safetensors."""
+    m = tvm_ffi.load_module(build("tiny_llama_params", mode, build_dir))
+    params = os.path.join(FIXTURES, "tiny_llama_params")
+    want = np.load(os.path.join(params, "generate.npz"))
+    call = m["relaxc_call"]
+    for path in [os.path.join(params, "tensor-cache"), os.path.join(params, "params.safetensors")]:
+        w = {fn: m["relaxc_weights"](path, fn, n) for fn, n in [("embed", 1), ("prefill", 2), ("decode", 2)]}
+        kv = m["create_paged_kv_cache"](*[tvm_ffi.Shape([v]) for v in [1, 128, 32, 16, 0]])
+        call("vm.builtin.kv_state_add_sequence", kv, 0)
+
+        def step(fn, ids):
+            embeds = np.from_dlpack(m["embed"](tvm_ffi.from_dlpack(np.array(ids, "int32")), *w["embed"]))
+            embeds = np.ascontiguousarray(embeds.reshape(1, len(ids), -1) if fn == "prefill" else embeds.reshape(len(ids), 1, -1))
+            call("vm.builtin.kv_state_begin_forward", kv, tvm_ffi.Shape([0]), tvm_ffi.Shape([len(ids)]))
+            out = m[fn](tvm_ffi.from_dlpack(embeds), kv, *w[fn])
+            call("vm.builtin.kv_state_end_forward", kv)
+            return np.from_dlpack(out[0])[0, 0].copy()
+
+        logits = [step("prefill", [int(t) for t in want["prompt"]])]
+        tokens = [int(logits[-1].argmax())]
+        while len(tokens) < len(want["tokens"]):
+            logits.append(step("decode", [tokens[-1]]))
+            tokens.append(int(logits[-1].argmax()))
+        assert tokens == [int(t) for t in want["tokens"]], path
+        assert np.stack(logits).tobytes() == want["logits"].tobytes(), path
+    with pytest.raises(Exception, match="not registered"):
+        call("vm.builtin.no_such_function")
