@@ -298,12 +298,41 @@ fn relaxc_cli() -> std::process::Command {
     std::process::Command::new(env!("CARGO_BIN_EXE_relaxc"))
 }
 
-/// tiny_llama_params: the model exported with its weights as parameters. `relaxc generate
-/// --weights` with TVM's tensor cache and with safetensors gives TVM's tokens and logits bit for
-/// bit, in both modes; `relaxc run --weights` runs one function; without weights the error says
-/// what to pass.
+/// tiny_llama_params: the model exported with its weights as parameters (and tiny_llama_packed:
+/// the same as one tuple, TVM nn's "packed" mode). `relaxc generate --weights` with TVM's tensor
+/// cache and with safetensors gives TVM's tokens and logits bit for bit, in both modes; `relaxc
+/// run --weights` runs one function; without weights the error says what to pass.
 fn external_weights_give_tvms_tokens_and_logits() {
     let dir = fixture_named("tiny_llama_params");
+    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+        let so = build_named("tiny_llama_packed", mode);
+        let want = npz::read_arrays(&fixture_named("tiny_llama_packed").join("generate.npz")).expect("generate.npz");
+        for weights in [dir.join("tensor-cache"), dir.join("params.safetensors")] {
+            let logits = tempfile::tempdir().expect("tempdir").keep().join("logits.npz");
+            let out = relaxc_cli()
+                .arg("generate")
+                .arg(&so)
+                .args(["--prompt", "1,17,42,5,9,33", "--max-new-tokens", "16", "--weights"])
+                .arg(&weights)
+                .arg("--logits")
+                .arg(&logits)
+                .output()
+                .expect("relaxc generate");
+            assert!(
+                out.status.success(),
+                "packed ({}): {}",
+                common::mode_name(mode),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let got = npz::read_arrays(&logits).expect("logits");
+            assert!(
+                got["logits"].2 == want["logits"].2,
+                "packed ({}): logits differ from TVM's",
+                common::mode_name(mode)
+            );
+            let _ = std::fs::remove_dir_all(logits.parent().expect("dir"));
+        }
+    }
     let want = npz::read_arrays(&dir.join("generate.npz")).expect("generate.npz");
     let ids = |b: &[u8]| {
         b.chunks_exact(4)

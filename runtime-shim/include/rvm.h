@@ -230,7 +230,8 @@ typedef struct rvm_api {
   int (*weights_open)(rvm_module *module, const char *path, rvm_weights **out);
   /* The weight arguments of `function`: its parameters after the first `num_inputs`, found by
    * name, written to args[0..*count) as borrowed DLTensor values (valid until weights_close), to
-   * put after the inputs in vm_call. Fails naming the first weight `path` lacks, or when capacity
+   * put after the inputs in vm_call. A parameter named packed_params (TVM nn's "packed" mode,
+   * MLC's) gets one tuple of every weight, in the files' order. Fails naming the first weight `path` lacks, or when capacity
    * is less than *count (which is set either way). */
   int (*weights_arguments)(const rvm_weights *weights, int32_t function, int32_t num_inputs, rvm_value *args,
                            int32_t capacity, int32_t *count);

@@ -38,6 +38,9 @@ typedef struct weight {
 struct rvm_weights {
   rvm_module *module;
   char *path;
+  /* Every weight in the files' order as one tuple: the argument of a function exported in TVM nn's
+   * "packed" parameter mode (MLC's), whose one weight parameter is named packed_params. */
+  TVMFFIAny packed;
   mapping *maps;
   int32_t num_maps, cap_maps;
   weight *weights;
@@ -339,6 +342,7 @@ void rvm_weights_close(rvm_weights *w) {
   }
   for (int32_t i = 0; i < w->num_maps; i++)
     if (w->maps[i].base) munmap(w->maps[i].base, w->maps[i].size);
+  rvm_any_release(&w->packed);
   rvm_mem_free(w->weights);
   rvm_mem_free(w->maps);
   rvm_mem_free(w->path);
@@ -372,6 +376,22 @@ int rvm_weights_open(rvm_module *module, const char *path, rvm_weights **out) {
     rvm_weights_close(w);
     return -1;
   }
+  rvm_array *packed = rvm_array_new(w->num_weights);
+  for (int32_t i = 0; packed && i < w->num_weights; i++) {
+    const DLTensor *t = &w->weights[i].tensor;
+    rvm_tensor *view = rvm_tensor_new(t->data, t->device, t->ndim, t->dtype, t->shape, 0, NULL);
+    if (!view) {
+      rvm_object_decref(&packed->header);
+      packed = NULL;
+      break;
+    }
+    packed->items[i] = rvm_obj_any(view);
+  }
+  if (!packed) {
+    rvm_weights_close(w);
+    return -1;
+  }
+  w->packed = rvm_obj_any(packed);
   atomic_fetch_add_explicit(&module->refcount, 1, memory_order_relaxed);
   w->module = module;
   *out = w;
@@ -397,6 +417,10 @@ int rvm_weights_arguments(const rvm_weights *w, int32_t function, int32_t num_in
     const weight *found = NULL;
     for (int32_t k = 0; k < w->num_weights && !found; k++)
       if (strcmp(w->weights[k].name, name) == 0) found = &w->weights[k];
+    if (!found && strcmp(name, "packed_params") == 0) {
+      args[i] = w->packed; /* borrowed, like the tensors */
+      continue;
+    }
     if (!found) return rvm_raise("ValueError", "%s takes weight %s, which %s does not have", f->name, name, w->path);
     args[i] = (rvm_value){.type_index = kTVMFFIDLTensorPtr, .v_ptr = (void *)&found->tensor};
   }
