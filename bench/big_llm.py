@@ -25,7 +25,6 @@ usage: python3 bench/big_llm.py [--work /tmp/relaxc-big-llm] [--tokens 32] [--ru
 needs: pip install apache-tvm==0.27.0.post1 numpy; GNU time; cargo build --release
 """
 import argparse
-import importlib.util
 import os
 import re
 import statistics
@@ -37,18 +36,14 @@ os.environ.setdefault("TVM_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llm_midsize import llm_module  # noqa: E402  (fixtures/tvm/llm.py, loaded by path)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RELAXC = os.path.join(ROOT, "target/release/relaxc")
 PROMPT = [1, 17, 42, 5, 9, 33]
 MID = dict(vocab=32000, hidden=1024, layers=8, heads=16, kv_heads=4, head_dim=64, ffn=2816)
 SEED = 20261124
-
-
-def llm_module():
-    spec = importlib.util.spec_from_file_location("tiny_llm", os.path.join(ROOT, "fixtures/tvm/llm.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def mib(n):
