@@ -7,8 +7,8 @@ use object::{Object, ObjectSection};
 
 use crate::abi::{CONSTS_SECTION, EXEC_SECTION, MODES_SECTION};
 use crate::tvm::{self, ImportError};
-use crate::vm::Executable;
 use crate::vm::format;
+use crate::vm::{Executable, SharedBytes};
 
 #[derive(Debug, thiserror::Error)]
 pub enum InspectError {
@@ -24,15 +24,23 @@ pub enum InspectError {
     Corrupt { path: String, source: format::FormatError },
 }
 
+/// A built model's file, memory-mapped (a model is as large as its weights: it is never read whole).
+fn map_model(path: &Path) -> Result<std::sync::Arc<memmap2::Mmap>, InspectError> {
+    let read_err = |message: String| InspectError::Read { path: path.display().to_string(), message };
+    let file = std::fs::File::open(path).map_err(|e| read_err(e.to_string()))?;
+    // SAFETY: the model is only read; a file changed while it is inspected is the caller's to avoid.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| read_err(e.to_string()))?;
+    Ok(std::sync::Arc::new(map))
+}
+
 /// The bytes of section `name` of a built model; Ok(None) for a non-ELF file or a missing section.
 fn model_section(path: &Path, name: &str) -> Result<Option<Vec<u8>>, InspectError> {
-    let shown = path.display().to_string();
-    let read_err = |message: String| InspectError::Read { path: shown.clone(), message };
-    let bytes = std::fs::read(path).map_err(|e| read_err(e.to_string()))?;
+    let read_err = |message: String| InspectError::Read { path: path.display().to_string(), message };
+    let bytes = map_model(path)?;
     if !bytes.starts_with(b"\x7fELF") {
         return Ok(None);
     }
-    let file = object::File::parse(&*bytes).map_err(|e| read_err(e.to_string()))?;
+    let file = object::File::parse(&**bytes).map_err(|e| read_err(e.to_string()))?;
     let Some(section) = file.section_by_name(name) else { return Ok(None) };
     Ok(Some(section.data().map_err(|e| read_err(e.to_string()))?.to_vec()))
 }
@@ -77,8 +85,8 @@ pub fn load_executable(path: &Path) -> Result<Executable, InspectError> {
         return Ok(tvm::import_tar(path)?.exec);
     }
     let read_err = |message: String| InspectError::Read { path: shown.clone(), message };
-    let bytes = std::fs::read(path).map_err(|e| read_err(e.to_string()))?;
-    let file = object::File::parse(&*bytes).map_err(|e| read_err(e.to_string()))?;
+    let bytes = map_model(path)?;
+    let file = object::File::parse(&**bytes).map_err(|e| read_err(e.to_string()))?;
     let section = |name: &str| -> Result<Option<&[u8]>, InspectError> {
         match file.section_by_name(name) {
             Some(s) => Ok(Some(s.data().map_err(|e| read_err(e.to_string()))?)),
@@ -95,19 +103,23 @@ pub fn load_executable(path: &Path) -> Result<Executable, InspectError> {
     let Some((&base, offsets)) = words.split_first() else {
         return Err(read_err(format!("its {CONSTS_SECTION} section is empty")));
     };
-    let mut elements = |index: usize, size: usize| -> Result<Vec<u8>, String> {
+    // The elements stay where they are in the mapped file: ranges of it, not copies.
+    let shared: std::sync::Arc<dyn AsRef<[u8]> + Send + Sync> = bytes.clone();
+    let mut elements = |index: usize, size: usize| -> Result<SharedBytes, String> {
         let offset = *offsets.get(index).filter(|o| **o != u64::MAX).ok_or("no place recorded for its elements")?;
         let address = base.checked_add(offset).ok_or("its address overflows")?;
-        elements_at(&file, address, size).ok_or_else(|| format!("no section holds its {size} bytes at {address:#x}"))
+        let at = file_offset_of(&file, address, size)
+            .ok_or_else(|| format!("no section holds its {size} bytes at {address:#x}"))?;
+        Ok(SharedBytes::slice_of(shared.clone(), at..at + size))
     };
     format::read_executable_elided(data, &mut elements).map_err(corrupt)
 }
 
-/// `size` bytes at virtual address `address` of a linked model, from the section holding them.
-fn elements_at(file: &object::File, address: u64, size: usize) -> Option<Vec<u8>> {
+/// Where in the file the `size` bytes at virtual address `address` of a linked model are.
+fn file_offset_of(file: &object::File, address: u64, size: usize) -> Option<usize> {
     let end = address.checked_add(size as u64)?;
     let section = file.sections().find(|s| s.address() <= address && end <= s.address() + s.size())?;
-    let data = section.data().ok()?;
-    let start = (address - section.address()) as usize;
-    data.get(start..start + size).map(<[u8]>::to_vec)
+    let (offset, len) = section.file_range()?;
+    let start = address - section.address();
+    (start + size as u64 <= len).then(|| (offset + start) as usize)
 }

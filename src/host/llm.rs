@@ -150,7 +150,9 @@ impl<'m> Llm<'m> {
         let inputs: Vec<Input> = sizes.iter().map(|v| Input::Shape(vec![*v])).collect();
         let kv = vm.call(create, &inputs)?;
         let embed = model.find("embed")?;
-        let (weight_args, weight_vocab) = WeightArgs::of(model, path, weights)?;
+        // Read once: the parameter names and the embedding table's shape come from it.
+        let exec = crate::inspect::load_executable(path).map_err(|e| HostError::Value(e.to_string()))?;
+        let (weight_args, weight_vocab) = WeightArgs::of(model, path, &exec, weights)?;
         let hidden = hidden_size(vm, embed, &weight_args.embed)?;
         let parts = LlmParts {
             model,
@@ -165,7 +167,7 @@ impl<'m> Llm<'m> {
             kv,
             config,
         };
-        Ok((parts, vocab_size(path).or(weight_vocab)))
+        Ok((parts, vocab_size_of(&exec).or(weight_vocab)))
     }
 
     /// The cache object (borrowed; valid while self lives).
@@ -303,8 +305,12 @@ struct WeightArgs {
 
 impl WeightArgs {
     /// The arguments, and the vocabulary size read from the embedding table among them.
-    fn of(model: &Model, path: &Path, weights: Option<&Weights>) -> Result<(WeightArgs, Option<usize>), HostError> {
-        let exec = crate::inspect::load_executable(path).map_err(|e| HostError::Value(e.to_string()))?;
+    fn of(
+        model: &Model,
+        path: &Path,
+        exec: &crate::vm::Executable,
+        weights: Option<&Weights>,
+    ) -> Result<(WeightArgs, Option<usize>), HostError> {
         let params = |name: &str, inputs: usize| -> Vec<String> {
             exec.funcs
                 .iter()
@@ -364,7 +370,11 @@ fn logits_of(out: &Value) -> Result<Logits, HostError> {
 
 /// The vocabulary size: the rows of the one 2-D constant table `embed` reads.
 pub fn vocab_size(path: &Path) -> Option<usize> {
-    let exec = crate::inspect::load_executable(path).ok()?;
+    vocab_size_of(&crate::inspect::load_executable(path).ok()?)
+}
+
+/// `vocab_size` of an executable already read.
+fn vocab_size_of(exec: &crate::vm::Executable) -> Option<usize> {
     let f = exec.funcs.iter().find(|f| f.name == "embed" && f.kind != crate::vm::FuncKind::Packed)?;
     let mut tables = std::collections::BTreeSet::new();
     for k in f.start_instr..f.end_instr {

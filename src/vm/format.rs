@@ -119,7 +119,7 @@ impl<'a> Reader<'a> {
 }
 
 /// Supplies the elements of an elided tensor constant: (constant index, byte size) -> bytes.
-pub type ElidedData<'a> = &'a mut dyn FnMut(usize, usize) -> Result<Vec<u8>, String>;
+pub type ElidedData<'a> = &'a mut dyn FnMut(usize, usize) -> Result<SharedBytes, String>;
 
 /// Reads one tensor record (TVM's stand-alone tensor format), as nested in the constant pool.
 pub fn read_tensor(r: &mut Reader, what: &str) -> Result<TensorConst, FormatError> {
@@ -171,7 +171,7 @@ fn read_tensor_record(
         if data.len() as i64 != expect {
             return Err(r.error(what, format!("{} bytes of elements found, the shape needs {expect}", data.len())));
         }
-        return Ok(TensorConst { dtype, shape, data: data.into() });
+        return Ok(TensorConst { dtype, shape, data });
     }
     if size != expect {
         return Err(r.error(what, format!("tensor data size {size} does not match shape and dtype ({expect} bytes)")));
