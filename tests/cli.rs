@@ -421,15 +421,7 @@ fn main() {
         ("outputs_that_name_an_input_are_refused", outputs_that_name_an_input_are_refused),
         ("messages_name_the_problem_once", messages_name_the_problem_once),
     ];
-    let mut trials: Vec<Trial> = plain
-        .into_iter()
-        .map(|(name, f)| {
-            Trial::test(name, move || {
-                f();
-                Ok(())
-            })
-        })
-        .collect();
+    let mut trials = common::plain_trials(&plain);
     // The ABI-1 fixture is an x86-64 library: elsewhere the test is listed as ignored, with why.
     trials.push(Trial::ignorable_test("a_model_built_by_an_older_relaxc_still_runs", || {
         Ok::<_, Failed>(a_model_built_by_an_older_relaxc_still_runs())

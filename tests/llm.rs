@@ -639,15 +639,7 @@ fn main() {
         ("generate_command_matches_tvm", generate_command_matches_tvm),
         ("generate_command_rejects_bad_input_clearly", generate_command_rejects_bad_input_clearly),
     ];
-    let mut trials: Vec<Trial> = plain
-        .into_iter()
-        .map(|(name, f)| {
-            Trial::test(name, move || {
-                f();
-                Ok(())
-            })
-        })
-        .collect();
+    let mut trials = common::plain_trials(&plain);
     // A valgrind run that could not happen is reported as ignored, with the reason, not as ok.
     trials.push(Trial::ignorable_test("c_host_generates_tvms_tokens_under_valgrind", || {
         Ok(match c_host_generates_tvms_tokens_under_valgrind() {

@@ -207,17 +207,23 @@ impl Model {
         unsafe { &*self.api }
     }
 
-    /// The version-2 table, or an error naming the older version the library speaks.
-    fn api_v2(&self) -> Result<&abi::ApiV2, HostError> {
+    /// The table as version `version` defines it (`T`, whose fields begin with the older
+    /// versions'), or an error saying the library, built by an older relaxc, has no `lacks`.
+    fn api_at<T>(&self, version: u32, lacks: &str) -> Result<&T, HostError> {
         let size = self.api().struct_size as usize;
-        if self.abi_version < 2 || size < std::mem::size_of::<abi::ApiV2>() {
+        if self.abi_version < version || size < std::mem::size_of::<T>() {
             return Err(HostError::Value(format!(
-                "this model speaks ABI version {} (built by an older relaxc): it has no runtime-function registry; rebuild it",
+                "this model speaks ABI version {} (built by an older relaxc): it has no {lacks}; rebuild it",
                 self.abi_version
             )));
         }
-        // SAFETY: the library answered version 2 with a table of at least this size.
-        Ok(unsafe { &*(self.api as *const abi::ApiV2) })
+        // SAFETY: the library answered `version` with a table of at least T's size, and T is that
+        // version's #[repr(C)] table.
+        Ok(unsafe { &*(self.api as *const T) })
+    }
+
+    fn api_v2(&self) -> Result<&abi::ApiV2, HostError> {
+        self.api_at(2, "runtime-function registry")
     }
 
     fn error(&self) -> HostError {
@@ -366,17 +372,8 @@ impl Model {
         Ok(Vm { model: self, vm })
     }
 
-    /// The version-3 table, or an error naming the older version the library speaks.
     fn api_v3(&self) -> Result<&abi::ApiV3, HostError> {
-        let size = self.api().struct_size as usize;
-        if self.abi_version < 3 || size < std::mem::size_of::<abi::ApiV3>() {
-            return Err(HostError::Value(format!(
-                "this model speaks ABI version {} (built by an older relaxc): it has no host allocators; rebuild it",
-                self.abi_version
-            )));
-        }
-        // SAFETY: the library answered version 3 with a table of at least this size.
-        Ok(unsafe { &*(self.api as *const abi::ApiV3) })
+        self.api_at(3, "host allocators or weights loader")
     }
 
     /// A CPU VM whose every allocation goes through `allocator` (rvm.h, ABI version 3).

@@ -315,3 +315,16 @@ pub fn check_golden(path: &Path, actual: &str) -> Result<(), String> {
         diff.unified_diff().context_radius(3).header(&shown, "produced now")
     ))
 }
+
+/// libtest-mimic trials of plain test functions (they pass unless they panic).
+pub fn plain_trials(tests: &[(&'static str, fn())]) -> Vec<libtest_mimic::Trial> {
+    tests
+        .iter()
+        .map(|&(name, f)| {
+            libtest_mimic::Trial::test(name, move || {
+                f();
+                Ok(())
+            })
+        })
+        .collect()
+}
