@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The long run of issue 21 at full length: `relaxc generate --soak` over the tiny Llama in both
-# modes (CI runs 20,000 tokens in tests/llm.rs; this runs TOKENS, default 2,000,000, about a
-# minute per mode on a 2-core VM). Each round adds a sequence, prefills the prompt, decodes,
-# forks it halfway, decodes both as a batch and removes both; relaxc fails the run if a round
+# modes (CI runs 20,000 tokens in tests/llm.rs, 0.6 s per mode on a 2-core VM; this runs TOKENS,
+# default 2,000,000, so about a minute per mode by that rate). Each round adds a sequence,
+# prefills the prompt, decodes, forks it halfway, decodes both as a batch and removes both; relaxc fails the run if a round
 # leaves KV-cache pages, storage or allocator blocks behind, changes its tokens, or the resident
 # set grows by more than 4 MiB after the first round.
 #
