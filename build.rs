@@ -18,6 +18,9 @@ const COLD: &[&str] =
 /// Files of the optional archive (the functions of rvm_runtime.def, and what only they use).
 const OPTIONAL: &[&str] = &["sort.c", "render.c", "relax_run.c", "kv_cache.c"];
 
+/// The board server's sources (`relaxc rpc-server`), embedded and built per target at run time.
+const RPC_SERVER_DIR: &str = "rpc-server/src";
+
 /// Every directory of C sources, headers and tables embedded in relaxc.
 const SOURCE_DIRS: [&str; 4] =
     ["runtime-shim/include", "runtime-shim/src", "runtime-kernels/include", "runtime-kernels/src"];
@@ -105,6 +108,22 @@ fn embed_sources() {
     );
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("shim_sources.rs");
     std::fs::write(out, code).expect("write shim_sources.rs");
+
+    let mut server = Vec::new();
+    for f in std::fs::read_dir(RPC_SERVER_DIR).expect("rpc-server directory").filter_map(|e| e.ok().map(|e| e.path())) {
+        if f.extension().is_some_and(|x| x == "c" || x == "h") {
+            let name = f.file_name().expect("name").to_string_lossy().into_owned();
+            let absolute = std::fs::canonicalize(&f).expect("canonical path");
+            server.push(format!("    ({name:?}, include_str!({:?})),", absolute.display().to_string()));
+        }
+    }
+    server.sort();
+    let code = format!(
+        "/// (file name, contents) of every source of the RPC server (rpc-server/src).\npub const RPC_SERVER_FILES: &[(&str, &str)] = &[\n{}\n];\n",
+        server.join("\n")
+    );
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR")).join("rpc_server_sources.rs");
+    std::fs::write(out, code).expect("write rpc_server_sources.rs");
 }
 
 fn c_files(dir: &str) -> Vec<PathBuf> {
@@ -126,6 +145,7 @@ fn main() {
     kernel_archive(&c_files("runtime-kernels/src"));
     println!("cargo:rerun-if-changed=runtime-shim");
     println!("cargo:rerun-if-changed=runtime-kernels");
+    println!("cargo:rerun-if-changed=rpc-server");
     println!("cargo:rerun-if-env-changed=RELAXC_SANITIZE");
     println!("cargo:rustc-env=RELAXC_SHIM_SANITIZE={}", sanitizers().unwrap_or_default());
 }

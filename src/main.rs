@@ -189,6 +189,49 @@ enum Command {
         #[arg(long, value_name = "TRIPLE")]
         target: Option<String>,
     },
+    /// Serve relaxc models to TVM's RPC client: a board server needing only libc.
+    ///
+    /// TVM 0.27's unchanged Python client drives it: `remote = tvm.rpc.connect(host, port,
+    /// key=KEY)`, `remote.upload("m.so")`, `rmod = remote.load_module("m.so")`, tensors on
+    /// `remote.cpu()`, `rmod["main"](x).numpy()`, `rmod.time_evaluator("main", dev)(x)`. A client
+    /// can upload a library and run its code as the server's user, so the server listens on
+    /// 127.0.0.1 unless --host says otherwise. One session at a time, each in its own process and
+    /// its own upload directory, removed when the session ends.
+    ///
+    /// With --emit, writes the server as one executable for a board instead (the same options
+    /// then apply on the board: `./relaxc-rpc-server --host 0.0.0.0 --key board`). With --target
+    /// alone, runs the server for that CPU here under qemu user mode.
+    RpcServer {
+        /// Address to listen on. Any address other than loopback lets every client that reaches
+        /// it upload and run code on this machine.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// Port to listen on (0 picks a free one; the server prints `listening on HOST:PORT`).
+        #[arg(long, default_value_t = 9090)]
+        port: u16,
+        /// The key clients must give (tvm.rpc.connect(..., key=KEY)); with --tracker, the name
+        /// clients request from the tracker.
+        #[arg(long, default_value = "")]
+        key: String,
+        /// Register with TVM's RPC tracker at HOST:PORT (needs --key).
+        #[arg(long, value_name = "HOST:PORT")]
+        tracker: Option<String>,
+        /// The largest file a client may upload (K, M, G suffixes).
+        #[arg(long, value_name = "SIZE", default_value = "1G")]
+        max_upload: String,
+        /// The largest message held in memory; the client splits tensor copies to fit it.
+        #[arg(long, value_name = "SIZE", default_value = "16M")]
+        max_packet: String,
+        /// Where each session's private upload directory is made (default $TMPDIR or /tmp).
+        #[arg(long, value_name = "DIR")]
+        workdir: Option<PathBuf>,
+        /// Write the server executable to FILE instead of running it (for --target's CPU).
+        #[arg(long, value_name = "FILE")]
+        emit: Option<PathBuf>,
+        /// The CPU to build the server for (as `compile --target`; default: this machine).
+        #[arg(long, value_name = "TRIPLE")]
+        target: Option<String>,
+    },
     /// Print the listing (as TVM's as_text()) and statistics of a TVM export or a compiled model.
     Inspect {
         /// A TVM export (.tar), relaxc's text form (.rvmasm) or a model built by relaxc (.so).
@@ -292,6 +335,14 @@ fn render_error(e: &anyhow::Error) -> String {
     out
 }
 
+/// The CPU `--target` names, or this machine's.
+fn target_or_host(target: Option<String>) -> Result<relaxc::target::Target> {
+    Ok(match target {
+        Some(t) => relaxc::target::Target::parse(&t)?,
+        None => relaxc::target::Target::host(),
+    })
+}
+
 /// Refuses an output path that names one of the inputs, before anything is written.
 fn refuse_overwriting(flag: &str, output: &Path, inputs: &[&Path]) -> Result<()> {
     let Ok(out) = std::fs::canonicalize(output) else { return Ok(()) }; // a new file
@@ -349,10 +400,7 @@ fn run(cli: Cli) -> Result<()> {
                 jobs,
                 instrument,
             };
-            let target = match target {
-                Some(t) => relaxc::target::Target::parse(&t)?,
-                None => relaxc::target::Target::host(),
-            };
+            let target = target_or_host(target)?;
             let script = relaxc::compile::ScriptInputs { kernels, params, cuda_archs, target: Some(target.clone()) };
             let options = relaxc::compile::Options { mode: exec_mode, native, script, all_runtime_functions, target };
             let report = relaxc::compile::compile_file_with(&input, &options, &output)
@@ -419,16 +467,47 @@ fn run(cli: Cli) -> Result<()> {
             generate(&model, &opts)
         }
         Command::KernelLibrary { output, target } => {
-            let target = match target {
-                Some(t) => relaxc::target::Target::parse(&t)?,
-                None => relaxc::target::Target::host(),
-            };
+            let target = target_or_host(target)?;
             let exports = relaxc::compile::build_kernel_library(&output, &target)
                 .with_context(|| format!("building the kernel library {}", output.display()))?;
             for e in exports {
                 println!("{}\t{}", e.name, e.export);
             }
             Ok(())
+        }
+        Command::RpcServer { host, port, key, tracker, max_upload, max_packet, workdir, emit, target } => {
+            let target = target_or_host(target)?;
+            let tc = relaxc::target::toolchain(&target)?;
+            let server = relaxc::target::shim::rpc_server(&target, &tc)?;
+            if let Some(file) = emit {
+                let bytes = std::fs::read(&server).with_context(|| format!("reading {}", server.display()))?;
+                relaxc::outfile::write_bytes(&file, &bytes, true)?;
+                eprintln!(
+                    "wrote {} ({target}, {} KiB, needs only libc): copy it to the board and run it there with the same options",
+                    file.display(),
+                    bytes.len().div_ceil(1024)
+                );
+                return Ok(());
+            }
+            let mut args = vec!["--host".to_string(), host, "--port".into(), port.to_string()];
+            args.extend(["--key".into(), key, "--max-upload".into(), max_upload, "--max-packet".into(), max_packet]);
+            if let Some(t) = tracker {
+                args.extend(["--tracker".into(), t]);
+            }
+            if let Some(dir) = workdir {
+                args.extend(["--workdir".into(), dir.display().to_string()]);
+            }
+            let mut command = if target.is_host() {
+                std::process::Command::new(&server)
+            } else {
+                let mut c = std::process::Command::new(target.qemu());
+                c.arg("-L").arg(target.sysroot()).arg(&server);
+                c
+            };
+            command.args(&args);
+            // The server takes over this process: its signals, its output and its exit status.
+            let error = std::os::unix::process::CommandExt::exec(&mut command);
+            bail!("cannot start {}: {error}", command.get_program().to_string_lossy())
         }
         Command::Inspect { input, python, asm } => {
             let exec =

@@ -157,27 +157,54 @@ fn build_shim(tc: &Toolchain, work: &Path) -> Result<(), TargetError> {
     Ok(())
 }
 
+/// A C program for `target`, built from `sources` (file name, text) against rvm.h, cached like
+/// the shim; returns the executable's path. `flags` are added to the compile.
+fn program(
+    kind: &str,
+    target: &Target,
+    tc: &Toolchain,
+    sources: &[(&str, &str)],
+    executable: &str,
+    flags: &[String],
+) -> Result<PathBuf, TargetError> {
+    let headers: Vec<(&str, &str)> =
+        SHIM_FILES.iter().filter(|(_, d, _)| d.ends_with("include")).map(|(n, _, t)| (*n, *t)).collect();
+    let mut key: Vec<&[u8]> = headers.iter().chain(sources).flat_map(|(n, t)| [n.as_bytes(), t.as_bytes()]).collect();
+    key.extend(flags.iter().map(|f| f.as_bytes()));
+    let dir = cached(kind, target, tc, &key, |work| {
+        let include = work.join("include");
+        let src = work.join("src");
+        for (folder, files) in [(&include, &headers), (&src, &sources.to_vec())] {
+            std::fs::create_dir_all(folder).map_err(|e| build_err(kind, e.to_string()))?;
+            for (name, text) in files.iter() {
+                std::fs::write(folder.join(name), text).map_err(|e| build_err(kind, e.to_string()))?;
+            }
+        }
+        let mut cmd = tc.command();
+        cmd.args(["-std=c11", "-O2", "-Wall", "-Wextra"]).args(flags).arg("-I").arg(&include).arg("-I").arg(&src);
+        cmd.args(sources.iter().filter(|(n, _)| n.ends_with(".c")).map(|(n, _)| src.join(n)));
+        cmd.arg("-o").arg(work.join(executable)).arg("-ldl");
+        run(&mut cmd, &format!("building the {kind}"))
+    })?;
+    Ok(dir.join(executable))
+}
+
 /// The runner program for `target`: it loads a model and calls it (`relaxc run` under qemu).
 pub fn runner(target: &Target, tc: &Toolchain) -> Result<PathBuf, TargetError> {
-    let rvm = SHIM_FILES.iter().filter(|(_, d, _)| d.ends_with("include")).map(|(_, _, t)| t.as_bytes());
-    let mut sources: Vec<&[u8]> = rvm.collect();
-    sources.push(RUNNER_SOURCE.as_bytes());
-    let dir = cached("model runner", target, tc, &sources, |work| {
-        let include = work.join("include");
-        std::fs::create_dir_all(&include).map_err(|e| build_err("the runner", e.to_string()))?;
-        for (name, _, text) in SHIM_FILES.iter().filter(|(_, d, _)| d.ends_with("include")) {
-            std::fs::write(include.join(name), text).map_err(|e| build_err("the runner", e.to_string()))?;
-        }
-        std::fs::write(work.join("runner.c"), RUNNER_SOURCE).map_err(|e| build_err("the runner", e.to_string()))?;
-        let mut cmd = tc.command();
-        cmd.args(["-std=c11", "-O2", "-Wall", "-Wextra"])
-            .arg("-I")
-            .arg(&include)
-            .arg(work.join("runner.c"))
-            .arg("-o")
-            .arg(work.join("rvm-runner"))
-            .arg("-ldl");
-        run(&mut cmd, "building the model runner")
-    })?;
-    Ok(dir.join("rvm-runner"))
+    program("model runner", target, tc, &[("runner.c", RUNNER_SOURCE)], "rvm-runner", &[])
+}
+
+include!(concat!(env!("OUT_DIR"), "/rpc_server_sources.rs"));
+
+/// The RPC server for `target` (`relaxc rpc-server`, rpc-server/src), needing only libc. For the
+/// host of a sanitizer build of relaxc it is built with the same sanitizers as the models it
+/// will load, which need their runtime in the executable.
+pub fn rpc_server(target: &Target, tc: &Toolchain) -> Result<PathBuf, TargetError> {
+    let sanitizers = env!("RELAXC_SHIM_SANITIZE");
+    let flags = if target.is_host() && !sanitizers.is_empty() {
+        vec![format!("-fsanitize={sanitizers}"), "-fno-omit-frame-pointer".to_string()]
+    } else {
+        Vec::new()
+    };
+    program("rpc server", target, tc, RPC_SERVER_FILES, "relaxc-rpc-server", &flags)
 }
