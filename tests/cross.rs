@@ -16,20 +16,6 @@ use relaxc::target::Target;
 const TARGETS: [(&str, &str); 2] =
     [("aarch64", "aarch64-unknown-linux-gnu"), ("riscv64", "riscv64gc-unknown-linux-gnu")];
 
-/// Why this machine cannot build or run for `target`, if it cannot.
-fn unavailable(target: &Target) -> Option<String> {
-    if let Err(e) = relaxc::target::toolchain(target) {
-        return Some(e.to_string());
-    }
-    if std::process::Command::new(target.qemu()).arg("--version").output().is_err() {
-        return Some(format!("{} is not installed (Debian's qemu-user)", target.qemu()));
-    }
-    if !target.sysroot().join("lib").exists() {
-        return Some(format!("no {target} libc at {}", target.sysroot().display()));
-    }
-    None
-}
-
 fn build(name: &str, input: &Path, target: &Target, mode: ExecMode, script: bool) -> Result<PathBuf, String> {
     let mut options = relaxc::compile::Options::mode(mode);
     options.target = target.clone();
@@ -198,9 +184,7 @@ fn artifact(target: &Target) -> Result<(), Failed> {
         if exports != want {
             return Err(format!("{}: exports {exports:?}", common::mode_name(mode)).into());
         }
-        let out = std::process::Command::new("readelf").args(["-d"]).arg(&so).output()?;
-        for line in String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.contains("(NEEDED)")) {
-            let lib = line.split('[').nth(1).and_then(|s| s.strip_suffix(']')).unwrap_or(line);
+        for lib in common::needed_libraries(&so)? {
             let allowed = lib.starts_with("libc.so") || lib.starts_with("libm.so") || lib.starts_with("ld-linux");
             if !allowed {
                 return Err(format!("needs {lib}").into());
@@ -277,7 +261,7 @@ fn main() {
     let mut trials = Vec::new();
     for (cpu, triple) in TARGETS {
         let target = Target::parse(triple).expect("supported target");
-        if let Some(why) = unavailable(&target) {
+        if let Some(why) = common::board_unavailable(&target) {
             assert!(std::env::var_os("CI").is_none(), "CI needs the {cpu} toolchain and qemu: {why}");
             let reason = format!("{cpu} cross tests skipped: {why}");
             trials.push(Trial::ignorable_test(format!("{cpu}::skipped"), move || Ok(Completion::ignored_with(reason))));

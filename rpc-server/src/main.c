@@ -13,6 +13,7 @@
 #define _DEFAULT_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -59,10 +60,14 @@ typedef struct options {
 } options;
 
 static volatile sig_atomic_t stop_requested;
+/* The signal handler writes here, so a signal that lands just before poll() still wakes it. */
+static int wake_pipe[2] = {-1, -1};
 
 static void on_stop(int sig) {
   (void)sig;
   stop_requested = 1;
+  ssize_t ignored = write(wake_pipe[1], "", 1);
+  (void)ignored;
 }
 
 static void usage_error(const char *fmt, const char *detail) {
@@ -227,6 +232,8 @@ static void run_session(int listener, int fd, const options *o, rpc_tracker *tra
     signal(SIGTERM, SIG_DFL);
     close(listener);
     close(done[0]);
+    close(wake_pipe[0]);
+    close(wake_pipe[1]);
     rpc_tracker_close(tracker);
     int status = rpc_serve_session(fd, dir, &o->limits);
     close(fd);
@@ -250,10 +257,10 @@ static void run_session(int listener, int fd, const options *o, rpc_tracker *tra
       }
       wait_ms = (int)(left * 1000) + 1;
     }
-    struct pollfd p = {done[0], POLLIN, 0};
-    int ready = poll(&p, 1, wait_ms);
-    if (ready > 0) break; /* the child closed its end: it has exited */
+    struct pollfd p[2] = {{done[0], POLLIN, 0}, {wake_pipe[0], POLLIN, 0}};
+    poll(p, 2, wait_ms);
     if (stop_requested) break;
+    if (p[0].revents) break; /* the child closed its end: it has exited */
   }
   if (timed_out || stop_requested) kill(child, SIGKILL);
   int status = 0;
@@ -279,6 +286,11 @@ static void run_session(int listener, int fd, const options *o, rpc_tracker *tra
 
 int main(int argc, char **argv) {
   options o = parse(argc, argv);
+  if (pipe(wake_pipe) != 0 || fcntl(wake_pipe[1], F_SETFL, O_NONBLOCK) != 0 || fcntl(wake_pipe[0], F_SETFD, FD_CLOEXEC) != 0 ||
+      fcntl(wake_pipe[1], F_SETFD, FD_CLOEXEC) != 0) {
+    fprintf(stderr, "relaxc rpc-server: cannot make a pipe: %s\n", strerror(errno));
+    return 1;
+  }
   struct sigaction stop;
   memset(&stop, 0, sizeof stop);
   stop.sa_handler = on_stop; /* no SA_RESTART: accept and poll return so the loop can end */
@@ -303,8 +315,8 @@ int main(int argc, char **argv) {
   fflush(stdout);
 
   while (!stop_requested) {
-    struct pollfd p = {listener, POLLIN, 0};
-    int ready = poll(&p, 1, tracker ? 2000 : -1);
+    struct pollfd p[2] = {{listener, POLLIN, 0}, {wake_pipe[0], POLLIN, 0}};
+    int ready = poll(p, 2, tracker ? 2000 : -1);
     if (stop_requested) break;
     if (ready == 0) {
       rpc_tracker_idle(tracker);

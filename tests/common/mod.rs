@@ -328,3 +328,32 @@ pub fn plain_trials(tests: &[(&'static str, fn())]) -> Vec<libtest_mimic::Trial>
         })
         .collect()
 }
+
+/// Why this machine cannot build or run for a board `target`, if it cannot: its C toolchain,
+/// qemu user mode and its libc are needed.
+pub fn board_unavailable(target: &relaxc::target::Target) -> Option<String> {
+    if let Err(e) = relaxc::target::toolchain(target) {
+        return Some(e.to_string());
+    }
+    if std::process::Command::new(target.qemu()).arg("--version").output().is_err() {
+        return Some(format!("{} is not installed (Debian's qemu-user)", target.qemu()));
+    }
+    if !target.sysroot().join("lib").exists() {
+        return Some(format!("no {target} libc at {}", target.sysroot().display()));
+    }
+    None
+}
+
+/// The shared libraries an ELF file needs (its NEEDED entries, as `readelf -d` lists them).
+pub fn needed_libraries(path: &Path) -> Result<Vec<String>, String> {
+    let out =
+        std::process::Command::new("readelf").arg("-d").arg(path).output().map_err(|e| format!("readelf: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("readelf -d {}: {}", path.display(), String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .map(|line| line.split('[').nth(1).and_then(|s| s.strip_suffix(']')).unwrap_or(line).to_string())
+        .collect())
+}
