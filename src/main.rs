@@ -222,6 +222,10 @@ enum Command {
         /// The largest message held in memory; the client splits tensor copies to fit it.
         #[arg(long, value_name = "SIZE", default_value = "16M")]
         max_packet: String,
+        /// The most tensor memory a client may allocate at once (default: no limit; a session
+        /// that runs the machine out of memory ends alone, the server goes on).
+        #[arg(long, value_name = "SIZE")]
+        max_memory: Option<String>,
         /// Where each session's private upload directory is made (default $TMPDIR or /tmp).
         #[arg(long, value_name = "DIR")]
         workdir: Option<PathBuf>,
@@ -475,7 +479,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
-        Command::RpcServer { host, port, key, tracker, max_upload, max_packet, workdir, emit, target } => {
+        Command::RpcServer { host, port, key, tracker, max_upload, max_packet, max_memory, workdir, emit, target } => {
             let target = target_or_host(target)?;
             let tc = relaxc::target::toolchain(&target)?;
             let server = relaxc::target::shim::rpc_server(&target, &tc)?;
@@ -493,6 +497,9 @@ fn run(cli: Cli) -> Result<()> {
             args.extend(["--key".into(), key, "--max-upload".into(), max_upload, "--max-packet".into(), max_packet]);
             if let Some(t) = tracker {
                 args.extend(["--tracker".into(), t]);
+            }
+            if let Some(m) = max_memory {
+                args.extend(["--max-memory".into(), m]);
             }
             if let Some(dir) = workdir {
                 args.extend(["--workdir".into(), dir.display().to_string()]);

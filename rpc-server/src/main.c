@@ -32,7 +32,8 @@
 
 static const char USAGE[] =
     "usage: relaxc rpc-server [--host HOST] [--port PORT] [--key KEY] [--tracker HOST:PORT]\n"
-    "                         [--max-upload SIZE] [--max-packet SIZE] [--workdir DIR]\n"
+    "                         [--max-upload SIZE] [--max-packet SIZE] [--max-memory SIZE]\n"
+    "                         [--workdir DIR]\n"
     "\n"
     "Serves TVM's RPC protocol (TVM 0.27's Python client: tvm.rpc.connect, upload, load_module,\n"
     "time_evaluator) for relaxc models on this machine, one session at a time.\n"
@@ -46,6 +47,8 @@ static const char USAGE[] =
     "  --max-upload SIZE  largest file a client may upload (default 1G; K, M, G suffixes)\n"
     "  --max-packet SIZE  largest message held in memory; tensor copies are split to fit\n"
     "                     (default 16M)\n"
+    "  --max-memory SIZE  most tensor memory a client may allocate at once (default: no limit;\n"
+    "                     a session that runs the board out of memory ends alone)\n"
     "  --workdir DIR      where each session's private upload directory is made (default $TMPDIR\n"
     "                     or /tmp); it is removed when the session ends\n";
 
@@ -100,7 +103,7 @@ static int parse_port(const char *flag, const char *text) {
 }
 
 static options parse(int argc, char **argv) {
-  options o = {"127.0.0.1", 9090, "", "", 0, {16u << 20, 1u << 30}, NULL};
+  options o = {"127.0.0.1", 9090, "", "", 0, {16u << 20, 1u << 30, 0}, NULL};
   const char *tmp = getenv("TMPDIR");
   o.workdir = tmp && *tmp ? tmp : "/tmp";
   for (int i = 1; i < argc; i++) {
@@ -132,6 +135,8 @@ static options parse(int argc, char **argv) {
     } else if (!strcmp(a, "--max-packet")) {
       o.limits.max_packet = parse_size(a, v);
       if (o.limits.max_packet < 4096) usage_error("--max-packet must be at least 4K%s", "");
+    } else if (!strcmp(a, "--max-memory")) {
+      o.limits.max_memory = parse_size(a, v);
     } else if (!strcmp(a, "--workdir")) {
       o.workdir = v;
     } else {

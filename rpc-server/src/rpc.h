@@ -169,6 +169,7 @@ int rpc_is_loopback(const char *host);
 typedef struct rpc_limits {
   uint64_t max_packet; /* largest packet body read into memory; copies are chunked to it */
   uint64_t max_upload; /* largest uploaded file */
+  uint64_t max_memory; /* most tensor memory a client may allocate at once (0: no limit) */
 } rpc_limits;
 
 /* Serves one client on `fd` (after the handshake) until it shuts down or disconnects, with
@@ -177,6 +178,14 @@ typedef struct rpc_limits {
 int rpc_serve_session(int fd, const char *workdir, const rpc_limits *limits);
 
 typedef struct rpc_session rpc_session;
+
+/* Starts a session's state on `fd` (the caller owns fd and workdir, which must outlive it). */
+void rpc_session_init(rpc_session *s, int fd, const char *workdir, const rpc_limits *limits);
+/* Answers one packet body into w (a reply, or a kException for anything wrong with it).
+ * Returns 1 for kShutdown, which has no reply, else 0. No I/O: the fuzz target drives this. */
+int rpc_session_packet(rpc_session *s, const uint8_t *body, uint64_t len, rpc_writer *w);
+/* Frees everything the session holds: values, buffers, timers, functions, then modules. */
+void rpc_session_end(rpc_session *s);
 
 /* The built-in global functions a client can look up (tvm-rpc.md §6). */
 typedef enum rpc_builtin {
@@ -257,6 +266,7 @@ struct rpc_session {
   rpc_entry *entries;
   uint32_t capacity;
   uint32_t next_serial;
+  uint64_t allocated; /* bytes of RPC_ENTRY_BUFFER memory held */
 };
 
 /* A new entry of `kind` (using module slot `module`, or -1); *out points at it until the table

@@ -69,6 +69,7 @@ static void destroy(rpc_session *s, rpc_entry *e) {
       break;
     case RPC_ENTRY_BUFFER:
       free(e->u.buffer.ptr);
+      s->allocated -= e->u.buffer.size;
       break;
     default:
       break;
@@ -158,6 +159,11 @@ static int arg_is(const rpc_request *r, int32_t i, int32_t type) { return i < r-
 /* Allocates tensor data (64-byte aligned, as TVM's kernels assume) and answers its token. */
 static int allocate(rpc_session *s, uint64_t size, rpc_writer *w, char *err, size_t err_size) {
   void *ptr = NULL;
+  if (s->limits.max_memory && size > s->limits.max_memory - s->allocated) {
+    snprintf(err, err_size, "MemoryError: %llu more bytes of tensor data would pass the server's limit of %llu (--max-memory)",
+             (unsigned long long)size, (unsigned long long)s->limits.max_memory);
+    return -1;
+  }
   if (size > (1ull << 48) || posix_memalign(&ptr, 64, size ? (size_t)size : 1) != 0) {
     snprintf(err, err_size, "out of memory allocating %llu bytes of tensor data", (unsigned long long)size);
     return -1;
@@ -171,6 +177,7 @@ static int allocate(rpc_session *s, uint64_t size, rpc_writer *w, char *err, siz
   }
   e->u.buffer.ptr = ptr;
   e->u.buffer.size = size;
+  s->allocated += size;
   reply_handle(w, rpc_data_token(handle));
   return 0;
 }
@@ -404,11 +411,45 @@ static int large_packet(rpc_session *s, uint64_t len, rpc_writer *w) {
   return send_reply(s, w) == 0 ? 0 : -1;
 }
 
+void rpc_session_init(rpc_session *s, int fd, const char *workdir, const rpc_limits *limits) {
+  memset(s, 0, sizeof *s);
+  s->fd = fd;
+  s->workdir = workdir;
+  s->limits = *limits;
+}
+
+int rpc_session_packet(rpc_session *s, const uint8_t *body, uint64_t len, rpc_writer *w) {
+  rpc_request request;
+  char err[1024];
+  int shutdown = 0;
+  if (rpc_parse_request(body, len, &request, err, sizeof err) != 0) {
+    char message[1100];
+    snprintf(message, sizeof message, "malformed message: %s", err);
+    rpc_exception(w, message);
+  } else if (request.code == RPC_SHUTDOWN) {
+    shutdown = 1;
+  } else if (answer(s, &request, w, err, sizeof err) != 0) {
+    rpc_exception(w, err);
+  }
+  rpc_request_free(&request);
+  if (!shutdown && w->failed) rpc_exception(w, "MemoryError: out of memory writing the reply");
+  return shutdown;
+}
+
+void rpc_session_end(rpc_session *s) {
+  /* Values first (each may hold its module), then whatever modules remain. */
+  for (uint32_t i = 0; i < s->capacity; i++)
+    if (s->entries[i].serial && s->entries[i].kind != RPC_ENTRY_MODULE) rpc_entry_release(s, &s->entries[i]);
+  for (uint32_t i = 0; i < s->capacity; i++)
+    if (s->entries[i].serial) rpc_entry_release(s, &s->entries[i]);
+  free(s->entries);
+  s->entries = NULL;
+  s->capacity = 0;
+}
+
 int rpc_serve_session(int fd, const char *workdir, const rpc_limits *limits) {
-  rpc_session s = {0};
-  s.fd = fd;
-  s.workdir = workdir;
-  s.limits = *limits;
+  rpc_session s;
+  rpc_session_init(&s, fd, workdir, limits);
   rpc_writer w = {0};
   int status = 0;
   for (;;) {
@@ -445,33 +486,15 @@ int rpc_serve_session(int fd, const char *workdir, const rpc_limits *limits) {
       status = 1;
       break;
     }
-    rpc_request request;
-    char err[1024];
-    int shutdown = 0;
-    if (rpc_parse_request(body, len, &request, err, sizeof err) != 0) {
-      char message[1100];
-      snprintf(message, sizeof message, "malformed message: %s", err);
-      rpc_exception(&w, message);
-    } else if (request.code == RPC_SHUTDOWN) {
-      shutdown = 1;
-    } else if (answer(&s, &request, &w, err, sizeof err) != 0) {
-      rpc_exception(&w, err);
-    }
-    rpc_request_free(&request);
+    int shutdown = rpc_session_packet(&s, body, len, &w);
     free(body);
     if (shutdown) break;
-    if (w.failed) rpc_exception(&w, "MemoryError: out of memory writing the reply");
     if (send_reply(&s, &w) != 0) {
       status = 1;
       break;
     }
   }
-  /* Values first (each may hold its module), then whatever modules remain. */
-  for (uint32_t i = 0; i < s.capacity; i++)
-    if (s.entries[i].serial && s.entries[i].kind != RPC_ENTRY_MODULE) rpc_entry_release(&s, &s.entries[i]);
-  for (uint32_t i = 0; i < s.capacity; i++)
-    if (s.entries[i].serial) rpc_entry_release(&s, &s.entries[i]);
-  free(s.entries);
+  rpc_session_end(&s);
   rpc_writer_free(&w);
   return status;
 }
