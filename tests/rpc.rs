@@ -319,6 +319,27 @@ fn upload_limit() -> Result<(), Failed> {
     Ok(())
 }
 
+fn memory_limit() -> Result<(), Failed> {
+    let server = Server::start(&host(), &["--max-memory", "1M"])?;
+    let mut client = rpc_client::connect(server.port, "")?;
+    let over = |r: Result<rpc_client::WireTensor, RpcError>| match r {
+        Err(RpcError::Remote(m)) if m.contains("--max-memory") => Ok(()),
+        other => Err(format!("an allocation over --max-memory 1M: {other:?}")),
+    };
+    over(client.tensor((1, 8, 1), &[2 << 20], &vec![0u8; 2 << 20]))?;
+    let half = vec![1u8; 512 << 10];
+    let a = client.tensor((1, 8, 1), &[512 << 10], &half)?;
+    let b = client.tensor((1, 8, 1), &[512 << 10], &half)?;
+    over(client.tensor((1, 8, 1), &[16], &[0u8; 16]))?;
+    client.free_data(&a)?;
+    let c = client.tensor((1, 8, 1), &[512 << 10], &half)?;
+    if client.read(&c)? != half || client.read(&b)? != half {
+        return Err("tensors changed".into());
+    }
+    client.shutdown()?;
+    Ok(())
+}
+
 /// Requests that fail get an exception naming what was wrong, and the session goes on.
 fn errors_keep_session() -> Result<(), Failed> {
     let server = Server::start(&host(), &[])?;
@@ -854,10 +875,11 @@ fn main() {
             }));
         }
     }
-    let plain: [(&str, Check); 10] = [
+    let plain: [(&str, Check); 11] = [
         ("protocol::wrong_key", wrong_key),
         ("protocol::chunked_copies", chunked_copies),
         ("protocol::upload_limit", upload_limit),
+        ("protocol::memory_limit", memory_limit),
         ("protocol::errors_keep_session", errors_keep_session),
         ("protocol::session_timeout", session_timeout),
         ("protocol::tracker", tracker),
