@@ -131,15 +131,22 @@ int rpc_finish(rpc_writer *w);
 /* Frees the buffer. */
 void rpc_writer_free(rpc_writer *w);
 
+/* Appends raw bytes (copied). */
 void rpc_put_bytes(rpc_writer *w, const void *data, size_t len);
+/* Appends a little-endian i32. */
 void rpc_put_i32(rpc_writer *w, int32_t v);
+/* Appends a little-endian u64. */
 void rpc_put_u64(rpc_writer *w, uint64_t v);
-/* Values of a packed sequence: each writes its type index and payload. */
+/* A None value of a packed sequence (each rpc_put_<value> writes its type index and payload). */
 void rpc_put_none(rpc_writer *w);
-void rpc_put_int(rpc_writer *w, int32_t type, int64_t v); /* Int (1) or Bool (2) */
+/* An Int (1) or Bool (2) value. */
+void rpc_put_int(rpc_writer *w, int32_t type, int64_t v);
+/* A Float (3) value. */
 void rpc_put_float(rpc_writer *w, double v);
-void rpc_put_handle(rpc_writer *w, uint64_t handle); /* OpaquePtr (4) */
-void rpc_put_str(rpc_writer *w, int32_t type, const void *data, uint64_t len); /* RawStr or ByteArray */
+/* An OpaquePtr (4) value: a handle or data token. */
+void rpc_put_handle(rpc_writer *w, uint64_t handle);
+/* A RawStr (8) or ByteArrayPtr (9) value: length, then the bytes (copied). */
+void rpc_put_str(rpc_writer *w, int32_t type, const void *data, uint64_t len);
 /* A DLTensor value (7) for a tensor the server holds: token, CPU device, shape and dtype. */
 void rpc_put_tensor(rpc_writer *w, uint64_t token, const DLTensor *t);
 

@@ -40,7 +40,7 @@ pub const SHIM_SANITIZERS: &str = env!("RELAXC_SHIM_SANITIZE");
 
 /// The C compiler driver used to link for the host: $CC, else `cc`.
 pub fn linker() -> String {
-    std::env::var("CC").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "cc".to_string())
+    crate::target::host_linker()
 }
 
 /// An object file the link writes itself just before it runs, from data too large to hold in

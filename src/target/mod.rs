@@ -203,6 +203,12 @@ fn clang_for(target: &Target) -> Option<Toolchain> {
     ok.then_some(t)
 }
 
+/// The compiler driver that links host models: `$CC`, else `cc`. The sanitizer runtimes a
+/// sanitizer build of relaxc links into models are that driver's.
+pub fn host_linker() -> String {
+    std::env::var("CC").ok().filter(|s| !s.trim().is_empty()).unwrap_or_else(|| "cc".to_string())
+}
+
 /// The C toolchain for a target (see the module comment for the search order).
 pub fn toolchain(target: &Target) -> Result<Toolchain, TargetError> {
     static HOST: OnceLock<Toolchain> = OnceLock::new();

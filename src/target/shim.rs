@@ -197,14 +197,14 @@ pub fn runner(target: &Target, tc: &Toolchain) -> Result<PathBuf, TargetError> {
 include!(concat!(env!("OUT_DIR"), "/rpc_server_sources.rs"));
 
 /// The RPC server for `target` (`relaxc rpc-server`, rpc-server/src), needing only libc. For the
-/// host of a sanitizer build of relaxc it is built with the same sanitizers as the models it
-/// will load, which need their runtime in the executable.
+/// host of a sanitizer build of relaxc it is built with the same sanitizers, by the driver that
+/// links the models it will load (their sanitizer runtime must be the executable's).
 pub fn rpc_server(target: &Target, tc: &Toolchain) -> Result<PathBuf, TargetError> {
     let sanitizers = env!("RELAXC_SHIM_SANITIZE");
-    let flags = if target.is_host() && !sanitizers.is_empty() {
-        vec![format!("-fsanitize={sanitizers}"), "-fno-omit-frame-pointer".to_string()]
-    } else {
-        Vec::new()
-    };
-    program("rpc server", target, tc, RPC_SERVER_FILES, "relaxc-rpc-server", &flags)
+    if target.is_host() && !sanitizers.is_empty() {
+        let flags = [format!("-fsanitize={sanitizers}"), "-fno-omit-frame-pointer".to_string()];
+        let linker = Toolchain { program: super::host_linker(), args: Vec::new() };
+        return program("rpc server", target, &linker, RPC_SERVER_FILES, "relaxc-rpc-server", &flags);
+    }
+    program("rpc server", target, tc, RPC_SERVER_FILES, "relaxc-rpc-server", &[])
 }
