@@ -322,6 +322,30 @@ fn upload_limit() -> Result<(), Failed> {
     Ok(())
 }
 
+/// A file uploaded again under the same name and loaded again is the new file, while the module
+/// loaded from the old one keeps working.
+fn reupload() -> Result<(), Failed> {
+    let server = Server::start(&host(), &[])?;
+    let mut client = rpc_client::connect(server.port, "")?;
+    let mlp_so = mlp(ExecMode::Bytecode)?;
+    let calls_so = common::build("calls", &common::fixtures_dir().join("calls/m.tar"), ExecMode::Bytecode)?;
+    let calls_inputs = npz::read_inputs(&common::fixtures_dir().join("calls/ok_basic.in.npz"))?;
+    client.upload("m.so", &std::fs::read(&mlp_so)?)?;
+    let first = client.load_module("m.so")?;
+    client.upload("m.so", &std::fs::read(&calls_so)?)?;
+    let second = client.load_module("m.so")?;
+    let old_main = client.get_function(first, "main")?.ok_or("no main")?;
+    let new_main = client.get_function(second, "main")?.ok_or("no main")?;
+    if remote_main(&mut client, new_main, &calls_inputs)? != Some(native_run(calls_so)(&calls_inputs)?) {
+        return Err("the second load is not the second upload".into());
+    }
+    if remote_main(&mut client, old_main, &mlp_inputs()?)? != Some(native_run(mlp_so)(&mlp_inputs()?)?) {
+        return Err("the first module changed".into());
+    }
+    client.shutdown()?;
+    Ok(())
+}
+
 fn memory_limit() -> Result<(), Failed> {
     let server = Server::start(&host(), &["--max-memory", "1M"])?;
     let mut client = rpc_client::connect(server.port, "")?;
@@ -899,11 +923,12 @@ fn main() {
             }));
         }
     }
-    let plain: [(&str, Check); 11] = [
+    let plain: [(&str, Check); 12] = [
         ("protocol::wrong_key", wrong_key),
         ("protocol::chunked_copies", chunked_copies),
         ("protocol::upload_limit", upload_limit),
         ("protocol::memory_limit", memory_limit),
+        ("protocol::reupload", reupload),
         ("protocol::errors_keep_session", errors_keep_session),
         ("protocol::session_timeout", session_timeout),
         ("protocol::tracker", tracker),

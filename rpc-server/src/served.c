@@ -174,7 +174,14 @@ static int load_module(rpc_session *s, const rpc_value *args, int32_t n, rpc_wri
   const char *name = path + strlen(s->workdir) + 1;
   if (access(path, R_OK) != 0)
     return error(err, err_size, "no uploaded file named \"%s\" in this session (upload it first: files do not outlive a session)", name);
-  void *library = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  /* dlopen by a name used once: the loader hands back an already loaded library of the same
+   * path, so after a re-upload of `name` it would give the old model. Each load is its own. */
+  static unsigned loads;
+  char unique[4096];
+  snprintf(unique, sizeof unique, "%s/.load-%u-%s", s->workdir, loads++, name);
+  int linked = link(path, unique) == 0;
+  void *library = dlopen(linked ? unique : path, RTLD_NOW | RTLD_LOCAL);
+  if (linked) unlink(unique);
   if (!library) {
     snprintf(err, err_size, "cannot load %s: %s", name, dlerror());
     return -1;
