@@ -912,6 +912,67 @@ fn tvm_client(target: &Target) -> Result<Completion, Failed> {
     Ok(Completion::Completed)
 }
 
+/// A child process killed when the test ends (TVM's tracker).
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// TVM's own tracker (python -m tvm.exec.rpc_tracker) with relaxc's server registered under
+/// "board", and TVM's client taking its session from the tracker.
+fn tvm_tracker() -> Result<Completion, Failed> {
+    let missing = tvm_missing().or_else(|| {
+        let probe = Command::new("python3").args(["-c", "import tornado"]).output();
+        (!probe.is_ok_and(|o| o.status.success()))
+            .then(|| "python3 lacks tornado, which TVM's tracker needs".to_string())
+    });
+    if let Some(why) = missing {
+        if std::env::var_os("CI").is_some() {
+            return Err(format!("CI needs TVM and tornado for this test: {why}").into());
+        }
+        return Ok(Completion::ignored_with(format!("TVM's tracker test skipped: {why}")));
+    }
+    let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let tracker = Command::new("python3")
+        .args(["-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--port-end", &(port + 1).to_string(), "--silent"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let _tracker = Reaped(tracker);
+    let start = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if start.elapsed() > Duration::from_secs(30) {
+            return Err("TVM's tracker did not start".into());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut command = Command::new(env!("CARGO_BIN_EXE_relaxc"));
+    command.args(["rpc-server", "--host", "127.0.0.1", "--port", "0", "--key", "board"]);
+    let server = Server::spawn(command.args(["--tracker", &format!("127.0.0.1:{port}")]))?;
+    let so = mlp(ExecMode::Compiled)?;
+    let expected = native_run(so.clone())(&mlp_inputs()?)?;
+    let expected_file = so.with_extension("tracker-expected.npz");
+    npz::write_outputs(&expected_file, &expected)?;
+    let model = format!("mlp_static={}={}", so.display(), expected_file.display());
+    let out = Command::new("python3")
+        .arg(common::root().join("tests/rpc_client/tvm_client.py"))
+        .arg(format!("tracker:{port}"))
+        .arg(common::fixtures_dir())
+        .args(["--exact-tvm", &model])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(format!("TVM's client through TVM's tracker:\n{text}\nserver log:\n{}", server.log()).into());
+    }
+    eprintln!("through TVM's tracker: {}", text.trim_end());
+    Ok(Completion::Completed)
+}
+
 fn main() {
     let args = Arguments::from_args();
     let mut trials = Vec::new();
@@ -942,6 +1003,7 @@ fn main() {
     let native = host();
     trials.push(Trial::test("cli::emit::native", move || emit(&native)));
     trials.push(Trial::ignorable_test("tvm_client::native", || tvm_client(&host())));
+    trials.push(Trial::ignorable_test("tvm_client::tracker", tvm_tracker));
     for triple in ["aarch64-unknown-linux-gnu", "riscv64gc-unknown-linux-gnu"] {
         let target = Target::parse(triple).expect("supported target");
         let cpu = target.cpu();

@@ -1,6 +1,9 @@
 """TVM 0.27's own RPC client, unchanged, against `relaxc rpc-server` (run by tests/rpc.rs).
 
-usage: tvm_client.py PORT FIXTURES_DIR [--exact-tvm] NAME=MODEL.so=EXPECTED.npz ...
+usage: tvm_client.py PORT|tracker:PORT FIXTURES_DIR [--exact-tvm] NAME=MODEL.so=EXPECTED.npz ...
+
+With tracker:PORT the session comes from TVM's tracker at that port (key "board"), as
+`rpc.connect_tracker(...).request("board")` gives it.
 
 For each model: upload, load_module, tensors on remote.cpu(), main on the fixture's ok_basic
 inputs with the results read back (tuples through the remote ffi.ArraySize/ffi.ArrayGetItem),
@@ -39,11 +42,15 @@ def same(got, want_file, what):
 
 
 def main():
-    port, fixtures = int(sys.argv[1]), sys.argv[2]
+    where, fixtures = sys.argv[1], sys.argv[2]
     rest = sys.argv[3:]
     exact_tvm = "--exact-tvm" in rest
     models = [a.split("=") for a in rest if a != "--exact-tvm"]
-    remote = rpc.connect("127.0.0.1", port, key="", session_timeout=300)
+    if where.startswith("tracker:"):
+        tracker = rpc.connect_tracker("127.0.0.1", int(where.split(":")[1]))
+        remote = tracker.request("board", priority=1, session_timeout=300)
+    else:
+        remote = rpc.connect("127.0.0.1", int(where), key="", session_timeout=300)
     dev = remote.cpu()
     for name, so, expected in models:
         label = f"{name} ({os.path.basename(so)})"
