@@ -1,6 +1,7 @@
 //! Serving on Ray (tests/python_serve, pytest): `python -m relaxc.serve` with a TVM export over
 //! the Open Inference Protocol and the tiny Llama over the completions API, two replicas each, on
-//! 127.0.0.1. Where python3 lacks ray[serve] (or numpy, pytest, tvm_ffi) the test is reported as
+//! 127.0.0.1, in a network namespace with only loopback when the system allows one. Where
+//! python3 lacks ray[serve] (or numpy, pytest, tvm_ffi) the test is reported as
 //! ignored with the reason; CI installs them (.ci/run), and there a missing one is a failure.
 
 use std::process::Command;
@@ -23,8 +24,24 @@ fn ray_serve_on_loopback() -> Result<Completion, Failed> {
         }
         return Ok(Completion::ignored_with(format!("serving tests skipped: {why}")));
     }
-    let out = Command::new("python3")
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/python_serve"])
+    // Ray's own services (GCS, raylet, object manager) listen on every interface, and Ray has no
+    // option against it; in a network namespace of their own (`unshare -rn`, where only loopback
+    // exists) the tests reach nothing but 127.0.0.1 whatever Ray binds.
+    let isolated = Command::new("unshare").args(["-rn", "true"]).status().is_ok_and(|s| s.success());
+    let pytest = "python3 -m pytest -q -p no:cacheprovider tests/python_serve";
+    let mut command = if isolated {
+        let mut c = Command::new("unshare");
+        c.args(["-rn", "sh", "-c", &format!("ip link set lo up && exec {pytest}")]);
+        c
+    } else {
+        eprintln!(
+            "no network namespace (unshare -rn failed): Ray's services listen on all interfaces during this test"
+        );
+        let mut c = Command::new("sh");
+        c.args(["-c", pytest]);
+        c
+    };
+    let out = command
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("RELAXC", env!("CARGO_BIN_EXE_relaxc"))
         .output()
