@@ -27,7 +27,11 @@ fn ray_serve_on_loopback() -> Result<Completion, Failed> {
     // Ray's own services (GCS, raylet, object manager) listen on every interface, and Ray has no
     // option against it; in a network namespace of their own (`unshare -rn`, where only loopback
     // exists) the tests reach nothing but 127.0.0.1 whatever Ray binds.
-    let isolated = Command::new("unshare").args(["-rn", "true"]).status().is_ok_and(|s| s.success());
+    let isolated = Command::new("unshare")
+        .args(["-rn", "sh", "-c", "ip link set lo up"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
     let pytest = "python3 -m pytest -q -p no:cacheprovider tests/python_serve";
     let mut command = if isolated {
         let mut c = Command::new("unshare");
@@ -35,7 +39,7 @@ fn ray_serve_on_loopback() -> Result<Completion, Failed> {
         c
     } else {
         eprintln!(
-            "no network namespace (unshare -rn failed): Ray's services listen on all interfaces during this test"
+            "no network namespace (unshare -rn with ip from iproute2 failed): Ray's services listen on all interfaces during this test"
         );
         let mut c = Command::new("sh");
         c.args(["-c", pytest]);
