@@ -278,6 +278,7 @@ class Engine:
         self.free_slots = list(range(max_batch))
         self.vocab = None
         self.vocab = self._probe_vocab()
+        self._update_stats()
         self.thread = threading.Thread(target=self._loop, name="relaxc-llm-engine", daemon=True)
         self.stopped = False
         self.thread.start()
@@ -381,6 +382,7 @@ class Engine:
 
     def _loop(self):
         while not self.stopped:
+            self._update_stats()
             self._admit()
             for seq in [s for s in self.running if s.cancelled]:
                 self._finish(seq)
@@ -396,11 +398,16 @@ class Engine:
             for seq, row in zip(batch, logits):
                 self._step_done(seq, self._sample(seq, row))
 
-    def stats(self):
-        """What the engine holds: sequences running and waiting, tokens reserved, free pages."""
+    def _update_stats(self):
+        # Read on the engine thread: the KV cache is not to be touched from two threads at once.
         pages = self.call("vm.builtin.attention_kv_cache_get_num_available_pages", self.kv)
-        return {"running": len(self.running), "waiting": self.waiting.qsize(), "reserved_tokens": self.reserved,
-                "available_pages": int(pages), "cancelled": self.cancelled}
+        self._stats = {"running": len(self.running), "waiting": self.waiting.qsize(), "reserved_tokens": self.reserved,
+                       "available_pages": int(pages), "cancelled": self.cancelled}
+
+    def stats(self):
+        """What the engine held after its last step: sequences running and waiting, tokens
+        reserved, free pages, and sequences cancelled because their client went away."""
+        return dict(self._stats)
 
     def stop(self):
         self.waiting.put(None)
