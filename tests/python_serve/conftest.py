@@ -70,7 +70,11 @@ class Server:
             with r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
+            text = e.read()
+            try:
+                return e.code, json.loads(text)
+            except ValueError:  # Ray's own errors (a replica that died) are plain text
+                return e.code, {"error": text.decode(errors="replace")}
 
     def stop(self):
         if self.proc.poll() is None:
