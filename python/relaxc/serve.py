@@ -261,13 +261,17 @@ class Engine:
     """Runs an LLM's steps on one thread: new sequences are prefilled as they arrive, then every
     running sequence decodes together, one token per step."""
 
-    def __init__(self, path, max_batch=8, max_total_seq_len=4096, prefill_chunk=256, page_size=16):
+    def __init__(self, path, max_batch=8, max_total_seq_len=4096, prefill_chunk=256, page_size=16, weights=None):
         import tvm_ffi
 
         self.tvm_ffi = tvm_ffi
         m = tvm_ffi.load_module(path)
         self.m = m
         self.call = m["relaxc_call"]
+        # A model exported with its weights as parameters takes them after its inputs, by name
+        # from a tensor cache or safetensors (as `relaxc generate --weights`).
+        self.weights = {fn: list(m["relaxc_weights"](weights, fn, n)) if weights else []
+                        for fn, n in (("embed", 1), ("prefill", 2), ("decode", 2))}
         self.max_batch, self.max_total, self.chunk = max_batch, max_total_seq_len, prefill_chunk
         shape = tvm_ffi.Shape
         self.kv = m["create_paged_kv_cache"](*[shape([v]) for v in (max_batch, max_total_seq_len, prefill_chunk, page_size, 0)])
@@ -287,11 +291,11 @@ class Engine:
         return self.call("vm.builtin." + name, self.kv, *args)
 
     def _forward(self, fn, slots, lengths, ids, rows):
-        embeds = np.from_dlpack(self.m["embed"](self.tvm_ffi.from_dlpack(np.array(ids, "int32"))))
+        embeds = np.from_dlpack(self.m["embed"](self.tvm_ffi.from_dlpack(np.array(ids, "int32")), *self.weights["embed"]))
         embeds = np.ascontiguousarray(embeds.reshape(1, len(ids), -1) if fn == "prefill" else embeds.reshape(len(ids), 1, -1))
         self._state("kv_state_begin_forward", self.tvm_ffi.Shape(slots), self.tvm_ffi.Shape(lengths))
         try:
-            out = self.m[fn](self.tvm_ffi.from_dlpack(embeds), self.kv)
+            out = self.m[fn](self.tvm_ffi.from_dlpack(embeds), self.kv, *self.weights[fn])
         finally:
             self._state("kv_state_end_forward")
         return np.from_dlpack(out[0]).reshape(rows, -1)
@@ -617,9 +621,13 @@ def main(argv=None):
     parser.add_argument("--batch-wait-ms", type=float, default=2.0, help="tensor models: how long a batch waits to fill")
     parser.add_argument("--max-body", type=int, default=64 << 20, help="largest request body in bytes")
     parser.add_argument("--kv-tokens", type=int, default=4096, help="LLMs: tokens the KV cache holds, over all sequences")
+    parser.add_argument("--weights", help="LLMs exported with their weights as parameters: a tensor cache or safetensors "
+                        "(a path every replica's node can read)")
     args = parser.parse_args(argv)
     if not os.path.isfile(args.model):
         parser.error(f"{args.model}: no such file")
+    if args.weights and not os.path.exists(args.weights):
+        parser.error(f"--weights {args.weights}: no such file or directory")
     if args.replicas < 1 or args.threads_per_replica < 1 or args.max_batch_size < 1:
         parser.error("--replicas, --threads-per-replica and --max-batch-size must be at least 1")
     try:
@@ -644,7 +652,8 @@ def main(argv=None):
     name = args.name or os.path.splitext(os.path.basename(args.model))[0]
     serve.start(http_options={"host": args.host, "port": args.port})
     application = app(args.model, name, args.replicas, args.threads_per_replica, args.max_batch_size, args.batch_wait_ms,
-                      args.max_body, {"max_batch": args.max_batch_size, "max_total_seq_len": args.kv_tokens}, num_cpus)
+                      args.max_body, {"max_batch": args.max_batch_size, "max_total_seq_len": args.kv_tokens,
+                                      "weights": os.path.abspath(args.weights) if args.weights else None}, num_cpus)
     serve.run(application, name=name, route_prefix="/")
     print(f"serving {name} on http://{args.host}:{args.port}", flush=True)
     # A plain flag: a handler that took a lock (threading.Event.set) could deadlock against the

@@ -132,3 +132,21 @@ def test_a_killed_replica_is_restarted_and_no_request_is_answered_wrongly(served
         time.sleep(1)
     assert len(replica_pids(server)) == 2 and pids[0] not in replica_pids(server)
     assert complete(server, PROMPT, 24) == want
+
+
+def test_weights_outside_the_model(tmp_path):
+    """The tiny Llama exported with its weights as parameters, served with --weights: the tokens
+    TVM generated (fixtures/tiny_llama_params/generate.npz)."""
+    import numpy as np
+
+    from conftest import FIXTURES
+
+    params = os.path.join(FIXTURES, "tiny_llama_params")
+    want = np.load(os.path.join(params, "generate.npz"))
+    model = build("tiny_llama_params", str(tmp_path))
+    server = Server(model, "--name", "params", "--weights", os.path.join(params, "params.safetensors"))
+    try:
+        prompt = [int(t) for t in want["prompt"]]
+        assert complete(server, prompt, len(want["tokens"])) == [int(t) for t in want["tokens"]]
+    finally:
+        server.stop()
