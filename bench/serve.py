@@ -1,6 +1,6 @@
 """Serving on Ray: what continuous batching and a second replica buy (python -m relaxc.serve).
 
-usage: python3 bench/serve.py [--model tiny_llama] [--tokens 64] [--requests 16] [--repeat 3]
+usage: python3 bench/serve.py [--model tiny_llama] [--tokens 512] [--requests 16] [--repeat 3]
 
 Builds the fixture's model with target/release/relaxc, then, each on a fresh local Ray cluster on
 127.0.0.1:
@@ -45,7 +45,7 @@ def timed_concurrent(server, prompts, n):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="tiny_llama")
-    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--requests", type=int, default=16)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
@@ -56,8 +56,9 @@ def main():
     rng = random.Random(0)
     prompts = [[rng.randrange(64) for _ in range(rng.randrange(4, 12))] for _ in range(args.requests)]
     results = {}
+    kv = ["--kv-tokens", str(args.requests * (args.tokens + 16))]
 
-    server = Server(model, "--replicas", "1", "--max-batch-size", str(args.requests), "--name", "one")
+    server = Server(model, "--replicas", "1", "--max-batch-size", str(args.requests), "--name", "one", *kv)
     try:
         alone_answers = [complete(server, p, args.tokens) for p in prompts]
         singles = []
@@ -75,7 +76,7 @@ def main():
     finally:
         server.stop()
 
-    server = Server(model, "--replicas", "1", "--max-batch-size", "1", "--name", "serial")
+    server = Server(model, "--replicas", "1", "--max-batch-size", "1", "--name", "serial", *kv)
     try:
         runs = []
         for _ in range(args.repeat):
@@ -86,7 +87,7 @@ def main():
     finally:
         server.stop()
 
-    server = Server(model, "--replicas", "2", "--max-batch-size", str(args.requests), "--name", "two")
+    server = Server(model, "--replicas", "2", "--max-batch-size", str(args.requests), "--name", "two", *kv)
     try:
         runs = []
         for _ in range(args.repeat):

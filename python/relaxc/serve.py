@@ -247,11 +247,15 @@ def model_metadata(model_name, sig):
 class Sequence:
     """One completion request in the engine."""
 
-    def __init__(self, prompt, max_tokens, temperature, top_p, seed, emit):
+    def __init__(self, prompt, max_tokens, temperature, top_p, seed, emit, stream):
         self.prompt, self.max_tokens = prompt, max_tokens
         self.temperature, self.top_p = temperature, top_p
         self.rng = np.random.default_rng(seed)
-        self.emit = emit  # emit(token or None at the end, error or None), from the engine thread
+        # emit(token, None) for each token when streaming, then emit(None, error or None) at the
+        # end; called on the engine thread. Without streaming only the end is sent (a wakeup of
+        # the server's event loop per token would cost more than the token).
+        self.emit = emit
+        self.stream = stream
         self.tokens = []
         self.cancelled = False
         self.slot = None
@@ -307,7 +311,7 @@ class Engine:
         finally:
             self._state("kv_state_remove_sequence", 0)
 
-    def submit(self, prompt, max_tokens, temperature, top_p, seed, emit):
+    def submit(self, prompt, max_tokens, temperature, top_p, seed, emit, stream=True):
         """Queues a request (checked first: BadRequest for what can never run)."""
         if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             raise BadRequest("prompt must be a non-empty list of token ids")
@@ -316,7 +320,7 @@ class Engine:
             raise BadRequest(f"token id {bad[0]} is outside the model's vocabulary (ids 0..{self.vocab - 1})")
         if len(prompt) + max_tokens > self.max_total:
             raise BadRequest(f"prompt and max_tokens ({len(prompt)} + {max_tokens}) exceed the KV cache's {self.max_total} tokens")
-        seq = Sequence(prompt, max_tokens, temperature, top_p, seed, emit)
+        seq = Sequence(prompt, max_tokens, temperature, top_p, seed, emit, stream)
         self.waiting.put(seq)
         return seq
 
@@ -380,7 +384,8 @@ class Engine:
 
     def _step_done(self, seq, token):
         seq.tokens.append(token)
-        seq.emit(token, None)
+        if seq.stream:
+            seq.emit(token, None)
         if seq.cancelled or len(seq.tokens) >= seq.max_tokens:
             self._finish(seq)
 
@@ -546,7 +551,7 @@ class Replica:
         def emit(token, error):
             loop.call_soon_threadsafe(events.put_nowait, (token, error))
 
-        seq = self.llm.submit(prompt, max_tokens, float(temperature), float(top_p), seed, emit)
+        seq = self.llm.submit(prompt, max_tokens, float(temperature), float(top_p), seed, emit, stream)
         cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
 
         def chunk(tokens, finish):
@@ -572,17 +577,13 @@ class Replica:
                     seq.cancelled = True  # the client went away (or the stream ended): free its pages
 
             return StreamingResponse(events_out(), media_type="text/event-stream")
-        tokens = []
         try:
-            while True:
-                token, error = await events.get()
-                if error:
-                    return _json(500, {"error": error})
-                if token is None:
-                    break
-                tokens.append(token)
+            token, error = await events.get()  # the end: the tokens are in seq.tokens
+            if error:
+                return _json(500, {"error": error})
         finally:
             seq.cancelled = True
+        tokens = list(seq.tokens)
         body = chunk(tokens, "length")
         body["usage"] = {"prompt_tokens": len(prompt), "completion_tokens": len(tokens), "total_tokens": len(prompt) + len(tokens)}
         return _json(200, body)
