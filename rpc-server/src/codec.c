@@ -201,30 +201,35 @@ void rpc_request_free(rpc_request *request) {
   request->num_args = 0;
 }
 
-int64_t rpc_tensor_nbytes(const rpc_tensor *tensor, char *err, size_t err_size) {
-  uint64_t element_bits = (uint64_t)tensor->dtype.bits * tensor->dtype.lanes;
+int64_t rpc_nbytes(DLDataType dtype, int32_t ndim, const int64_t *dims, char *err, size_t err_size) {
+  uint64_t element_bits = (uint64_t)dtype.bits * dtype.lanes;
   if (element_bits == 0) {
-    snprintf(err, err_size, "tensor of an empty dtype (%u bits, %u lanes)", tensor->dtype.bits, tensor->dtype.lanes);
+    snprintf(err, err_size, "tensor of an empty dtype (%u bits, %u lanes)", dtype.bits, dtype.lanes);
     return -1;
   }
   uint64_t count = 1;
   int zero = 0;
-  for (int32_t i = 0; i < tensor->ndim; i++) {
-    int64_t d = rpc_tensor_dim(tensor, i);
-    if (d < 0) {
-      snprintf(err, err_size, "tensor dimension %d is negative (%lld)", i, (long long)d);
+  for (int32_t i = 0; i < ndim; i++) {
+    if (dims[i] < 0) {
+      snprintf(err, err_size, "tensor dimension %d is negative (%lld)", i, (long long)dims[i]);
       return -1;
     }
-    if (d == 0) zero = 1;
+    if (dims[i] == 0) zero = 1;
     /* 2^48 elements is past any memory; checking each step keeps the product from wrapping. */
-    if (!zero && (uint64_t)d > (1ull << 48) / count) {
+    if (!zero && (uint64_t)dims[i] > (1ull << 48) / count) {
       snprintf(err, err_size, "tensor of more than 2^48 elements");
       return -1;
     }
-    if (!zero) count *= (uint64_t)d;
+    if (!zero) count *= (uint64_t)dims[i];
   }
   if (zero) return 0;
   return (int64_t)((count * element_bits + 7) / 8);
+}
+
+int64_t rpc_tensor_nbytes(const rpc_tensor *tensor, char *err, size_t err_size) {
+  int64_t dims[RPC_MAX_NDIM];
+  for (int32_t i = 0; i < tensor->ndim; i++) dims[i] = rpc_tensor_dim(tensor, i);
+  return rpc_nbytes(tensor->dtype, tensor->ndim, dims, err, err_size);
 }
 
 /* ---- Replies ----------------------------------------------------------------------------------- */

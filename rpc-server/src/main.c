@@ -16,6 +16,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,9 +74,12 @@ static void on_stop(int sig) {
   (void)ignored;
 }
 
-static void usage_error(const char *fmt, const char *detail) {
+__attribute__((format(printf, 1, 2), noreturn)) static void usage_error(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
   fprintf(stderr, "relaxc rpc-server: ");
-  fprintf(stderr, fmt, detail);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
   fprintf(stderr, "\n\n%s", USAGE);
   exit(2);
 }
@@ -98,7 +102,6 @@ static int parse_port(const char *flag, const char *text) {
   char *end;
   long v = strtol(text, &end, 10);
   if (end == text || *end || v < 0 || v > 65535) usage_error("%s takes a port number (0 to 65535)", flag);
-  (void)flag;
   return (int)v;
 }
 
@@ -134,7 +137,7 @@ static options parse(int argc, char **argv) {
       o.limits.max_upload = parse_size(a, v);
     } else if (!strcmp(a, "--max-packet")) {
       o.limits.max_packet = parse_size(a, v);
-      if (o.limits.max_packet < 4096) usage_error("--max-packet must be at least 4K%s", "");
+      if (o.limits.max_packet < 4096) usage_error("--max-packet must be at least 4K");
     } else if (!strcmp(a, "--max-memory")) {
       o.limits.max_memory = parse_size(a, v);
     } else if (!strcmp(a, "--workdir")) {
@@ -143,7 +146,7 @@ static options parse(int argc, char **argv) {
       usage_error("unknown option %s", a);
     }
   }
-  if (o.tracker_host[0] && !o.key[0]) usage_error("--tracker needs --key: the name clients request%s", "");
+  if (o.tracker_host[0] && !o.key[0]) usage_error("--tracker needs --key: the name clients request");
   return o;
 }
 

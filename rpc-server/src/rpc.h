@@ -109,8 +109,11 @@ void rpc_request_free(rpc_request *request);
 /* Dimension i of a decoded tensor's shape. */
 int64_t rpc_tensor_dim(const rpc_tensor *tensor, int32_t i);
 
-/* The bytes a compact tensor of this shape and dtype holds, or -1 (with err) when a dimension is
- * negative, the dtype is empty or the size overflows. */
+/* The bytes a compact tensor of `ndim` dims and this dtype holds, or -1 (with err) when a
+ * dimension is negative, the dtype is empty or the size passes 2^48 elements. */
+int64_t rpc_nbytes(DLDataType dtype, int32_t ndim, const int64_t *dims, char *err, size_t err_size);
+
+/* rpc_nbytes of a tensor from the wire. */
 int64_t rpc_tensor_nbytes(const rpc_tensor *tensor, char *err, size_t err_size);
 
 /* ---- Replies (codec.c) ---------------------------------------------------------------------- */

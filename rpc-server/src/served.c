@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,8 +40,11 @@ int rpc_builtin_find(const uint8_t *name, uint64_t len) {
   return -1;
 }
 
-static int error(char *err, size_t err_size, const char *fmt, const char *detail) {
-  snprintf(err, err_size, fmt, detail);
+__attribute__((format(printf, 3, 4))) static int error(char *err, size_t err_size, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, err_size, fmt, ap);
+  va_end(ap);
   return -1;
 }
 
@@ -56,7 +60,7 @@ static int is_string(const rpc_value *v) { return v->type == kTVMFFIRawStr || v-
 /* `name` as a path in the session directory, refused if it could point anywhere else. */
 static int session_path(rpc_session *s, const uint8_t *name, uint64_t len, const char *prefix, char *path,
                         size_t path_size, char *err, size_t err_size) {
-  if (len == 0 || len > RPC_MAX_NAME) return error(err, err_size, "file names must be 1 to 255 bytes%s", "");
+  if (len == 0 || len > RPC_MAX_NAME) return error(err, err_size, "file names must be 1 to 255 bytes");
   char shown[RPC_MAX_NAME + 1];
   snprintf(shown, sizeof shown, "%.*s", (int)len, (const char *)name);
   for (uint64_t i = 0; i < len; i++) {
@@ -167,9 +171,17 @@ static void put_return_head(rpc_writer *w, int32_t count, int32_t type_index) {
   rpc_put_int(w, kTVMFFIInt, type_index);
 }
 
+/* The kReturn of a handle the client now holds: a module, a function, a timer or an object. */
+static int reply_with_handle(rpc_writer *w, int32_t type_index, uint64_t handle) {
+  put_return_head(w, 2, type_index);
+  rpc_put_handle(w, handle);
+  rpc_finish(w);
+  return 0;
+}
+
 static int load_module(rpc_session *s, const rpc_value *args, int32_t n, rpc_writer *w, char *err, size_t err_size) {
   char path[4096];
-  if (n != 1 || !is_string(&args[0])) return error(err, err_size, "load_module takes a file name%s", "");
+  if (n != 1 || !is_string(&args[0])) return error(err, err_size, "load_module takes a file name");
   if (session_path(s, args[0].v.bytes.data, args[0].v.bytes.len, "", path, sizeof path, err, err_size) != 0) return -1;
   const char *name = path + strlen(s->workdir) + 1;
   if (access(path, R_OK) != 0)
@@ -207,16 +219,13 @@ static int load_module(rpc_session *s, const rpc_value *args, int32_t n, rpc_wri
     api->vm_destroy(vm);
     api->module_close(module);
     dlclose(library);
-    return error(err, err_size, "too many live handles in this session%s", "");
+    return error(err, err_size, "too many live handles in this session");
   }
   e->u.module.library = library;
   e->u.module.api = api;
   e->u.module.module = module;
   e->u.module.vm = vm;
-  put_return_head(w, 2, kTVMFFIModule);
-  rpc_put_handle(w, handle);
-  rpc_finish(w);
-  return 0;
+  return reply_with_handle(w, kTVMFFIModule, handle);
 }
 
 static rpc_entry *module_arg(rpc_session *s, const rpc_value *v) {
@@ -240,7 +249,7 @@ static int32_t find_function(rpc_entry *m, const rpc_value *name) {
 static int module_get_function(rpc_session *s, const rpc_value *args, int32_t n, rpc_writer *w, char *err,
                                size_t err_size) {
   rpc_entry *m = n >= 2 ? module_arg(s, &args[0]) : NULL;
-  if (!m || !is_string(&args[1])) return error(err, err_size, "ModuleGetFunction takes a module and a name%s", "");
+  if (!m || !is_string(&args[1])) return error(err, err_size, "ModuleGetFunction takes a module and a name");
   int32_t index = find_function(m, &args[1]);
   if (index < 0) {
     /* The client turns None into AttributeError "Module has no function" (§6). */
@@ -251,12 +260,9 @@ static int module_get_function(rpc_session *s, const rpc_value *args, int32_t n,
   }
   rpc_entry *e;
   uint64_t handle = rpc_entry_new(s, RPC_ENTRY_FUNCTION, rpc_entry_index(s, m), &e);
-  if (!handle) return error(err, err_size, "too many live handles in this session%s", "");
+  if (!handle) return error(err, err_size, "too many live handles in this session");
   e->u.function = index;
-  put_return_head(w, 2, kTVMFFIFunction);
-  rpc_put_handle(w, handle);
-  rpc_finish(w);
-  return 0;
+  return reply_with_handle(w, kTVMFFIFunction, handle);
 }
 
 /* Arguments of a model call as rvm values: tensors resolved to the session's memory (bounds
@@ -284,7 +290,7 @@ static int convert_args(rpc_session *s, int32_t module, const rpc_value *args, i
   out->dims = calloc(total_dims ? total_dims : 1, sizeof(int64_t));
   if (!out->values || !out->tensors || !out->dims) {
     free_args(out);
-    return error(err, err_size, "out of memory for the call's arguments%s", "");
+    return error(err, err_size, "out of memory for the call's arguments");
   }
   size_t dims_used = 0;
   for (int32_t i = 0; i < n; i++) {
@@ -386,14 +392,14 @@ static int encode_result(rpc_session *s, int32_t module, rvm_value *result, rpc_
   if (t) {
     if (t->device.device_type != kDLCPU || t->ndim > RPC_MAX_NDIM) {
       api->value_release(result);
-      return error(err, err_size, "a result tensor that is not a CPU tensor%s", "");
+      return error(err, err_size, "a result tensor that is not a CPU tensor");
     }
     if (t->strides) {
       int64_t expected = 1;
       for (int32_t i = t->ndim - 1; i >= 0; i--) {
         if (t->shape[i] != 1 && t->strides[i] != expected) {
           api->value_release(result);
-          return error(err, err_size, "a result tensor that is not compact%s", "");
+          return error(err, err_size, "a result tensor that is not compact");
         }
         expected *= t->shape[i];
       }
@@ -403,7 +409,7 @@ static int encode_result(rpc_session *s, int32_t module, rvm_value *result, rpc_
   uint64_t handle = rpc_entry_new(s, RPC_ENTRY_VALUE, module, &e);
   if (!handle) {
     api->value_release(result);
-    return error(err, err_size, "too many live handles in this session%s", "");
+    return error(err, err_size, "too many live handles in this session");
   }
   e->u.value = *result;
   memset(result, 0, sizeof *result);
@@ -445,12 +451,12 @@ static int call_model(rpc_session *s, rpc_entry *e, const rpc_value *args, int32
 /* ---- The time evaluator ------------------------------------------------------------------------ */
 
 static int time_evaluator(rpc_session *s, const rpc_value *args, int32_t n, rpc_writer *w, char *err, size_t err_size) {
-  if (n != 12) return error(err, err_size, "runtime.RPCTimeEvaluator takes 12 arguments (TVM 0.27's client)%s", "");
+  if (n != 12) return error(err, err_size, "runtime.RPCTimeEvaluator takes 12 arguments (TVM 0.27's client)");
   rpc_entry *m = module_arg(s, &args[0]);
-  if (!m) return error(err, err_size, "time_evaluator of a global function is not supported: time a module's function%s", "");
-  if (!is_string(&args[1]) || !is_string(&args[11])) return error(err, err_size, "time_evaluator: malformed arguments%s", "");
+  if (!m) return error(err, err_size, "time_evaluator of a global function is not supported: time a module's function");
+  if (!is_string(&args[1]) || !is_string(&args[11])) return error(err, err_size, "time_evaluator: malformed arguments");
   for (int i = 2; i <= 10; i++)
-    if (args[i].type != kTVMFFIInt) return error(err, err_size, "time_evaluator: malformed arguments%s", "");
+    if (args[i].type != kTVMFFIInt) return error(err, err_size, "time_evaluator: malformed arguments");
   int32_t function = find_function(m, &args[1]);
   if (function < 0) {
     char name[RPC_MAX_NAME + 1];
@@ -458,25 +464,21 @@ static int time_evaluator(rpc_session *s, const rpc_value *args, int32_t n, rpc_
              (const char *)args[1].v.bytes.data);
     return error(err, err_size, "time_evaluator: the module has no function '%s'", name);
   }
-  if (args[2].v.i != kDLCPU) return error(err, err_size, "time_evaluator: this server has only the CPU%s", "");
+  if (args[2].v.i != kDLCPU) return error(err, err_size, "time_evaluator: this server has only the CPU");
   if (args[11].v.bytes.len != 0)
-    return error(err, err_size, "time_evaluator: f_preproc is not supported by relaxc's server%s", "");
+    return error(err, err_size, "time_evaluator: f_preproc is not supported by relaxc's server");
   rpc_timer t = {function, args[4].v.i, args[5].v.i, args[6].v.i, args[7].v.i, args[8].v.i, args[9].v.i, args[10].v.i};
   if (t.number < 1 || t.repeat < 1 || t.repeat > 1000000 || t.min_repeat_ms < 0 || t.limit_zero_time_iterations < 0 ||
       t.cooldown_interval_ms < 0 || (t.cooldown_interval_ms > 0 && t.repeats_to_cooldown < 1) ||
       t.cache_flush_bytes < 0 || t.cache_flush_bytes > (1ll << 32))
     return error(err, err_size,
                  "time_evaluator: number and repeat must be at least 1 (repeat at most 10^6), the others not negative, "
-                 "repeats_to_cooldown at least 1 with a cooldown, and cache_flush_bytes at most 4 GiB%s",
-                 "");
+                 "repeats_to_cooldown at least 1 with a cooldown, and cache_flush_bytes at most 4 GiB");
   rpc_entry *e;
   uint64_t handle = rpc_entry_new(s, RPC_ENTRY_TIMER, rpc_entry_index(s, m), &e);
-  if (!handle) return error(err, err_size, "too many live handles in this session%s", "");
+  if (!handle) return error(err, err_size, "too many live handles in this session");
   e->u.timer = t;
-  put_return_head(w, 2, kTVMFFIFunction);
-  rpc_put_handle(w, handle);
-  rpc_finish(w);
-  return 0;
+  return reply_with_handle(w, kTVMFFIFunction, handle);
 }
 
 static int64_t now_ns(void) {
@@ -500,7 +502,7 @@ static int run_timer(rpc_session *s, rpc_entry *e, const rpc_value *args, int32_
   int rc = -1;
   rvm_value result;
   if (!speeds || (t->cache_flush_bytes > 0 && !flush)) {
-    error(err, err_size, "out of memory for the time evaluator%s", "");
+    error(err, err_size, "out of memory for the time evaluator");
     goto done;
   }
   if (flush) memset(flush, 1, 2 * (size_t)t->cache_flush_bytes);
@@ -553,7 +555,7 @@ done:
 static int array_access(rpc_session *s, rpc_builtin which, const rpc_value *args, int32_t n, rpc_writer *w, char *err,
                         size_t err_size) {
   rpc_entry *e = n >= 1 && args[0].type == RPC_TYPE_OBJECT_REF ? rpc_entry_get(s, args[0].v.handle) : NULL;
-  if (!e || e->kind != RPC_ENTRY_VALUE) return error(err, err_size, "ffi.Array functions take a tuple result%s", "");
+  if (!e || e->kind != RPC_ENTRY_VALUE) return error(err, err_size, "ffi.Array functions take a tuple result");
   int32_t module = e->module;
   const rvm_api *api = s->entries[module].u.module.api;
   const int64_t *dims = NULL;
@@ -561,13 +563,13 @@ static int array_access(rpc_session *s, rpc_builtin which, const rpc_value *args
   if (size < 0 && api->shape_view(&e->u.value, &dims, &size) != 0)
     return error(err, err_size, "ffi.Array functions take a tuple or a shape, not a %s", api->value_type_name(&e->u.value));
   if (which == RPC_FN_ARRAY_SIZE) {
-    if (n != 1) return error(err, err_size, "ffi.ArraySize takes one argument%s", "");
+    if (n != 1) return error(err, err_size, "ffi.ArraySize takes one argument");
     put_return_head(w, 2, kTVMFFIInt);
     rpc_put_int(w, kTVMFFIInt, size);
     rpc_finish(w);
     return 0;
   }
-  if (n != 2 || args[1].type != kTVMFFIInt) return error(err, err_size, "ffi.ArrayGetItem takes a tuple and an index%s", "");
+  if (n != 2 || args[1].type != kTVMFFIInt) return error(err, err_size, "ffi.ArrayGetItem takes a tuple and an index");
   int64_t i = args[1].v.i;
   if (i < 0 || i >= size) {
     snprintf(err, err_size, "IndexError: index %lld out of range for a sequence of %lld", (long long)i, (long long)size);
@@ -589,7 +591,7 @@ static int array_access(rpc_session *s, rpc_builtin which, const rpc_value *args
 
 static int upload(rpc_session *s, const rpc_value *args, int32_t n, rpc_writer *w, char *err, size_t err_size) {
   if (n != 2 || !is_string(&args[0]) || (args[1].type != kTVMFFIBytes && args[1].type != kTVMFFIByteArrayPtr))
-    return error(err, err_size, "upload takes a file name and bytes%s", "");
+    return error(err, err_size, "upload takes a file name and bytes");
   if (store(s, args[0].v.bytes.data, args[0].v.bytes.len, args[1].v.bytes.data, -1, args[1].v.bytes.len, err,
             err_size) != 0)
     return -1;
@@ -602,7 +604,7 @@ static int upload(rpc_session *s, const rpc_value *args, int32_t n, rpc_writer *
 int rpc_call(rpc_session *s, uint64_t handle, const rpc_value *args, int32_t num_args, rpc_writer *w, char *err,
              size_t err_size) {
   rpc_entry *e = rpc_entry_get(s, handle);
-  if (!e) return error(err, err_size, "kCallFunc of an unknown function handle%s", "");
+  if (!e) return error(err, err_size, "kCallFunc of an unknown function handle");
   switch (e->kind) {
     case RPC_ENTRY_BUILTIN:
       switch (e->u.builtin) {
@@ -636,5 +638,5 @@ int rpc_call(rpc_session *s, uint64_t handle, const rpc_value *args, int32_t num
     default:
       break;
   }
-  return error(err, err_size, "kCallFunc of a handle that is not a function%s", "");
+  return error(err, err_size, "kCallFunc of a handle that is not a function");
 }

@@ -105,17 +105,7 @@ int rpc_resolve_tensor(rpc_session *s, const rpc_tensor *t, int64_t nbytes, DLTe
   } else if (e && e->kind == RPC_ENTRY_VALUE && e->u.value.type_index == kTVMFFITensor) {
     const DLTensor *held = s->entries[e->module].u.module.api->tensor_view(&e->u.value);
     base = (uint8_t *)held->data + held->byte_offset;
-    rpc_tensor view = {0};
-    view.ndim = held->ndim;
-    view.dtype = held->dtype;
-    int64_t dims_le[RPC_MAX_NDIM];
-    if (held->ndim > RPC_MAX_NDIM) {
-      snprintf(err, err_size, "tensor with %d dimensions", held->ndim);
-      return -1;
-    }
-    memcpy(dims_le, held->shape, sizeof(int64_t) * (size_t)held->ndim);
-    view.shape_bytes = (const uint8_t *)dims_le;
-    int64_t held_size = rpc_tensor_nbytes(&view, err, err_size);
+    int64_t held_size = rpc_nbytes(held->dtype, held->ndim, held->shape, err, err_size);
     if (held_size < 0) return -1;
     capacity = (uint64_t)held_size;
   } else {

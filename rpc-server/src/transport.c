@@ -33,8 +33,10 @@ static struct addrinfo *resolve(const char *host, int port, int passive, char *e
   return found;
 }
 
-int rpc_listen(const char *host, int port, int *bound_port, char *err, size_t err_size) {
-  struct addrinfo *found = resolve(host, port, 1, err, err_size);
+/* A TCP socket on host:port, bound and listening (passive) or connected. Returns -1 with a
+ * message in err when no address of the host works. */
+static int open_socket(const char *host, int port, int passive, char *err, size_t err_size) {
+  struct addrinfo *found = resolve(host, port, passive, err, err_size);
   if (!found) return -1;
   int fd = -1, last_errno = 0;
   for (struct addrinfo *a = found; a; a = a->ai_next) {
@@ -44,17 +46,25 @@ int rpc_listen(const char *host, int port, int *bound_port, char *err, size_t er
       continue;
     }
     int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 16) == 0) break;
+    if (passive) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    int ok = passive ? bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 16) == 0
+                     : connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+    if (ok) break;
     last_errno = errno;
     close(fd);
     fd = -1;
   }
   freeaddrinfo(found);
   if (fd < 0) {
-    snprintf(err, err_size, "cannot listen on %s:%d: %s", host, port, strerror(last_errno));
+    snprintf(err, err_size, "cannot %s %s:%d: %s", passive ? "listen on" : "connect to", host, port, strerror(last_errno));
     return -1;
   }
+  return fd;
+}
+
+int rpc_listen(const char *host, int port, int *bound_port, char *err, size_t err_size) {
+  int fd = open_socket(host, port, 1, err, err_size);
+  if (fd < 0) return -1;
   struct sockaddr_storage addr;
   socklen_t addr_len = sizeof addr;
   *bound_port = port;
@@ -66,25 +76,8 @@ int rpc_listen(const char *host, int port, int *bound_port, char *err, size_t er
 }
 
 int rpc_connect(const char *host, int port, char *err, size_t err_size) {
-  struct addrinfo *found = resolve(host, port, 0, err, err_size);
-  if (!found) return -1;
-  int fd = -1, last_errno = 0;
-  for (struct addrinfo *a = found; a; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      last_errno = errno;
-      continue;
-    }
-    if (connect(fd, a->ai_addr, a->ai_addrlen) == 0) break;
-    last_errno = errno;
-    close(fd);
-    fd = -1;
-  }
-  freeaddrinfo(found);
-  if (fd < 0) {
-    snprintf(err, err_size, "cannot connect to %s:%d: %s", host, port, strerror(last_errno));
-    return -1;
-  }
+  int fd = open_socket(host, port, 0, err, err_size);
+  if (fd < 0) return -1;
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   return fd;
