@@ -4,6 +4,8 @@
 //! in cargo test's own summary (never as `ok`); CI installs them (.ci/run), and there a missing
 //! one is a failure.
 
+mod common;
+
 use std::process::Command;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
@@ -22,24 +24,11 @@ fn python_ready() -> Result<(), String> {
 
 fn tvm_ffi_modules_from_python() -> Result<Completion, Failed> {
     if let Err(why) = python_ready() {
-        if std::env::var_os("CI").is_some() {
-            return Err(format!("CI needs the Python test dependencies: {why}").into());
-        }
-        return Ok(Completion::ignored_with(format!("Python tests skipped: {why}")));
+        return common::tool_missing(format!("Python tests skipped: {why}"));
     }
-    let root = env!("CARGO_MANIFEST_DIR");
-    let out = Command::new("python3")
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/python"])
-        .current_dir(root)
-        .env("RELAXC", env!("CARGO_BIN_EXE_relaxc"))
-        .output()
-        .map_err(|e| format!("run pytest: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    eprintln!("{}", text.lines().rev().take(3).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n"));
-    if !out.status.success() {
-        return Err(format!("pytest failed:\n{text}").into());
-    }
-    Ok(Completion::Completed)
+    let mut pytest = Command::new("python3");
+    pytest.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/python"]);
+    common::pytest(pytest)
 }
 
 fn main() {

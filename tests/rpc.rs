@@ -719,10 +719,7 @@ fn sessions_200() -> Result<(), Failed> {
 /// disconnects mid-message, and malformed requests; no session may lose memory.
 fn valgrind_sessions() -> Result<Completion, Failed> {
     if Command::new("valgrind").arg("--version").output().is_err() {
-        if std::env::var_os("CI").is_some() {
-            return Err("CI needs valgrind".into());
-        }
-        return Ok(Completion::ignored_with("valgrind is not installed: the sessions' leak check is skipped"));
+        return common::tool_missing("valgrind is not installed: the sessions' leak check is skipped".into());
     }
     let tc = relaxc::target::toolchain(&host())?;
     if !relaxc::link::SHIM_SANITIZERS.is_empty() {
@@ -843,10 +840,7 @@ fn tvm_missing() -> Option<String> {
 /// `target` started as a user would, with mlp_static and calls in both modes.
 fn tvm_client(target: &Target) -> Result<Completion, Failed> {
     if let Some(why) = tvm_missing() {
-        if std::env::var_os("CI").is_some() {
-            return Err(format!("CI needs TVM for this test: {why}").into());
-        }
-        return Ok(Completion::ignored_with(format!("TVM's client test skipped: {why}")));
+        return common::tool_missing(format!("TVM's client test skipped: {why}"));
     }
     let mut models = Vec::new();
     for name in ["mlp_static", "calls"] {
@@ -931,10 +925,7 @@ fn tvm_tracker() -> Result<Completion, Failed> {
             .then(|| "python3 lacks tornado, which TVM's tracker needs".to_string())
     });
     if let Some(why) = missing {
-        if std::env::var_os("CI").is_some() {
-            return Err(format!("CI needs TVM and tornado for this test: {why}").into());
-        }
-        return Ok(Completion::ignored_with(format!("TVM's tracker test skipped: {why}")));
+        return common::tool_missing(format!("TVM's tracker test skipped: {why}"));
     }
     let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let tracker = Command::new("python3")

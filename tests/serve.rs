@@ -4,6 +4,8 @@
 //! python3 lacks ray[serve] (or numpy, pytest, tvm_ffi) the test is reported as
 //! ignored with the reason; CI installs them (.ci/run), and there a missing one is a failure.
 
+mod common;
+
 use std::process::Command;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
@@ -19,10 +21,7 @@ fn ray_serve_on_loopback() -> Result<Completion, Failed> {
         Ok(_) => None,
     };
     if let Some(why) = missing {
-        if std::env::var_os("CI").is_some() {
-            return Err(format!("CI needs the serving test's dependencies: {why}").into());
-        }
-        return Ok(Completion::ignored_with(format!("serving tests skipped: {why}")));
+        return common::tool_missing(format!("serving tests skipped: {why}"));
     }
     // Ray's own services (GCS, raylet, object manager) listen on every interface, and Ray has no
     // option against it; in a network namespace of their own (`unshare -rn`, where only loopback
@@ -33,7 +32,7 @@ fn ray_serve_on_loopback() -> Result<Completion, Failed> {
         .status()
         .is_ok_and(|s| s.success());
     let pytest = "python3 -m pytest -q -p no:cacheprovider tests/python_serve";
-    let mut command = if isolated {
+    let command = if isolated {
         let mut c = Command::new("unshare");
         c.args(["-rn", "sh", "-c", &format!("ip link set lo up && exec {pytest}")]);
         c
@@ -45,17 +44,7 @@ fn ray_serve_on_loopback() -> Result<Completion, Failed> {
         c.args(["-c", pytest]);
         c
     };
-    let out = command
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("RELAXC", env!("CARGO_BIN_EXE_relaxc"))
-        .output()
-        .map_err(|e| format!("run pytest: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    eprintln!("{}", text.lines().rev().take(3).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n"));
-    if !out.status.success() {
-        return Err(format!("pytest failed:\n{text}").into());
-    }
-    Ok(Completion::Completed)
+    common::pytest(command)
 }
 
 fn main() {

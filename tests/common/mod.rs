@@ -357,3 +357,29 @@ pub fn needed_libraries(path: &Path) -> Result<Vec<String>, String> {
         .map(|line| line.split('[').nth(1).and_then(|s| s.strip_suffix(']')).unwrap_or(line).to_string())
         .collect())
 }
+
+/// A test whose tool is missing: ignored with the reason on a developer's machine, a failure in
+/// CI (which installs every tool, .ci/run).
+pub fn tool_missing(why: String) -> Result<libtest_mimic::Completion, libtest_mimic::Failed> {
+    if std::env::var_os("CI").is_some() {
+        return Err(format!("CI needs this test's tools: {why}").into());
+    }
+    Ok(libtest_mimic::Completion::ignored_with(why))
+}
+
+/// Runs a pytest command with this build's relaxc ($RELAXC) from the project root: its last
+/// lines are printed, and a failure carries its whole output.
+pub fn pytest(mut command: std::process::Command) -> Result<libtest_mimic::Completion, libtest_mimic::Failed> {
+    let out = command
+        .current_dir(root())
+        .env("RELAXC", env!("CARGO_BIN_EXE_relaxc"))
+        .output()
+        .map_err(|e| format!("run pytest: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let tail: Vec<&str> = text.lines().rev().take(3).collect();
+    eprintln!("{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+    if !out.status.success() {
+        return Err(format!("pytest failed:\n{text}").into());
+    }
+    Ok(libtest_mimic::Completion::Completed)
+}
