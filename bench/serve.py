@@ -9,8 +9,9 @@ Builds the fixture's model with target/release/relaxc, then, each on a fresh loc
   2. one replica with --max-batch-size 1: N concurrent requests, run one after another (what a
      server without continuous batching does);
   3. two replicas, continuous batching: N concurrent requests.
-Prints medians over --repeat rounds and the ratios. Greedy decoding throughout; every answer is
-checked against the same request's answer alone.
+Prints medians over --repeat rounds and the ratios, then one decode step of the model alone (no
+server) at batch 1 and N. Greedy decoding throughout; every answer is checked against the same
+request's answer alone.
 """
 
 import argparse
@@ -58,6 +59,14 @@ def main():
     results = {}
     kv = ["--kv-tokens", str(args.requests * (args.tokens + 16))]
 
+    def concurrent(server, name):
+        runs = []
+        for _ in range(args.repeat):
+            elapsed, out = timed_concurrent(server, prompts, args.tokens)
+            assert out == alone_answers
+            runs.append(elapsed)
+        results[name] = statistics.median(runs)
+
     server = Server(model, "--replicas", "1", "--max-batch-size", str(args.requests), "--name", "one", *kv)
     try:
         alone_answers = [complete(server, p, args.tokens) for p in prompts]
@@ -67,36 +76,15 @@ def main():
             complete(server, prompts[0], args.tokens)
             singles.append(time.perf_counter() - start)
         results["one request"] = statistics.median(singles)
-        runs = []
-        for _ in range(args.repeat):
-            elapsed, out = timed_concurrent(server, prompts, args.tokens)
-            assert out == alone_answers
-            runs.append(elapsed)
-        results["batched, 1 replica"] = statistics.median(runs)
+        concurrent(server, "batched, 1 replica")
     finally:
         server.stop()
-
-    server = Server(model, "--replicas", "1", "--max-batch-size", "1", "--name", "serial", *kv)
-    try:
-        runs = []
-        for _ in range(args.repeat):
-            elapsed, out = timed_concurrent(server, prompts, args.tokens)
-            assert out == alone_answers
-            runs.append(elapsed)
-        results["one at a time, 1 replica"] = statistics.median(runs)
-    finally:
-        server.stop()
-
-    server = Server(model, "--replicas", "2", "--max-batch-size", str(args.requests), "--name", "two", *kv)
-    try:
-        runs = []
-        for _ in range(args.repeat):
-            elapsed, out = timed_concurrent(server, prompts, args.tokens)
-            assert out == alone_answers
-            runs.append(elapsed)
-        results["batched, 2 replicas"] = statistics.median(runs)
-    finally:
-        server.stop()
+    for name, replicas, batch in [("one at a time, 1 replica", "1", "1"), ("batched, 2 replicas", "2", str(args.requests))]:
+        server = Server(model, "--replicas", replicas, "--max-batch-size", batch, "--name", "run", *kv)
+        try:
+            concurrent(server, name)
+        finally:
+            server.stop()
 
     one = results["one request"]
     n = args.requests
@@ -106,6 +94,29 @@ def main():
     print(f"  continuous batching: {n} requests in {results['batched, 1 replica'] / one:.2f}x one request's time "
           f"(one at a time: {results['one at a time, 1 replica'] / one:.2f}x)")
     print(f"  2 replicas vs 1: {results['batched, 1 replica'] / results['batched, 2 replicas']:.2f}x the throughput")
+    for batch, ms in decode_step_ms(model, [1, n]).items():
+        print(f"  one decode step of the model alone (no server), {batch} sequence(s): {ms:.3f} ms")
+
+
+def decode_step_ms(model, batches, steps=200):
+    """The model's decode step alone, through the engine's own forward call, by batch size."""
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    from relaxc.serve import Engine
+
+    engine = Engine(model, max_batch=max(batches), max_total_seq_len=max(batches) * (steps + 16), run=False)
+    out = {}
+    for batch in batches:
+        slots = list(range(batch))
+        for s in slots:
+            engine._state("kv_state_add_sequence", s)
+            engine._forward("prefill", [s], [4], [1, 2, 3, 4], 1)
+        start = time.perf_counter()
+        for _ in range(steps):
+            engine._forward("decode", slots, [1] * batch, [5] * batch, batch)
+        out[batch] = (time.perf_counter() - start) / steps * 1000
+        for s in slots:
+            engine._state("kv_state_remove_sequence", s)
+    return out
 
 
 if __name__ == "__main__":

@@ -265,7 +265,8 @@ class Engine:
     """Runs an LLM's steps on one thread: new sequences are prefilled as they arrive, then every
     running sequence decodes together, one token per step."""
 
-    def __init__(self, path, max_batch=8, max_total_seq_len=4096, prefill_chunk=256, page_size=16, weights=None):
+    def __init__(self, path, max_batch=8, max_total_seq_len=4096, prefill_chunk=256, page_size=16, weights=None,
+                 run=True):
         import tvm_ffi
 
         self.tvm_ffi = tvm_ffi
@@ -286,10 +287,11 @@ class Engine:
         self.free_slots = list(range(max_batch))
         self.vocab = None
         self.vocab = self._probe_vocab()
-        self._update_stats()
+        self._count_pages()
         self.thread = threading.Thread(target=self._loop, name="relaxc-llm-engine", daemon=True)
         self.stopped = False
-        self.thread.start()
+        if run:  # run=False: no engine thread, for measuring the model's steps directly
+            self.thread.start()
 
     def _state(self, name, *args):
         return self.call("vm.builtin." + name, self.kv, *args)
@@ -348,6 +350,7 @@ class Engine:
             self.free_slots.append(seq.slot)
             self.reserved -= len(seq.prompt) + seq.max_tokens
             seq.slot = None
+            self._count_pages()
         seq.emit(None, error)
 
     def _admit(self):
@@ -391,7 +394,8 @@ class Engine:
 
     def _loop(self):
         while not self.stopped:
-            self._update_stats()
+            if not self.running:
+                self._count_pages()
             self._admit()
             for seq in [s for s in self.running if s.cancelled]:
                 self._finish(seq)
@@ -407,16 +411,16 @@ class Engine:
             for seq, row in zip(batch, logits):
                 self._step_done(seq, self._sample(seq, row))
 
-    def _update_stats(self):
-        # Read on the engine thread: the KV cache is not to be touched from two threads at once.
-        pages = self.call("vm.builtin.attention_kv_cache_get_num_available_pages", self.kv)
-        self._stats = {"running": len(self.running), "waiting": self.waiting.qsize(), "reserved_tokens": self.reserved,
-                       "available_pages": int(pages), "cancelled": self.cancelled}
+    def _count_pages(self):
+        # On the engine thread (the KV cache is not to be used from two threads at once), when
+        # sequences come or go or the engine idles, not on every decode step.
+        self.pages = int(self.call("vm.builtin.attention_kv_cache_get_num_available_pages", self.kv))
 
     def stats(self):
-        """What the engine held after its last step: sequences running and waiting, tokens
-        reserved, free pages, and sequences cancelled because their client went away."""
-        return dict(self._stats)
+        """Sequences running and waiting, tokens reserved, free pages (as of the last time a
+        sequence came or went), and sequences cancelled because their client went away."""
+        return {"running": len(self.running), "waiting": self.waiting.qsize(), "reserved_tokens": self.reserved,
+                "available_pages": self.pages, "cancelled": self.cancelled}
 
     def stop(self):
         self.waiting.put(None)
@@ -455,6 +459,7 @@ class Replica:
         self.llm = Engine(self.path, **llm_options) if is_llm(self.path) else None
         self.model = None if self.llm else TensorModel(self.path)
         self.batching = bool(self.model) and max_batch_size > 1 and batchable(self.model.signature)
+        self.batched_requests = 0  # requests that ran in a call together with others
         if self.batching:
             from ray import serve
 
@@ -469,6 +474,7 @@ class Replica:
         gets its own answer or error."""
         if len(requests) == 1:
             return [await self._infer_one(requests[0])]
+        self.batched_requests += len(requests)
         sizes = [r[0].shape[0] for r in requests]
         joined = [np.concatenate([r[i] for r in requests]) for i in range(len(requests[0]))]
         try:
@@ -499,7 +505,9 @@ class Replica:
         base = f"/v2/models/{self.name}"
         if path in (base, f"{base}/versions/1") and request.method == "GET":
             return _json(200, model_metadata(self.name, self.model.signature))
-        if path in (f"{base}/ready",) and request.method == "GET":
+        if path == "/v2/relaxc/stats" and request.method == "GET":
+            return _json(200, {"batching": self.batching, "batched_requests": self.batched_requests})
+        if path == f"{base}/ready" and request.method == "GET":
             return _json(200, {"name": self.name, "ready": True})
         if path in (f"{base}/infer", f"{base}/versions/1/infer") and request.method == "POST":
             body = await request.body()
@@ -641,7 +649,6 @@ def main(argv=None):
 
     if args.address:
         ray.init(address=args.address, logging_level="ERROR")
-        num_cpus = None
     else:
         # One machine: room for every replica's threads, whatever the core count; Ray's own
         # services on loopback too when the HTTP address is.
@@ -649,12 +656,11 @@ def main(argv=None):
         ray.init(num_cpus=max(os.cpu_count() or 1, args.replicas * args.threads_per_replica),
                  include_dashboard=False, logging_level="ERROR",
                  **({"_node_ip_address": "127.0.0.1"} if loopback else {}))
-        num_cpus = None
     name = args.name or os.path.splitext(os.path.basename(args.model))[0]
     serve.start(http_options={"host": args.host, "port": args.port})
     application = app(args.model, name, args.replicas, args.threads_per_replica, args.max_batch_size, args.batch_wait_ms,
                       args.max_body, {"max_batch": args.max_batch_size, "max_total_seq_len": args.kv_tokens,
-                                      "weights": os.path.abspath(args.weights) if args.weights else None}, num_cpus)
+                                      "weights": os.path.abspath(args.weights) if args.weights else None})
     serve.run(application, name=name, route_prefix="/")
     print(f"serving {name} on http://{args.host}:{args.port}", flush=True)
     # A plain flag: a handler that took a lock (threading.Event.set) could deadlock against the

@@ -63,6 +63,8 @@ def test_concurrent_requests_are_batched_and_exact(served):
     inputs = [rng.standard_normal((int(rng.integers(1, 4)), 16)).astype(np.float32) for _ in range(24)]
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         replies = list(pool.map(lambda x: server.post("/v2/models/dyn/infer", request_of(x)), inputs))
+    stats = [server.get("/v2/relaxc/stats") for _ in range(8)]  # each from one of the two replicas
+    assert all(s["batching"] for s in stats) and max(s["batched_requests"] for s in stats) >= 2, stats
     for x, (status, reply) in zip(inputs, replies):
         assert status == 200, reply
         path = os.path.join(tmp, "alone.npz")
