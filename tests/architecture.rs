@@ -18,6 +18,9 @@ const LAYERS: &[&[&str]] = &[
     &["codegen"],
     &["compile", "inspect"],
     &["host"],
+    // The binary's commands (src/cli/, modules of main.rs, not of the library): nothing in the
+    // library can reach them, and they use the library only through its public paths.
+    &["cli"],
 ];
 
 fn layer_of(module: &str) -> usize {
@@ -184,4 +187,45 @@ fn codegen_and_lowering_functions_stay_short() {
     }
     assert!(counted > 50, "only {counted} functions found: the reader is broken");
     assert!(long.is_empty(), "functions over {MAX_LINES} lines:\n{}", long.join("\n"));
+}
+
+/// The command line stays a dispatcher: each command's options and implementation live in its
+/// module of src/cli/, and the library never names the binary's modules.
+#[test]
+fn main_only_dispatches_and_cli_stays_on_top() {
+    let main = std::fs::read_to_string(common::root().join("src/main.rs")).expect("main.rs");
+    let lines = main.lines().count();
+    assert!(lines <= 200, "src/main.rs is {lines} lines: a command's code belongs in its module of src/cli/");
+    let mut files = Vec::new();
+    rust_files(&common::root().join("src/cli"), &mut files);
+    assert!(files.len() >= 6, "src/cli/ has {} files: one module per command", files.len());
+    let mut library = Vec::new();
+    rust_files(&common::root().join("src"), &mut library);
+    for file in library.iter().filter(|f| !f.starts_with(common::root().join("src/cli"))) {
+        let text = std::fs::read_to_string(file).expect("read");
+        assert!(!crate_references(&text).contains_key("cli"), "{} uses the binary's cli module", file.display());
+    }
+}
+
+/// No source file grows past what a reader takes in at once, unless its opening paragraph says
+/// why it should stay whole (with the words "stays whole").
+#[test]
+fn source_files_stay_readable() {
+    const MAX_LINES: usize = 700;
+    let mut files = Vec::new();
+    rust_files(&common::root().join("src"), &mut files);
+    let mut long = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).expect("read");
+        let lines = text.lines().count();
+        let opening: String = text.lines().take_while(|l| l.starts_with("//!")).collect::<Vec<_>>().join(" ");
+        if lines > MAX_LINES && !opening.contains("stays whole") {
+            long.push(format!("{} is {lines} lines", file.strip_prefix(common::root()).expect("under root").display()));
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "files over {MAX_LINES} lines whose opening does not say why they stay whole:\n{}",
+        long.join("\n")
+    );
 }

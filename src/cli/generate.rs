@@ -1,0 +1,242 @@
+//! `relaxc generate`: greedy generation with an LLM on the paged KV cache, its timing, and the
+//! long run (`--soak`) that checks a model leaves nothing behind round after round.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+use relaxc::host::{Model, npz};
+
+use super::{positive_count, refuse_overwriting};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A model built by `relaxc compile` from an LLM export.
+    model: PathBuf,
+    /// The prompt's token ids, comma-separated (e.g. 1,17,42).
+    #[arg(long, value_delimiter = ',', required = true, num_args = 1..)]
+    prompt: Vec<i32>,
+    /// How many tokens to generate.
+    #[arg(long, default_value_t = 16)]
+    max_new_tokens: usize,
+    /// Write the logits of every new token to this .npz, as float32 [N, vocab] under `logits`.
+    #[arg(long, value_name = "FILE.npz")]
+    logits: Option<PathBuf>,
+    /// Repeat the generation (after a warm-up run) and report median timings.
+    #[arg(long, value_name = "RUNS", num_args = 0..=1, default_missing_value = "10", value_parser = positive_count)]
+    bench: Option<usize>,
+    /// KV cache: the most tokens held at once, prompt and new tokens included.
+    #[arg(long, default_value_t = 2048)]
+    max_total_seq_len: i64,
+    /// KV cache: the most tokens one prefill step takes; longer prompts go in chunks.
+    #[arg(long, default_value_t = 256)]
+    prefill_chunk_size: i64,
+    /// KV cache: tokens per page (TVM's TIR attention kernels need 16).
+    #[arg(long, default_value_t = 16)]
+    page_size: i64,
+    /// KV cache: sequences decoded together at most (generate uses one).
+    #[arg(long, default_value_t = 1)]
+    max_batch_size: i64,
+    /// The vocabulary size, when it cannot be read from the model's embedding table.
+    #[arg(long)]
+    vocab_size: Option<usize>,
+    /// A long run instead: generate TOKENS tokens in rounds (a sequence added and prefilled
+    /// with the prompt, decoded for --max-new-tokens, forked halfway, both decoded as a batch,
+    /// both removed) on a VM whose allocations are counted. Fails if a round leaves pages,
+    /// storage or allocator blocks behind, or gives other tokens than the first round;
+    /// reports the resident set.
+    #[arg(long, value_name = "TOKENS")]
+    soak: Option<usize>,
+    /// Weights for a model exported with its weights as parameters: a tensor cache
+    /// (a directory with tensor-cache.json or ndarray-cache.json and its shards) or safetensors
+    /// (a file, or a directory of shards). Memory-mapped; each weight parameter is matched by
+    /// name.
+    #[arg(long, value_name = "PATH")]
+    weights: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let Args {
+        model,
+        prompt,
+        max_new_tokens,
+        logits,
+        bench,
+        max_total_seq_len,
+        prefill_chunk_size,
+        page_size,
+        max_batch_size,
+        vocab_size,
+        soak,
+        weights,
+    } = args;
+    let config = relaxc::host::llm::CacheConfig { max_batch_size, max_total_seq_len, prefill_chunk_size, page_size };
+    if let Some(total) = soak {
+        if logits.is_some() || bench.is_some() {
+            bail!("--soak runs alone: it takes neither --logits nor --bench");
+        }
+        return soak_run(&model, config, &prompt, max_new_tokens, total, weights.as_deref());
+    }
+    if let Some(out) = &logits {
+        refuse_overwriting("--logits", out, &[&model])?;
+    }
+    let opts = GenerateOptions { prompt, max_new_tokens, logits, bench, config, vocab_size, weights };
+    generate(&model, &opts)
+}
+
+/// `generate --soak`: the long run of `relaxc::host::soak`, with progress every tenth of it.
+fn soak_run(
+    path: &Path,
+    mut config: relaxc::host::llm::CacheConfig,
+    prompt: &[i32],
+    steps: usize,
+    total: usize,
+    weights: Option<&Path>,
+) -> Result<()> {
+    let model = Model::load(path)?;
+    let weights = weights.map(|p| relaxc::host::external::Weights::load(&model, p)).transpose()?;
+    config.max_batch_size = config.max_batch_size.max(2);
+    let start = Instant::now();
+    let mut next = total / 10;
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let plan = relaxc::host::soak::SoakPlan { prompt, steps, total };
+    let report = relaxc::host::soak::soak(&model, path, config, &plan, weights.as_ref(), |r| {
+        if r.tokens >= next {
+            eprintln!(
+                "soak: {} of {total} tokens, {} rounds, RSS {:.1} MiB, {} live allocator blocks",
+                r.tokens,
+                r.rounds,
+                mib(relaxc::host::soak::resident_bytes()),
+                r.live_blocks
+            );
+            next += (total / 10).max(1);
+        }
+    })
+    .context("soak")?;
+    let growth = report.rss_max.saturating_sub(report.rss_after_first_round);
+    println!(
+        "soak: {} tokens in {} rounds ({:.1} s); after every round the pages, the storage ({} live allocator blocks) and the tokens were the first round's; RSS {:.1} MiB after the first round, at most {:.1} MiB (+{:.2} MiB)",
+        report.tokens,
+        report.rounds,
+        start.elapsed().as_secs_f64(),
+        report.live_blocks,
+        mib(report.rss_after_first_round),
+        mib(report.rss_max),
+        mib(growth)
+    );
+    // Flat: the allocator's count is exact; the resident set may move by what libc keeps.
+    if growth > 4 << 20 {
+        bail!("the resident set grew by {:.1} MiB after the first round", mib(growth));
+    }
+    Ok(())
+}
+
+struct GenerateOptions {
+    prompt: Vec<i32>,
+    max_new_tokens: usize,
+    logits: Option<PathBuf>,
+    bench: Option<usize>,
+    config: relaxc::host::llm::CacheConfig,
+    vocab_size: Option<usize>,
+    weights: Option<PathBuf>,
+}
+
+/// One greedy generation: the new tokens, their logits, the prefill time and the decode time.
+struct Generation {
+    tokens: Vec<i32>,
+    logits: Vec<f32>,
+    vocab: usize,
+    prefill: std::time::Duration,
+    decode: std::time::Duration,
+}
+
+fn generate_once(
+    model: &Model,
+    path: &Path,
+    opts: &GenerateOptions,
+    weights: Option<&relaxc::host::external::Weights>,
+) -> Result<Generation> {
+    use relaxc::host::llm::Llm;
+    let mut llm = Llm::with_weights(model, path, opts.config, weights)?;
+    if opts.vocab_size.is_some() {
+        llm.vocab = opts.vocab_size;
+    }
+    llm.add_sequence(0)?;
+    let start = Instant::now();
+    let chunk = opts.config.prefill_chunk_size.max(1) as usize;
+    let mut last = None;
+    for part in opts.prompt.chunks(chunk) {
+        last = Some(llm.prefill(&[0], &[part.to_vec()]).context("prefill")?);
+    }
+    let first = last.context("the prompt is empty")?;
+    let prefill = start.elapsed();
+    let vocab = first.vocab;
+    let mut tokens = vec![first.argmax(0)];
+    let mut logits = first.row(0).to_vec();
+    let start = Instant::now();
+    while tokens.len() < opts.max_new_tokens {
+        let step = llm.decode(&[0], &[*tokens.last().context("no token")?]).context("decode")?;
+        tokens.push(step.argmax(0));
+        logits.extend_from_slice(step.row(0));
+    }
+    Ok(Generation { tokens, logits, vocab, prefill, decode: start.elapsed() })
+}
+
+fn generate(path: &Path, opts: &GenerateOptions) -> Result<()> {
+    if opts.prompt.is_empty() {
+        bail!("--prompt needs at least one token id");
+    }
+    if opts.max_new_tokens == 0 {
+        bail!("--max-new-tokens must be at least 1");
+    }
+    let needed = opts.prompt.len() as i64 + opts.max_new_tokens as i64;
+    if needed > opts.config.max_total_seq_len {
+        bail!(
+            "the prompt ({} tokens) and {} new tokens need {needed} tokens of KV cache, more than --max-total-seq-len {}",
+            opts.prompt.len(),
+            opts.max_new_tokens,
+            opts.config.max_total_seq_len
+        );
+    }
+    let model = Model::load(path)?;
+    let weights = opts.weights.as_deref().map(|p| relaxc::host::external::Weights::load(&model, p)).transpose()?;
+    let run = generate_once(&model, path, opts, weights.as_ref())?;
+    let tokens: Vec<String> = run.tokens.iter().map(|t| t.to_string()).collect();
+    println!("tokens: {}", tokens.join(" "));
+    let (mut prefill, mut decode) = (run.prefill, run.decode);
+    if let Some(runs) = opts.bench {
+        let (mut p, mut d) = (Vec::new(), Vec::new());
+        for _ in 0..runs.max(1) {
+            let again = generate_once(&model, path, opts, weights.as_ref())?;
+            if again.tokens != run.tokens {
+                bail!("a repeated generation gave different tokens");
+            }
+            p.push(again.prefill);
+            d.push(again.decode);
+        }
+        p.sort();
+        d.sort();
+        (prefill, decode) = (p[p.len() / 2], d[d.len() / 2]);
+    }
+    let steps = run.tokens.len().saturating_sub(1);
+    let what = if opts.bench.is_some() { "median " } else { "" };
+    println!("prefill: {what}{:.3} ms for {} prompt tokens", prefill.as_secs_f64() * 1e3, opts.prompt.len());
+    if steps > 0 {
+        println!(
+            "decode: {what}{:.1} tokens/s ({:.1} us per token, {steps} steps)",
+            steps as f64 / decode.as_secs_f64(),
+            decode.as_secs_f64() * 1e6 / steps as f64
+        );
+    }
+    if let Some(out) = &opts.logits {
+        let data: Vec<u8> = run.logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let array = relaxc::host::Output::Tensor {
+            dtype: relaxc::abi::DLDataType { code: 2, bits: 32, lanes: 1 },
+            shape: vec![run.tokens.len() as i64, run.vocab as i64],
+            data,
+        };
+        npz::write_named(out, &[("logits".to_string(), &array)])?;
+    }
+    Ok(())
+}
