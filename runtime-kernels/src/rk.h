@@ -262,6 +262,8 @@ RVM_HIDDEN int rk_arg_shape(const char *kernel, const TVMFFIAny *args, int32_t n
 RVM_HIDDEN int rk_check_count(const char *kernel, int32_t num_args, int32_t expected);
 /* The element data of a tensor (data + byte_offset). */
 static inline float *rk_data(const DLTensor *t) { return (float *)((char *)t->data + t->byte_offset); }
+/* Whether a tensor is compact and row-major (strides NULL or matching its shape). */
+RVM_HIDDEN bool rk_compact(const DLTensor *t);
 /* The number of elements of a tensor. */
 RVM_HIDDEN int64_t rk_numel(const DLTensor *t);
 /* A ValueError naming the kernel, with a shape in the message: "<kernel>: <what> (got [2, 3])". */

@@ -110,7 +110,7 @@ int64_t rk_numel(const DLTensor *t) {
   return n;
 }
 
-static bool compact(const DLTensor *t) {
+bool rk_compact(const DLTensor *t) {
   if (!t->strides || rk_numel(t) == 0) return true; /* an empty tensor has no layout to get wrong */
   int64_t expected = 1;
   for (int32_t i = t->ndim - 1; i >= 0; i--) {
@@ -142,7 +142,7 @@ int rk_arg_f32(const char *kernel, const TVMFFIAny *args, int32_t num_args, int3
     rvm_format_dtype(t->dtype, dtype, sizeof dtype);
     return rvm_raise("TypeError", "%s: argument %d (%s) must be float32, got %s", kernel, i, name, dtype);
   }
-  if (!compact(t))
+  if (!rk_compact(t))
     return rvm_raise("ValueError", "%s: argument %d (%s) must be a compact row-major tensor", kernel, i, name);
   *out = t;
   return 0;
@@ -171,7 +171,7 @@ static const char *const act_names[RK_ACT_COUNT] = {"none", "relu", "clip", "gel
 
 int rk_arg_scalars(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
                    int64_t count, float *out) {
-  DLTensor *t;
+  DLTensor *t = NULL;
   int rc = rk_arg_f32(kernel, args, num_args, i, name, &t);
   if (rc) return rc;
   if (t->ndim != 1 || t->shape[0] != count) {

@@ -32,15 +32,6 @@ ACTS = {
 }
 
 
-@pytest.fixture(scope="session")
-def library(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("kernels") / "librelaxc_kernels.so")
-    out = subprocess.run([relaxc_binary(), "kernel-library", "-o", path], capture_output=True, text=True, check=True)
-    names = dict(line.split("\t") for line in out.stdout.splitlines())
-    module = tvm_ffi.load_module(path)
-    return {name: module[export] for name, export in names.items()}
-
-
 def t(a):
     return None if a is None else tvm_ffi.from_dlpack(np.ascontiguousarray(a))
 

@@ -1,0 +1,407 @@
+/*
+ * quant.c: dense layers and embeddings over weights in GGUF's formats, used in place
+ * (relaxc.dense_q, relaxc.take_q), with the portable dot products.
+ *
+ * For the integer formats the activations are quantized first, once per call, as llama.cpp does:
+ * int8 with one scale per 32 values for q8_0 and q4_0, per 256 for the K formats (whose
+ * sub-block scales are integers, so a super-block's products add up exactly in integers before
+ * one float multiply). Each output is one row dot product summed in an order fixed by k alone,
+ * and work is split over weight rows only, so every thread count gives the same bits.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant.h"
+
+static const rk_qinfo formats[RK_Q_COUNT] = {
+    [RK_Q_F32] = {"f32", 1, 4, 0},        [RK_Q_F16] = {"f16", 1, 2, 0},
+    [RK_Q_Q8_0] = {"q8_0", 32, 34, 32},   [RK_Q_Q4_0] = {"q4_0", 32, 18, 32},
+    [RK_Q_Q4_K] = {"q4_K", 256, 144, 256}, [RK_Q_Q6_K] = {"q6_K", 256, 210, 256},
+};
+
+const rk_qinfo *rk_qformat_info(rk_qformat f) { return (unsigned)f < RK_Q_COUNT ? &formats[f] : NULL; }
+
+void rk_quantize_row(const float *x, int64_t k, int64_t block, int8_t *q, float *d, int16_t *sum16) {
+  for (int64_t b = 0; b < k / block; b++) {
+    const float *xb = x + b * block;
+    float amax = 0.0f;
+    for (int64_t i = 0; i < block; i++) amax = fmaxf(amax, fabsf(xb[i]));
+    float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    d[b] = scale;
+    for (int64_t i = 0; i < block; i++) q[b * block + i] = (int8_t)lrintf(xb[i] * inverse);
+  }
+  for (int64_t s = 0; s < k / 16; s++) {
+    int sum = 0;
+    for (int i = 0; i < 16; i++) sum += q[s * 16 + i];
+    sum16[s] = (int16_t)sum;
+  }
+}
+
+/* ---- portable dot products ------------------------------------------------------------------- */
+
+static float dot_f32(const void *w, const float *x, const rk_qact *a, int64_t k) {
+  (void)a;
+  const float *r = w;
+  float acc[8] = {0};
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8)
+    for (int l = 0; l < 8; l++) acc[l] = rk_madd(RK_PORTABLE_FUSED, r[i + l], x[i + l], acc[l]);
+  float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; i < k; i++) sum = rk_madd(RK_PORTABLE_FUSED, r[i], x[i], sum);
+  return sum;
+}
+
+static float dot_f16(const void *w, const float *x, const rk_qact *a, int64_t k) {
+  (void)a;
+  const uint8_t *r = w;
+  float acc[8] = {0};
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8)
+    for (int l = 0; l < 8; l++) acc[l] = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(r + 2 * (i + l)), x[i + l], acc[l]);
+  float sum = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  for (; i < k; i++) sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(r + 2 * i), x[i], sum);
+  return sum;
+}
+
+/* q8_0: a block is the scale (f16), then 32 int8 values. */
+static float dot_q8_0(const void *w, const float *x, const rk_qact *a, int64_t k) {
+  (void)x;
+  const uint8_t *blk = w;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < k / 32; b++, blk += 34) {
+    const int8_t *qw = (const int8_t *)(blk + 2), *qx = a->q + b * 32;
+    int32_t s = 0;
+    for (int i = 0; i < 32; i++) s += qw[i] * qx[i];
+    sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk) * a->d[b], (float)s, sum);
+  }
+  return sum;
+}
+
+/* q4_0: the scale (f16), then 16 bytes: value i is (low nibble of byte i) - 8, value i + 16 the
+ * high nibble - 8. */
+static float dot_q4_0(const void *w, const float *x, const rk_qact *a, int64_t k) {
+  (void)x;
+  const uint8_t *blk = w;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < k / 32; b++, blk += 18) {
+    const uint8_t *qs = blk + 2;
+    const int8_t *qx = a->q + b * 32;
+    int32_t s = 0;
+    for (int i = 0; i < 16; i++) s += ((qs[i] & 0xf) - 8) * qx[i] + ((qs[i] >> 4) - 8) * qx[i + 16];
+    sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk) * a->d[b], (float)s, sum);
+  }
+  return sum;
+}
+
+/* q4_K: a super-block of 256 is d and dmin (f16), 12 bytes of eight 6-bit scales and minimums,
+ * and 128 bytes of 4-bit values: 64 values per 32 bytes, the low nibbles first (sub-block 2c),
+ * then the high ones (2c + 1). Value = d * scale * q - dmin * min. */
+static float dot_q4_K(const void *w, const float *x, const rk_qact *a, int64_t k) {
+  (void)x;
+  const uint8_t *blk = w;
+  float sum = 0.0f, mins = 0.0f;
+  for (int64_t b = 0; b < k / 256; b++, blk += 144) {
+    const uint8_t *qs = blk + 16;
+    const int8_t *qx = a->q + b * 256;
+    const int16_t *sx = a->sum16 + b * 16;
+    int32_t s = 0, m = 0;
+    for (int j = 0; j < 8; j++) {
+      int scale, min;
+      rk_q4k_scale_min(j, blk + 4, &scale, &min);
+      const uint8_t *q = qs + 32 * (j / 2);
+      int shift = 4 * (j & 1);
+      int32_t part = 0;
+      for (int i = 0; i < 32; i++) part += ((q[i] >> shift) & 0xf) * qx[32 * j + i];
+      s += scale * part;
+      m += min * (sx[2 * j] + sx[2 * j + 1]);
+    }
+    float dx = a->d[b];
+    sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk) * dx, (float)s, sum);
+    mins = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk + 2) * dx, (float)m, mins);
+  }
+  return sum - mins;
+}
+
+/* q6_K: a super-block of 256 is 128 bytes of low 4 bits, 64 bytes of high 2 bits, 16 int8
+ * scales (one per 16 values) and d (f16). In each half of 128 values, for l < 32: value l takes
+ * the low nibble of ql[l] and bits 0-1 of qh[l]; l + 32 the low nibble of ql[l + 32] and bits
+ * 2-3; l + 64 the high nibble of ql[l] and bits 4-5; l + 96 the high nibble of ql[l + 32] and
+ * bits 6-7. Value = d * scale * (q - 32). */
+static float dot_q6_K(const void *w, const float *x, const rk_qact *a, int64_t k) {
+  (void)x;
+  const uint8_t *blk = w;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < k / 256; b++, blk += 210) {
+    const int8_t *scales = (const int8_t *)(blk + 192);
+    const int8_t *qx = a->q + b * 256;
+    const int16_t *sx = a->sum16 + b * 16;
+    int32_t s = 0;
+    for (int half = 0; half < 2; half++) {
+      const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+      for (int part = 0; part < 4; part++) {
+        for (int h = 0; h < 2; h++) { /* 16 values under one scale */
+          int32_t p = 0;
+          for (int i = 16 * h; i < 16 * h + 16; i++) {
+            int low = part & 1 ? ql[i + 32] : ql[i];
+            low = part & 2 ? low >> 4 : low & 0xf;
+            int q = low | (((qh[i] >> (2 * part)) & 3) << 4);
+            p += q * qx[128 * half + 32 * part + i];
+          }
+          int sub = 8 * half + 2 * part + h;
+          s += scales[sub] * (p - 32 * sx[sub]);
+        }
+      }
+    }
+    sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk + 208) * a->d[b], (float)s, sum);
+  }
+  return sum;
+}
+
+static const rk_qdots portable = {{dot_f32, dot_f16, dot_q8_0, dot_q4_0, dot_q4_K, dot_q6_K}};
+
+const rk_qdots *rk_qdots_portable(void) { return &portable; }
+
+/* The dot products this CPU runs, decided once: VNNI, else AVX2 (with F16C), else portable.
+ * RELAXC_QUANT_ISA=portable|avx2 picks a lesser set, so that tests run every set on one CPU. */
+static const rk_qdots *qdots(void) {
+  static const rk_qdots *_Atomic chosen;
+  const rk_qdots *c = atomic_load_explicit(&chosen, memory_order_relaxed);
+  if (c) return c;
+  c = &portable;
+#if defined(__x86_64__)
+  const char *forced = getenv("RELAXC_QUANT_ISA");
+  __builtin_cpu_init();
+  if (rk_cpu_isa() == RK_ISA_AVX2 && __builtin_cpu_supports("f16c") && !(forced && strcmp(forced, "portable") == 0)) {
+    bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
+    c = vnni && !(forced && strcmp(forced, "avx2") == 0) ? rk_qdots_vnni() : rk_qdots_avx2();
+  }
+#endif
+  atomic_store_explicit(&chosen, c, memory_order_relaxed);
+  return c;
+}
+
+/* ---- arguments ------------------------------------------------------------------------------- */
+
+/* The format named by args[i] (a string). */
+static int arg_format(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, rk_qformat *out) {
+  const char *name = NULL;
+  uint64_t size = 0;
+  if (i >= num_args || !rvm_as_string(&args[i], &name, &size))
+    return rvm_raise("TypeError", "%s: argument %d (format) must be a string, got %s", kernel, i,
+                     i < num_args ? rvm_type_name(&args[i]) : "nothing");
+  for (int f = 0; f < RK_Q_COUNT; f++)
+    if (strlen(formats[f].name) == size && memcmp(formats[f].name, name, size) == 0) {
+      *out = (rk_qformat)f;
+      return 0;
+    }
+  return rvm_raise("ValueError", "%s: unknown weight format \"%.*s\" (known: f32, f16, q8_0, q4_0, q4_K, q6_K)", kernel,
+                   (int)(size > 64 ? 64 : size), name);
+}
+
+/* The weights: a CPU tensor [n, k] of float32 or float16, or [n, k / block * bytes] of uint8 for
+ * the block formats, compact. Sets *n and checks k against the format. */
+static int arg_weights(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, rk_qformat f, int64_t k,
+                       const uint8_t **data, int64_t *n) {
+  DLTensor *t = i < num_args ? rvm_as_dltensor(&args[i]) : NULL;
+  if (!t)
+    return rvm_raise("TypeError", "%s: argument %d (weights) must be a tensor, got %s", kernel, i,
+                     i < num_args ? rvm_type_name(&args[i]) : "nothing");
+  const rk_qinfo *q = &formats[f];
+  DLDataType want = f == RK_Q_F32 ? (DLDataType){kDLFloat, 32, 1}
+                    : f == RK_Q_F16 ? (DLDataType){kDLFloat, 16, 1}
+                                    : (DLDataType){kDLUInt, 8, 1};
+  if (t->device.device_type != kDLCPU || t->dtype.code != want.code || t->dtype.bits != want.bits || t->dtype.lanes != 1) {
+    char got[32];
+    rvm_format_dtype(t->dtype, got, sizeof got);
+    return rvm_raise("TypeError", "%s: %s weights must be a CPU tensor of %s, got %s", kernel, q->name,
+                     f == RK_Q_F32 ? "float32" : f == RK_Q_F16 ? "float16" : "uint8 blocks", got);
+  }
+  if (k % q->block != 0) {
+    char what[96];
+    snprintf(what, sizeof what, "%s rows hold a multiple of %lld values, but x's last axis is %lld", q->name,
+             (long long)q->block, (long long)k);
+    return rvm_raise("ValueError", "%s: %s", kernel, what);
+  }
+  int64_t row = k / q->block * (f <= RK_Q_F16 ? 1 : q->bytes);
+  if (t->ndim != 2 || t->shape[1] != row || !rk_compact(t)) {
+    char what[128];
+    snprintf(what, sizeof what, "%s weights for rows of %lld values must be a compact [n, %lld]", q->name, (long long)k,
+             (long long)row);
+    return rk_shape_error(kernel, what, t);
+  }
+  *data = (const uint8_t *)t->data + t->byte_offset;
+  *n = t->shape[0];
+  return 0;
+}
+
+/* ---- relaxc.dense_q -------------------------------------------------------------------------- */
+
+typedef struct dense_job {
+  const rk_qdot_fn dot;
+  const uint8_t *w;
+  int64_t row_bytes, n, k, m;
+  const float *x;
+  const int8_t *q;
+  const float *d;
+  const int16_t *sum16;
+  int64_t act_block;
+  const float *bias;
+  float *out;
+} dense_job;
+
+enum { ROWS_PER_TASK_UNIT = 16 };
+
+static int dense_task(int task, int num_tasks, void *ctx) {
+  const dense_job *j = ctx;
+  int64_t units = (j->n + ROWS_PER_TASK_UNIT - 1) / ROWS_PER_TASK_UNIT, begin, end;
+  rk_split(units, task, num_tasks, &begin, &end);
+  int64_t lo = begin * ROWS_PER_TASK_UNIT, hi = end * ROWS_PER_TASK_UNIT < j->n ? end * ROWS_PER_TASK_UNIT : j->n;
+  for (int64_t c = lo; c < hi; c++) {
+    const uint8_t *w = j->w + c * j->row_bytes;
+    /* The row stays in cache while every activation row reads it. */
+    for (int64_t r = 0; r < j->m; r++) {
+      rk_qact a = {0};
+      if (j->q) a = (rk_qact){j->q + r * j->k, j->d + r * (j->k / j->act_block), j->sum16 + r * (j->k / 16)};
+      float v = j->dot(w, j->x + r * j->k, &a, j->k);
+      j->out[r * j->n + c] = j->bias ? v + j->bias[c] : v;
+    }
+  }
+  return 0;
+}
+
+/* (x, w, format, bias?, out): out[..., n] = x[..., k] . w[n, k] (+ bias[n]), w in its format. */
+int rvm_builtin_kl_dense_q(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  static const char kernel[] = "relaxc.dense_q";
+  DLTensor *x, *bias, *out;
+  rk_qformat f;
+  int rc = rk_check_count(kernel, num_args, 5);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
+  if (!rc) rc = arg_format(kernel, args, num_args, 2, &f);
+  if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 3, "bias", &bias);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 4, "out", &out);
+  if (rc) return rc;
+  if (x->ndim < 1) return rk_shape_error(kernel, "x must have at least one axis", x);
+  int64_t k = x->shape[x->ndim - 1], n;
+  const uint8_t *w;
+  if ((rc = arg_weights(kernel, args, num_args, 1, f, k, &w, &n))) return rc;
+  int64_t m = k ? rk_numel(x) / k : 0;
+  bool same = out->ndim == x->ndim && out->shape[out->ndim - 1] == n;
+  for (int32_t i = 0; same && i + 1 < x->ndim; i++) same = out->shape[i] == x->shape[i];
+  if (!same) return rk_shape_error(kernel, "out must be x's shape with the last axis the weights' rows", out);
+  if (bias && (bias->ndim != 1 || bias->shape[0] != n)) return rk_shape_error(kernel, "bias must have one value per row of the weights", bias);
+  if (m == 0 || n == 0) return 0;
+  const rk_qinfo *q = &formats[f];
+  dense_job j = {qdots()->dot[f], w, k / q->block * q->bytes, n, k, m, rk_data(x), NULL, NULL, NULL, q->act_block,
+                 bias ? rk_data(bias) : NULL, rk_data(out)};
+  if (q->act_block) {
+    size_t qbytes = (size_t)(m * k), dbytes = sizeof(float) * (size_t)(m * (k / q->act_block)),
+           sbytes = sizeof(int16_t) * (size_t)(m * (k / 16));
+    size_t dat = (qbytes + 63) & ~(size_t)63, sum = (dat + dbytes + 63) & ~(size_t)63;
+    uint8_t *scratch = rk_scratch(RK_SLOT_INPUT, sum + sbytes);
+    if (!scratch) return rk_out_of_memory(kernel);
+    j.q = (const int8_t *)scratch;
+    j.d = (const float *)(scratch + dat);
+    j.sum16 = (const int16_t *)(scratch + sum);
+    for (int64_t r = 0; r < m; r++)
+      rk_quantize_row(j.x + r * k, k, q->act_block, (int8_t *)scratch + r * k, (float *)(scratch + dat) + r * (k / q->act_block),
+                      (int16_t *)(scratch + sum) + r * (k / 16));
+  }
+  /* Each task takes whole units of rows; few rows (a small layer) stay on one thread. */
+  int64_t units = (n + ROWS_PER_TASK_UNIT - 1) / ROWS_PER_TASK_UNIT;
+  int64_t work = m * n * k, max_tasks = work < (1 << 16) ? 1 : units;
+  return rk_parallel(max_tasks, dense_task, &j);
+}
+
+/* ---- relaxc.take_q --------------------------------------------------------------------------- */
+
+/* Row `r` of a table in format f, k values, as float32. */
+static void dequantize_row(rk_qformat f, const uint8_t *r, int64_t k, float *y) {
+  switch (f) {
+  case RK_Q_F32:
+    memcpy(y, r, sizeof(float) * (size_t)k);
+    break;
+  case RK_Q_F16:
+    for (int64_t i = 0; i < k; i++) y[i] = rk_load_f16(r + 2 * i);
+    break;
+  case RK_Q_Q8_0:
+    for (int64_t b = 0; b < k / 32; b++, r += 34)
+      for (int i = 0; i < 32; i++) y[32 * b + i] = rk_load_f16(r) * (float)(int8_t)r[2 + i];
+    break;
+  case RK_Q_Q4_0:
+    for (int64_t b = 0; b < k / 32; b++, r += 18)
+      for (int i = 0; i < 16; i++) {
+        y[32 * b + i] = rk_load_f16(r) * (float)((r[2 + i] & 0xf) - 8);
+        y[32 * b + i + 16] = rk_load_f16(r) * (float)((r[2 + i] >> 4) - 8);
+      }
+    break;
+  case RK_Q_Q4_K:
+    for (int64_t b = 0; b < k / 256; b++, r += 144) {
+      float d = rk_load_f16(r), dmin = rk_load_f16(r + 2);
+      for (int j = 0; j < 8; j++) {
+        int scale, min;
+        rk_q4k_scale_min(j, r + 4, &scale, &min);
+        const uint8_t *q = r + 16 + 32 * (j / 2);
+        for (int i = 0; i < 32; i++)
+          y[256 * b + 32 * j + i] = d * (float)scale * (float)((q[i] >> (4 * (j & 1))) & 0xf) - dmin * (float)min;
+      }
+    }
+    break;
+  case RK_Q_Q6_K:
+    for (int64_t b = 0; b < k / 256; b++, r += 210) {
+      float d = rk_load_f16(r + 208);
+      const int8_t *scales = (const int8_t *)(r + 192);
+      for (int half = 0; half < 2; half++) {
+        const uint8_t *ql = r + 64 * half, *qh = r + 128 + 32 * half;
+        for (int part = 0; part < 4; part++)
+          for (int i = 0; i < 32; i++) {
+            int low = part & 1 ? ql[i + 32] : ql[i];
+            low = part & 2 ? low >> 4 : low & 0xf;
+            int q = (low | (((qh[i] >> (2 * part)) & 3) << 4)) - 32;
+            y[256 * b + 128 * half + 32 * part + i] = d * (float)scales[8 * half + 2 * part + i / 16] * (float)q;
+          }
+      }
+    }
+    break;
+  default:
+    break;
+  }
+}
+
+/* (table, ids, format, out): out[i..., :] = row ids[i...] of the table, as float32 (an embedding
+ * lookup with the table in its file's format). */
+int rvm_builtin_kl_take_q(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  static const char kernel[] = "relaxc.take_q";
+  DLTensor *out, *ids = NULL;
+  rk_qformat f;
+  int rc = rk_check_count(kernel, num_args, 4);
+  if (!rc) rc = arg_format(kernel, args, num_args, 2, &f);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 3, "out", &out);
+  if (rc) return rc;
+  ids = rvm_as_dltensor(&args[1]);
+  if (!ids || ids->device.device_type != kDLCPU || ids->dtype.code != kDLInt || ids->dtype.bits != 32 || ids->dtype.lanes != 1 ||
+      !rk_compact(ids))
+    return rvm_raise("TypeError", "%s: argument 1 (ids) must be a compact int32 CPU tensor, got %s", kernel,
+                     ids ? "another tensor" : rvm_type_name(&args[1]));
+  if (out->ndim != ids->ndim + 1) return rk_shape_error(kernel, "out must be ids' shape and one more axis", out);
+  for (int32_t i = 0; i < ids->ndim; i++)
+    if (out->shape[i] != ids->shape[i]) return rk_shape_error(kernel, "out must be ids' shape and one more axis", out);
+  int64_t k = out->shape[out->ndim - 1], rows;
+  const uint8_t *table;
+  if ((rc = arg_weights(kernel, args, num_args, 0, f, k, &table, &rows))) return rc;
+  const rk_qinfo *q = &formats[f];
+  int64_t row_bytes = k / q->block * q->bytes, count = rk_numel(ids);
+  const int32_t *id = (const int32_t *)((const char *)ids->data + ids->byte_offset);
+  float *y = rk_data(out);
+  for (int64_t i = 0; i < count; i++) {
+    if (id[i] < 0 || id[i] >= rows)
+      return rvm_raise("IndexError", "%s: id %d at position %lld is outside the table's %lld rows", kernel, id[i], (long long)i,
+                       (long long)rows);
+    dequantize_row(f, table + id[i] * row_bytes, k, y + i * k);
+  }
+  return 0;
+}

@@ -1,0 +1,91 @@
+/*
+ * quant.h: what the quantized kernels' files share: GGUF's block formats, the activations
+ * quantized to int8 that the integer dot products read, and the per-instruction-set table of
+ * row dot products (quant.c holds the portable ones, quant_x86.c the AVX2 and VNNI ones).
+ *
+ * A weight matrix [n, k] is n rows of k values in one of GGUF's formats, used in place as the
+ * file holds it: f32 and f16 rows of k values; q8_0 and q4_0 rows of k/32 blocks; q4_K and q6_K
+ * rows of k/256 super-blocks (llama.cpp's ggml-common.h defines the layouts; each dot product
+ * below says what it reads).
+ */
+#ifndef RK_QUANT_H
+#define RK_QUANT_H
+
+#include "rk.h"
+
+typedef enum { RK_Q_F32 = 0, RK_Q_F16, RK_Q_Q8_0, RK_Q_Q4_0, RK_Q_Q4_K, RK_Q_Q6_K, RK_Q_COUNT } rk_qformat;
+
+/* A format's name (as GGUF's tools spell it), values per block and bytes per block. */
+typedef struct rk_qinfo {
+  const char *name;
+  int64_t block, bytes;
+  /* Activations for this format: quantized with one scale per act_block values (0: float32). */
+  int64_t act_block;
+} rk_qinfo;
+RVM_HIDDEN const rk_qinfo *rk_qformat_info(rk_qformat f);
+
+/* A row of activations quantized for the integer dot products: q[k] int8 values, one float
+ * scale per `block` values (x ~ d * q), and the sum of each 16 values of q (for the formats whose
+ * values carry an offset: q4_K's minimums, q6_K's 32). */
+typedef struct rk_qact {
+  const int8_t *q;
+  const float *d;
+  const int16_t *sum16;
+} rk_qact;
+
+/* Quantizes k values of x (k a multiple of `block`, 32 or 256) into q, d and sum16. */
+RVM_HIDDEN void rk_quantize_row(const float *x, int64_t k, int64_t block, int8_t *q, float *d, int16_t *sum16);
+
+/* One weight row (`w`, k values in its format) times one row of activations: float32 x for f32
+ * and f16, quantized for the others. Every function sums in an order fixed by k alone. */
+typedef float (*rk_qdot_fn)(const void *w, const float *x, const rk_qact *a, int64_t k);
+
+/* The dot products of one instruction set, one per format. */
+typedef struct rk_qdots {
+  rk_qdot_fn dot[RK_Q_COUNT];
+} rk_qdots;
+
+/* The portable dot products. */
+RVM_HIDDEN const rk_qdots *rk_qdots_portable(void);
+#if defined(__x86_64__)
+/* AVX2 + FMA + F16C, and the same with AVX-512 VNNI's dpbusd where the CPU has it. */
+RVM_HIDDEN const rk_qdots *rk_qdots_avx2(void);
+RVM_HIDDEN const rk_qdots *rk_qdots_vnni(void);
+#endif
+
+/* IEEE half to float. */
+static inline float rk_f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else { /* subnormal: normalize */
+    exp = 113;
+    while (!(mant & 0x400)) {
+      mant <<= 1;
+      exp--;
+    }
+    bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+  }
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+static inline float rk_load_f16(const uint8_t *p) { return rk_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
+
+/* q4_K's 6-bit scale and minimum of sub-block j (0..7) from its 12 packed bytes. */
+static inline void rk_q4k_scale_min(int j, const uint8_t *s, int *scale, int *min) {
+  if (j < 4) {
+    *scale = s[j] & 63;
+    *min = s[j + 4] & 63;
+  } else {
+    *scale = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+    *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+#endif /* RK_QUANT_H */

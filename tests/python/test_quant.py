@@ -1,0 +1,275 @@
+"""relaxc's quantized kernels (relaxc.dense_q, relaxc.take_q) against the gguf package's own
+dequantization: weights in GGUF's formats (f32, f16, q8_0, q4_0, q4_K, q6_K) used in place, at
+decode shapes (one row) and prefill shapes (many), with a bias, batch axes, errors, and the same
+bits at 1, 2 and 3 threads.
+
+The integer formats quantize the activations first (int8, one scale per 32 values for q8_0 and
+q4_0, per 256 for the K formats), as llama.cpp does; the reference here quantizes them the same
+way in numpy and multiplies by the exactly dequantized weights, so what remains is float
+rounding: a wrong bit in the unpacking or the integer sums would show as an error of the order
+of the weights. Needs numpy, pytest, apache-tvm-ffi and gguf (no TVM).
+"""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from test_kernels import t
+from test_tvm_ffi import relaxc_binary
+
+gguf = pytest.importorskip(
+    "gguf",
+    reason="the gguf package (pip install gguf) is the reference for GGUF's formats",
+)
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize, quantize
+
+FORMATS = {
+    "f32": T.F32,
+    "f16": T.F16,
+    "q8_0": T.Q8_0,
+    "q4_0": T.Q4_0,
+    "q4_K": T.Q4_K,
+    "q6_K": T.Q6_K,
+}
+ACT_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_K": 256, "q6_K": 256}
+BLOCK = {"f32": 1, "f16": 1, "q8_0": 32, "q4_0": 32, "q4_K": 256, "q6_K": 256}
+
+
+def random_k_blocks(rng, rows, k, fmt):
+    """Rows of random K-format super-blocks with sane scales (the gguf package cannot quantize
+    these): random bits everywhere, then the f16 scales set to small positive values."""
+    size = {"q4_K": 144, "q6_K": 210}[fmt]
+    raw = rng.integers(0, 256, (rows, k // 256, size), dtype=np.uint8)
+    d = (
+        (rng.uniform(0.5, 1.5, (rows, k // 256)) * 1e-2)
+        .astype(np.float16)
+        .view(np.uint8)
+        .reshape(rows, k // 256, 2)
+    )
+    if fmt == "q4_K":
+        raw[:, :, 0:2] = d
+        dmin = (
+            (rng.uniform(0.5, 1.5, (rows, k // 256)) * 1e-2)
+            .astype(np.float16)
+            .view(np.uint8)
+            .reshape(rows, k // 256, 2)
+        )
+        raw[:, :, 2:4] = dmin
+    else:
+        raw[:, :, 208:210] = d
+    return raw.reshape(rows, -1)
+
+
+def weights(rng, n, k, fmt):
+    """(the weights as the kernel takes them, their exact values as float64)."""
+    if fmt in ("q4_K", "q6_K"):
+        w = random_k_blocks(rng, n, k, fmt)
+    else:
+        w = quantize(
+            rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), FORMATS[fmt]
+        )
+    return w, dequantize(w, FORMATS[fmt]).astype(np.float64)
+
+
+def quantized_activations(x, block):
+    """x as the kernel sees it: int8 times one float32 scale per block, rounded as lrintf does."""
+    rows = x.reshape(-1, block)
+    amax = np.abs(rows).max(axis=1, keepdims=True).astype(np.float32)
+    inverse = np.where(
+        amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0
+    ).astype(np.float32)
+    q = np.rint(rows * inverse)
+    return (q.astype(np.float64) * (amax / np.float32(127)).astype(np.float64)).reshape(
+        x.shape
+    )
+
+
+def dense_reference(x, w_exact, fmt, bias=None):
+    xs = x if fmt not in ACT_BLOCK else quantized_activations(x, ACT_BLOCK[fmt])
+    y = xs.astype(np.float64) @ w_exact.T
+    return y if bias is None else y + bias
+
+
+def assert_close(got, want, tol):
+    scale = max(1.0, float(np.abs(want).max()))
+    err = float(np.abs(got.astype(np.float64) - want).max())
+    assert err <= tol * scale, f"{err:.3e} from the reference (scale {scale:.3g})"
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("m", [1, 2, 6, 33])
+def test_dense_q_against_gguf(library, fmt, m):
+    rng = np.random.default_rng(m * 7 + len(fmt))
+    k = 512 if BLOCK[fmt] > 1 else 200
+    n = 37
+    w, exact = weights(rng, n, k, fmt)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    out = np.zeros((m, n), np.float32)
+    library["relaxc.dense_q"](t(x), t(w), fmt, t(bias), t(out))
+    assert_close(out, dense_reference(x, exact, fmt, bias), 2e-5)
+    # Without the bias, and with batch axes in front (the rows of a prefill, [1, s, k]).
+    out3 = np.zeros((1, m, n), np.float32)
+    library["relaxc.dense_q"](t(x.reshape(1, m, k)), t(w), fmt, None, t(out3))
+    assert_close(out3.reshape(m, n), dense_reference(x, exact, fmt), 2e-5)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_K", "q6_K"])
+def test_quantized_activations_cost_little(library, fmt):
+    """Against the exact product of float activations and the dequantized weights: the error the
+    activations' int8 adds stays small (what llama.cpp's results also carry)."""
+    rng = np.random.default_rng(5)
+    k, n = 1024, 64
+    w, exact = weights(rng, n, k, fmt)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    out = np.zeros((3, n), np.float32)
+    library["relaxc.dense_q"](t(x), t(w), fmt, None, t(out))
+    assert_close(out, x.astype(np.float64) @ exact.T, 2e-2)
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_take_q_rows(library, fmt):
+    rng = np.random.default_rng(3)
+    k = 512 if BLOCK[fmt] > 1 else 48
+    w, exact = weights(rng, 20, k, fmt)
+    ids = np.array([[3, 0, 19], [7, 7, 1]], np.int32)
+    out = np.zeros((2, 3, k), np.float32)
+    library["relaxc.take_q"](t(w), t(ids), fmt, t(out))
+    assert_close(out, exact[ids], 1e-6)
+
+
+def test_errors_name_the_argument(library):
+    rng = np.random.default_rng(1)
+    w, _ = weights(rng, 8, 64, "q4_0")
+    x = np.zeros((2, 64), np.float32)
+    out = np.zeros((2, 8), np.float32)
+    dense = library["relaxc.dense_q"]
+    cases = [
+        (
+            lambda: dense(t(x), t(w), "q5_9", None, t(out)),
+            ValueError,
+            'unknown weight format "q5_9"',
+        ),
+        (
+            lambda: dense(t(x), t(w.view(np.int8)), "q4_0", None, t(out)),
+            TypeError,
+            "must be a CPU tensor of uint8",
+        ),
+        (
+            lambda: dense(t(np.zeros((2, 48), np.float32)), t(w), "q4_0", None, t(out)),
+            ValueError,
+            "multiple of 32",
+        ),
+        (
+            lambda: dense(t(x), t(w), "q8_0", None, t(out)),
+            ValueError,
+            "q8_0 weights for rows of 64 values",
+        ),
+        (
+            lambda: dense(t(x), t(w), "q4_0", None, t(np.zeros((2, 9), np.float32))),
+            ValueError,
+            "out must be x's shape",
+        ),
+        (
+            lambda: dense(t(x), t(w), "q4_0", t(np.zeros(3, np.float32)), t(out)),
+            ValueError,
+            "bias must have one value",
+        ),
+        (
+            lambda: library["relaxc.take_q"](
+                t(w),
+                t(np.array([8], np.int32)),
+                "q4_0",
+                t(np.zeros((1, 64), np.float32)),
+            ),
+            IndexError,
+            "id 8 at position 0",
+        ),
+    ]
+    for call, kind, text in cases:
+        with pytest.raises(kind) as e:
+            call()
+        assert text in str(e.value), str(e.value)
+
+
+THREAD_SCRIPT = r"""
+import sys, numpy as np, tvm_ffi
+from gguf import GGMLQuantizationType as T
+from gguf.quants import quantize
+path, out_path = sys.argv[1], sys.argv[2]
+names = dict(l.split("\t") for l in open(path + ".tsv").read().splitlines())
+dense = tvm_ffi.load_module(path)[names["relaxc.dense_q"]]
+rng = np.random.default_rng(17)
+t = lambda a: tvm_ffi.from_dlpack(np.ascontiguousarray(a))
+res = {}
+for fmt, kind in [("f32", T.F32), ("f16", T.F16), ("q8_0", T.Q8_0), ("q4_0", T.Q4_0), ("q4_K", None), ("q6_K", None)]:
+    k, n = 768, 400
+    if kind is None:
+        w = rng.integers(0, 256, (n, k // 256 * (144 if fmt == "q4_K" else 210)), dtype=np.uint8)
+        at = 0 if fmt == "q4_K" else 208
+        for b in range(k // 256):
+            start = b * (144 if fmt == "q4_K" else 210) + at
+            scales = [0.01, 0.002] if fmt == "q4_K" else [0.01]  # q4_K: d and dmin
+            w[:, start:start + 2 * len(scales)] = np.array(scales, np.float16).view(np.uint8)
+    else:
+        w = quantize(rng.standard_normal((n, k)).astype(np.float32), kind)
+    for m in [1, 6, 40]:
+        out = np.zeros((m, n), np.float32)
+        dense(t(rng.standard_normal((m, k)).astype(np.float32)), t(w), fmt, None, t(out))
+        res[f"{fmt}_{m}"] = out
+np.savez(out_path, **res)
+"""
+
+
+def run_script(tmp_path, threads, isa=None):
+    """THREAD_SCRIPT's results in a process of its own with `threads` threads and the dot products
+    of `isa` (RELAXC_QUANT_ISA; None: what the CPU has)."""
+    path = str(tmp_path / "lib.so")
+    if not os.path.exists(path):
+        out = subprocess.run(
+            [relaxc_binary(), "kernel-library", "-o", path],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        (tmp_path / "lib.so.tsv").write_text(out.stdout)
+        (tmp_path / "run.py").write_text(THREAD_SCRIPT)
+    dest = str(tmp_path / f"t{threads}_{isa}.npz")
+    env = dict(os.environ, TVM_NUM_THREADS=str(threads))
+    if isa:
+        env["RELAXC_QUANT_ISA"] = isa
+    subprocess.run(
+        [sys.executable, str(tmp_path / "run.py"), path, dest], check=True, env=env
+    )
+    return np.load(dest)
+
+
+def test_every_instruction_set_agrees(tmp_path):
+    """AVX2 and VNNI give the same bits (the same integer sums, scaled alike); the portable code
+    sums its floats in another order, so it is close, not equal. On a CPU without them the sets
+    fall back to what it has, and the comparison still holds."""
+    best, avx2, portable = (
+        run_script(tmp_path, 2),
+        run_script(tmp_path, 2, "avx2"),
+        run_script(tmp_path, 2, "portable"),
+    )
+    for name in best.files:
+        assert np.array_equal(best[name].view(np.uint32), avx2[name].view(np.uint32)), (
+            f"{name}: VNNI and AVX2 differ"
+        )
+        want = best[name].astype(np.float64)
+        assert np.abs(portable[name] - want).max() <= 1e-4 * max(
+            1.0, np.abs(want).max()
+        ), f"{name}: portable code disagrees"
+
+
+def test_same_bits_at_any_thread_count(tmp_path):
+    results = {threads: run_script(tmp_path, threads) for threads in [1, 2, 3]}
+    for name in results[1].files:
+        for threads in [2, 3]:
+            assert np.array_equal(
+                results[1][name].view(np.uint32), results[threads][name].view(np.uint32)
+            ), f"{name}: {threads} threads give other bits than 1"
