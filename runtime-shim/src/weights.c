@@ -1,12 +1,15 @@
 /*
  * weights.c: weights outside the model (rvm.h's weights_open): TVM's tensor cache (a directory
- * with tensor-cache.json or ndarray-cache.json and its shards) or safetensors (a file, or a
- * directory of them), for models exported with their weights as parameters (TVM nn's export_tvm
- * without binding; MLC).
+ * with tensor-cache.json or ndarray-cache.json and its shards), safetensors (a file, or a
+ * directory of them) or GGUF (llama.cpp's files, read by gguf.c), for models exported with their
+ * weights as parameters (TVM nn's export_tvm without binding; MLC; relaxc.llm).
  *
  * Files are memory-mapped once, read-only; each weight is a DLTensor over its bytes, passed to
  * the model in place. A weight not 64-byte aligned in its file is copied once, here: the runtime
- * would otherwise copy it on every call. Every offset, size and name read from the files is
+ * would otherwise copy it on every call, since TVM's kernels assume that alignment. GGUF places
+ * tensors 32 bytes apart, so half of a file would be copied; its matrices (in GGUF's block
+ * formats, read by relaxc's quantized kernels, which assume nothing of alignment) are passed in
+ * place as tensor objects instead, which the runtime never copies. Every offset, size and name read from the files is
  * checked before use; an error names the weight and the file. The same rules as relaxc's Rust
  * host (src/host/external.rs), so `relaxc generate --weights` and a C host agree.
  */
@@ -21,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "gguf.h"
 #include "internal.h"
 
 typedef struct mapping {
@@ -33,6 +37,7 @@ typedef struct weight {
   int64_t *shape;
   DLTensor tensor;
   void *copy; /* an aligned copy, when the file's bytes were not aligned */
+  rvm_tensor *view; /* a GGUF matrix: passed as this object, in place whatever its alignment */
 } weight;
 
 struct rvm_weights {
@@ -107,9 +112,10 @@ static bool dtype_of(const char *name, DLDataType *out) {
   return false;
 }
 
-/* Adds one weight over `bytes` (which must hold exactly its elements). */
+/* Adds one weight over `bytes` (which must hold exactly its elements); `in_place`: never copied,
+ * passed as a tensor object. */
 static int add_weight(rvm_weights *w, const char *name, DLDataType dtype, const int64_t *shape, int32_t ndim,
-                      const unsigned char *bytes, int64_t nbytes, const char *file) {
+                      const unsigned char *bytes, int64_t nbytes, const char *file, bool in_place) {
   for (int32_t i = 0; i < w->num_weights; i++)
     if (strcmp(w->weights[i].name, name) == 0) return rvm_raise("ValueError", "weight %s in %s: appears twice", name, file);
   if (w->num_weights == w->cap_weights) {
@@ -130,7 +136,14 @@ static int add_weight(rvm_weights *w, const char *name, DLDataType dtype, const 
   }
   if (ndim > 0) memcpy(e->shape, shape, sizeof(int64_t) * (size_t)ndim);
   void *data = (void *)bytes;
-  if (((uintptr_t)bytes % 64) != 0) {
+  if (in_place) {
+    e->view = rvm_tensor_new(data, (DLDevice){kDLCPU, 0}, ndim, dtype, e->shape, 0, NULL);
+    if (!e->view) {
+      rvm_mem_free(e->name);
+      rvm_mem_free(e->shape);
+      return -1;
+    }
+  } else if (((uintptr_t)bytes % 64) != 0) {
     e->copy = rvm_mem_aligned((size_t)nbytes + 1, 64, "an aligned copy of a weight");
     if (!e->copy) {
       rvm_mem_free(e->name);
@@ -236,7 +249,7 @@ static int load_tensor_cache(rvm_weights *w, const char *dir, const char *index)
                        n, file, (long long)offset, (long long)offset + (long long)nbytes, size);
         break;
       }
-      rc = add_weight(w, n, dtype, shape, ndim, bytes + offset, nbytes, file);
+      rc = add_weight(w, n, dtype, shape, ndim, bytes + offset, nbytes, file, false);
     }
   }
   rvm_json_free(&doc);
@@ -285,9 +298,56 @@ static int load_safetensors(rvm_weights *w, const char *file) {
       rc = rvm_raise("ValueError", "weight %s in %s: its bytes lie past the end of the file (%zu bytes): truncated?", t->key, file, size);
       break;
     }
-    rc = add_weight(w, t->key, dtype, shape, ndim, bytes + data + begin, need, file);
+    rc = add_weight(w, t->key, dtype, shape, ndim, bytes + data + begin, need, file, false);
   }
   rvm_json_free(&doc);
+  return rc;
+}
+
+/* ---- GGUF ------------------------------------------------------------------------------------ */
+
+typedef struct gguf_loading {
+  rvm_weights *w;
+  const char *file;
+} gguf_loading;
+
+/* A GGUF tensor as a weight: f32, f16, bf16 and the integer types as themselves; block formats
+ * (q4_0, q8_0, q4_K, q6_K, ...) as uint8 rows of their blocks, [..., rows, blocks * block bytes].
+ * Dims are reversed: GGUF lists the innermost first. */
+static int gguf_tensor(void *ctx, const rvm_gguf_tensor *t) {
+  gguf_loading *l = ctx;
+  char name[256];
+  if (t->name_len >= sizeof name || memchr(t->name, 0, t->name_len))
+    return rvm_raise("ValueError", "%s: a tensor name of %zu bytes (at most %zu, without NUL bytes)", l->file, t->name_len,
+                     sizeof name - 1);
+  memcpy(name, t->name, t->name_len);
+  name[t->name_len] = 0;
+  uint32_t block, block_bytes;
+  const char *type = rvm_gguf_type(t->type, &block, &block_bytes);
+  DLDataType dtype;
+  if (block > 1) dtype = (DLDataType){kDLUInt, 8, 1};
+  else if (strcmp(type, "bf16") == 0) dtype = (DLDataType){kDLBfloat, 16, 1};
+  else if (type[0] == 'f') dtype = (DLDataType){kDLFloat, (uint8_t)(8 * block_bytes), 1};
+  else dtype = (DLDataType){kDLInt, (uint8_t)(8 * block_bytes), 1};
+  int64_t shape[4];
+  for (uint32_t d = 0; d < t->ndim; d++) {
+    uint64_t dim = d == 0 && block > 1 ? t->dims[0] / block * block_bytes : t->dims[d];
+    if (dim > (uint64_t)INT64_MAX) return rvm_raise("ValueError", "weight %s in %s: a dim of %llu", name, l->file, (unsigned long long)dim);
+    shape[t->ndim - 1 - d] = (int64_t)dim;
+  }
+  if (t->nbytes > (uint64_t)INT64_MAX) return rvm_raise("ValueError", "weight %s in %s: too large", name, l->file);
+  return add_weight(l->w, name, dtype, shape, (int32_t)t->ndim, t->data, (int64_t)t->nbytes, l->file, t->ndim >= 2);
+}
+
+static int load_gguf(rvm_weights *w, const char *file) {
+  const unsigned char *bytes;
+  size_t size;
+  if (map_file(w, file, &bytes, &size)) return -1;
+  gguf_loading loading = {w, file};
+  char err[512] = "";
+  int rc = rvm_gguf_read(bytes, size, gguf_tensor, &loading, err, sizeof err);
+  /* A failure the visitor raised already has its message; the reader's own is raised here. */
+  if (rc && err[0]) return rvm_raise("ValueError", "%s: %s", file, err);
   return rc;
 }
 
@@ -339,6 +399,7 @@ void rvm_weights_close(rvm_weights *w) {
     rvm_mem_free(w->weights[i].name);
     rvm_mem_free(w->weights[i].shape);
     rvm_mem_free(w->weights[i].copy);
+    if (w->weights[i].view) rvm_object_decref(&w->weights[i].view->header);
   }
   for (int32_t i = 0; i < w->num_maps; i++)
     if (w->maps[i].base) munmap(w->maps[i].base, w->maps[i].size);
@@ -368,9 +429,13 @@ int rvm_weights_open(rvm_module *module, const char *path, rvm_weights **out) {
     rc = load_directory(w, path);
   } else {
     size_t len = strlen(path);
-    rc = len > 12 && strcmp(path + len - 12, ".safetensors") == 0
-             ? load_safetensors(w, path)
-             : rvm_raise("ValueError", "%s is neither a tensor cache directory nor safetensors (a .safetensors file or a directory of them)", path);
+    if (len > 12 && strcmp(path + len - 12, ".safetensors") == 0) rc = load_safetensors(w, path);
+    else if (len > 5 && strcmp(path + len - 5, ".gguf") == 0) rc = load_gguf(w, path);
+    else
+      rc = rvm_raise("ValueError",
+                     "%s is neither a tensor cache directory, safetensors (a .safetensors file or a directory of them) nor "
+                     "GGUF (a .gguf file)",
+                     path);
   }
   if (rc) {
     rvm_weights_close(w);
@@ -422,7 +487,8 @@ int rvm_weights_arguments(const rvm_weights *w, int32_t function, int32_t num_in
       continue;
     }
     if (!found) return rvm_raise("ValueError", "%s takes weight %s, which %s does not have", f->name, name, w->path);
-    args[i] = (rvm_value){.type_index = kTVMFFIDLTensorPtr, .v_ptr = (void *)&found->tensor};
+    if (found->view) args[i] = (rvm_value){.type_index = kTVMFFITensor, .v_obj = &found->view->header};
+    else args[i] = (rvm_value){.type_index = kTVMFFIDLTensorPtr, .v_ptr = (void *)&found->tensor};
   }
   return 0;
 }

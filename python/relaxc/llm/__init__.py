@@ -1,0 +1,77 @@
+"""relaxc.llm: LLMs from GGUF files, with their weights used in place.
+
+    python -m relaxc.llm build MODEL.gguf -o MODEL.so [--exec-mode compiled] [--target TRIPLE]
+    relaxc generate MODEL.so --weights MODEL.gguf --prompt 1,2,3
+
+``build`` reads the file's metadata (llama, mistral or qwen2), builds the model with TVM's nn
+front end on the paged KV cache (embed, prefill, decode, as fixtures/tvm/llm.py), with every
+weight a parameter named and typed as the file holds it, builds it with relaxc.tvm (dense
+layers on relaxc's quantized kernels) and compiles it with relaxc. The weights stay in the GGUF
+file: ``--weights`` (or rvm.h's weights_open, or relaxc_weights from Python) maps it and passes
+each tensor in place. Needs Apache TVM and the gguf package.
+"""
+
+import os
+import subprocess
+import tempfile
+import time
+
+from .. import find_relaxc
+from .gguf_file import GGUFError, read_config
+
+__all__ = ["build", "export", "GGUFError", "read_config"]
+
+
+def export(gguf_path, tar, target=None, log=print):
+    """The model of the GGUF file built with relaxc.tvm and exported to `tar` (what relaxc
+    compile takes); returns (its Config, its weight names in parameter order)."""
+    from tvm.relax.frontend import nn  # noqa: F401 (fail early, naming TVM, when it is missing)
+
+    import relaxc.tvm
+
+    from .model import LlamaFamily
+
+    config = read_config(gguf_path)
+    kinds = sorted(set(config.formats.values()))
+    log(
+        f"{os.path.basename(gguf_path)}: {config.arch}, {config.layers} layers, hidden {config.hidden}, "
+        f"{config.heads}/{config.kv_heads} heads of {config.head_dim}, vocab {config.vocab}; formats {', '.join(kinds)}"
+    )
+    model = LlamaFamily(config)
+    mod, params = model.export_tvm(spec=model.spec())
+    missing = [name for name, _ in params if name not in config.formats]
+    if missing:
+        raise GGUFError(f"{gguf_path}: the model needs tensors the file lacks: {', '.join(missing[:5])}")
+    ex = relaxc.tvm.build(mod, target="llvm" if target is None else _tvm_target(target))
+    ex.export_library(tar)
+    return config, [name for name, _ in params]
+
+
+def build(gguf_path, output, exec_mode="bytecode", target=None, log=print):
+    """Builds the model of the GGUF file at gguf_path into the shared object `output`."""
+    started = time.time()
+    relaxc_bin = find_relaxc()
+    with tempfile.TemporaryDirectory() as work:
+        tar = os.path.join(work, "model.tar")
+        config, _ = export(gguf_path, tar, target, log)
+        command = [relaxc_bin, "compile", tar, "--exec-mode", exec_mode, "-o", output]
+        if target:
+            command += ["--target", target]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"relaxc compile failed:\n{done.stderr}")
+    log(f"wrote {output} in {time.time() - started:.1f} s; run it with --weights {gguf_path}")
+    return config
+
+
+def _tvm_target(triple):
+    """TVM's LLVM target for the kernels of a board (as the README's board section spells them)."""
+    import tvm
+
+    if triple.startswith("aarch64"):
+        return tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+    if triple.startswith("riscv64"):
+        return tvm.target.Target(
+            {"kind": "llvm", "mtriple": "riscv64-linux-gnu", "mattr": ["+m", "+a", "+f", "+d", "+c"], "mabi": "lp64d"}
+        )
+    return "llvm"

@@ -1,0 +1,100 @@
+"""What relaxc.llm reads from a GGUF file: the architecture and its sizes, RoPE, and the format
+of every tensor, through the gguf package's reader (memory-mapped: nothing but the header is
+read). Files outside what the model covers are refused here, by name, before anything is built.
+"""
+
+import numpy as np
+
+from .model import BLOCKS, Config
+
+ARCHITECTURES = ("llama", "mistral", "qwen2")
+_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 8: "q8_0", 12: "q4_K", 14: "q6_K"}
+
+
+class GGUFError(ValueError):
+    """A GGUF file this builder cannot turn into a model, with the reason."""
+
+
+def _value(reader, key, default=None, required=True):
+    field = reader.get_field(key)
+    if field is None:
+        if required and default is None:
+            raise GGUFError(f"{key} is missing from the file's metadata")
+        return default
+    parts = [field.parts[i] for i in field.data]
+    if len(parts) == 1:
+        part = parts[0]
+        if part.dtype == np.uint8 and field.types and field.types[0].name == "STRING":
+            return bytes(part).decode("utf-8")
+        return part.tolist()[0] if part.size == 1 else part.tolist()
+    return parts
+
+
+def _string(reader, key):
+    field = reader.get_field(key)
+    if field is None:
+        return None
+    return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
+
+
+def read_config(path):
+    """The Config of the model in the GGUF file at path."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as e:  # the gguf package raises several kinds for a damaged file
+        raise GGUFError(f"{path} is not a readable GGUF file: {e}") from e
+    arch = _string(reader, "general.architecture")
+    if arch is None:
+        raise GGUFError(f"{path}: general.architecture is missing")
+    if arch not in ARCHITECTURES:
+        raise GGUFError(f"{path}: architecture {arch!r} is not supported (relaxc.llm builds {', '.join(ARCHITECTURES)})")
+    formats, dims = {}, {}
+    for t in reader.tensors:
+        fmt = _TYPES.get(int(t.tensor_type))
+        if fmt is None:
+            raise GGUFError(f"{path}: tensor {t.name} is {t.tensor_type.name}, which relaxc's kernels do not read "
+                            f"(they read {', '.join(_TYPES.values())})")
+        formats[t.name] = fmt
+        dims[t.name] = [int(d) for d in t.shape]  # innermost first, as GGUF lists them
+
+    def meta(key, default=None):
+        return _value(reader, f"{arch}.{key}", default)
+
+    hidden = int(meta("embedding_length"))
+    heads = int(meta("attention.head_count"))
+    kv_heads = int(meta("attention.head_count_kv", heads))
+    head_dim = int(meta("attention.key_length", hidden // heads))
+    scaling = _string(reader, f"{arch}.rope.scaling.type") or "none"
+    if scaling not in ("none", "linear"):
+        raise GGUFError(f"{path}: RoPE scaling {scaling!r} is not supported (none or linear)")
+    factor = float(meta("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
+    if "token_embd.weight" not in formats:
+        raise GGUFError(f"{path}: token_embd.weight is missing")
+    for name, fmt in formats.items():
+        if fmt in BLOCKS and len(dims[name]) == 2 and dims[name][0] % BLOCKS[fmt][0] != 0:
+            raise GGUFError(f"{path}: tensor {name} has rows of {dims[name][0]} values, not whole {fmt} blocks")
+    layers = int(meta("block_count"))
+    for i in range(layers):
+        for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"):
+            if f"blk.{i}.{part}.weight" not in formats:
+                raise GGUFError(f"{path}: tensor blk.{i}.{part}.weight is missing")
+    return Config(
+        arch=arch,
+        vocab=dims["token_embd.weight"][1],
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        ffn=int(meta("feed_forward_length")),
+        rms_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(meta("rope.freq_base", 10000.0)),
+        rope_scale=factor,
+        context=int(meta("context_length", 2048)),
+        formats=formats,
+        qkv_bias="blk.0.attn_q.bias" in formats,
+        tied_embeddings="output.weight" not in formats,
+        rope_rows_permuted=arch in ("llama", "mistral"),
+    )

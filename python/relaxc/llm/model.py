@@ -1,0 +1,245 @@
+"""The Llama family as a TVM nn module over a GGUF file's own tensors.
+
+Each weight is a parameter named as the file names it (``blk.0.attn_q.weight``), with the
+dtype and shape its format gives (rvm.h's weights_open passes GGUF tensors that way): f32 and f16
+matrices as themselves, block formats (q8_0, q4_0, q4_K, q6_K) as uint8 rows of blocks. Dense
+layers call ``relaxc.dense_q`` and the embedding ``relaxc.take_q``, so the weights are used in
+place; RMS norms become ``relaxc.rms_norm`` in relaxc.tvm's rewrite. Attention runs on TVM's
+paged KV cache with the file's RoPE theta, as fixtures/tvm/llm.py's Llama does, and the module
+follows the same export convention (create_paged_kv_cache, embed, prefill, decode).
+"""
+
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax, te, tirx
+from tvm.relax.frontend import nn
+from tvm.relax.frontend.nn import Tensor, op
+from tvm.relax.frontend.nn.core import wrap_nested
+from tvm.relax.frontend.nn.llm._kernel_common import RopeMode
+from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, TIRPagedKVCache
+
+# GGUF's block formats: values per block and bytes per block.
+BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_K": (256, 144), "q6_K": (256, 210)}
+FORMATS = ["f32", "f16", *BLOCKS]
+
+
+def weight_type(fmt, rows, k):
+    """(shape, dtype) of a [rows, k] matrix in format fmt, as weights_open passes it."""
+    if fmt == "f32":
+        return (rows, k), "float32"
+    if fmt == "f16":
+        return (rows, k), "float16"
+    block, nbytes = BLOCKS[fmt]
+    return (rows, k // block * nbytes), "uint8"
+
+
+@dataclass
+class Config:
+    """What the model needs from the file: sizes, RoPE and each matrix's format."""
+
+    arch: str
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    rms_eps: float
+    rope_theta: float
+    rope_scale: float
+    context: int
+    formats: dict  # tensor name -> format
+    qkv_bias: bool
+    tied_embeddings: bool
+    # llama.cpp's converter reorders the rows of Q and K for llama (its RoPE rotates adjacent
+    # pairs, Hugging Face's and TVM's the two halves); qwen2 files are left in Hugging Face's order.
+    rope_rows_permuted: bool
+
+
+def _extern(name, args, out):
+    """``R.call_dps_packed(name, args)``, where None passes None (an absent bias)."""
+    converted = []
+    for a in args:
+        if a is None:
+            converted.append(relax.op.null_value())
+        elif isinstance(a, Tensor):
+            converted.append(a._expr)  # noqa: SLF001 (nn's own op.extern reads it the same way)
+        else:
+            converted.append(tvm.ir.StringImm(a))
+    return wrap_nested(relax.call_dps_packed(name, args=relax.Tuple(converted), out_ty=out._expr.ty), name)  # noqa: SLF001
+
+
+class Linear(nn.Module):
+    """x @ W.T (+ b) with W in the file's format, through relaxc.dense_q."""
+
+    def __init__(self, rows, k, fmt, bias=False):
+        shape, dtype = weight_type(fmt, rows, k)
+        self.rows, self.fmt = rows, fmt
+        self.weight = nn.Parameter(shape, dtype)
+        self.bias = nn.Parameter((rows,), "float32") if bias else None
+
+    def forward(self, x):
+        out = Tensor.placeholder([*x.shape[:-1], self.rows], "float32")
+        return _extern("relaxc.dense_q", [x, self.weight, self.fmt, self.bias], out)
+
+
+class Embedding(nn.Module):
+    def __init__(self, vocab, hidden, fmt):
+        shape, dtype = weight_type(fmt, vocab, hidden)
+        self.hidden, self.fmt = hidden, fmt
+        self.weight = nn.Parameter(shape, dtype)
+
+    def forward(self, ids):
+        out = Tensor.placeholder([*ids.shape, self.hidden], "float32")
+        return _extern("relaxc.take_q", [self.weight, ids, self.fmt], out)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d, eps):
+        self.eps = eps
+        self.weight = nn.Parameter((d,), "float32")
+
+    def forward(self, x):
+        return op.rms_norm(x, self.weight, axes=[-1], epsilon=self.eps)
+
+
+class Block(nn.Module):
+    """One decoder layer, its tensors named as llama.cpp names them (blk.N.attn_q, ...)."""
+
+    def __init__(self, i, c: Config):
+        f = c.formats
+        p = f"blk.{i}."
+        self.layer, self.c = i, c
+        self.attn_norm = RMSNorm(c.hidden, c.rms_eps)
+        self.attn_q = Linear(c.heads * c.head_dim, c.hidden, f[p + "attn_q.weight"], c.qkv_bias)
+        self.attn_k = Linear(c.kv_heads * c.head_dim, c.hidden, f[p + "attn_k.weight"], c.qkv_bias)
+        self.attn_v = Linear(c.kv_heads * c.head_dim, c.hidden, f[p + "attn_v.weight"], c.qkv_bias)
+        self.attn_output = Linear(c.hidden, c.heads * c.head_dim, f[p + "attn_output.weight"])
+        self.ffn_norm = RMSNorm(c.hidden, c.rms_eps)
+        self.ffn_gate = Linear(c.ffn, c.hidden, f[p + "ffn_gate.weight"])
+        self.ffn_up = Linear(c.ffn, c.hidden, f[p + "ffn_up.weight"])
+        self.ffn_down = Linear(c.hidden, c.ffn, f[p + "ffn_down.weight"])
+
+    def _unpermute(self, x, heads):
+        """Rows of a Q or K projection back from llama.cpp's order to the halves TVM rotates:
+        within each head, [pairs, 2] becomes [2, pairs]."""
+        b, s, _ = x.shape
+        hd = self.c.head_dim
+        x = op.reshape(x, (b, s, heads, hd // 2, 2))
+        x = op.permute_dims(x, [0, 1, 2, 4, 3])
+        return op.reshape(x, (b, s, heads * hd))
+
+    def forward(self, x, cache: PagedKVCache):
+        c = self.c
+        b, s, _ = x.shape
+        h = self.attn_norm(x)
+        q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
+        if c.rope_rows_permuted:
+            q, k = self._unpermute(q, c.heads), self._unpermute(k, c.kv_heads)
+        qkv = op.reshape(op.concat([q, k, v], dim=-1), (b, s, c.heads + 2 * c.kv_heads, c.head_dim))
+        o = cache.attention_with_fused_qkv(self.layer, qkv, c.heads, sm_scale=c.head_dim**-0.5)
+        x = x + self.attn_output(op.reshape(o, (b, s, c.heads * c.head_dim)))
+        h = self.ffn_norm(x)
+        return x + self.ffn_down(op.silu(self.ffn_gate(h)) * self.ffn_up(h))
+
+
+class LlamaFamily(nn.Module):
+    def __init__(self, c: Config):
+        self.c = c
+        self.token_embd = Embedding(c.vocab, c.hidden, c.formats["token_embd.weight"])
+        self.blk = nn.ModuleList([Block(i, c) for i in range(c.layers)])
+        self.output_norm = RMSNorm(c.hidden, c.rms_eps)
+        if not c.tied_embeddings:
+            self.output = Linear(c.vocab, c.hidden, c.formats["output.weight"])
+
+    def _logits(self, h):
+        if self.c.tied_embeddings:
+            out = Tensor.placeholder([*h.shape[:-1], self.c.vocab], "float32")
+            return _extern("relaxc.dense_q", [h, self.token_embd.weight, self.token_embd.fmt, None], out)
+        return self.output(h)
+
+    def _body(self, x, cache):
+        for block in self.blk:
+            x = block(x, cache)
+        return self.output_norm(x)
+
+    def embed(self, input_ids: Tensor):
+        return self.token_embd(input_ids)
+
+    def prefill(self, input_embed: Tensor, paged_kv_cache: PagedKVCache):
+        h = self._body(input_embed, paged_kv_cache)
+        last = op.tensor_expr_op(
+            lambda x: te.compute((x.shape[0], 1, x.shape[2]), lambda i, j, k: x[i, x.shape[1] - 1, k], name="last_token"),
+            "last_token",
+            [h],
+        )
+        return self._logits(last), paged_kv_cache
+
+    def decode(self, input_embed: Tensor, paged_kv_cache: PagedKVCache):
+        return self._logits(self._body(input_embed, paged_kv_cache)), paged_kv_cache
+
+    def create_paged_kv_cache(
+        self,
+        max_batch_size: tirx.Var,
+        max_total_seq_len: tirx.Var,
+        prefill_chunk_size: tirx.Var,
+        page_size: tirx.Var,
+        support_sliding_window: tirx.Var,
+    ) -> PagedKVCache:
+        c = self.c
+        return TIRPagedKVCache(
+            attn_kind="mha",
+            max_batch_size=max_batch_size,
+            max_total_seq_len=max_total_seq_len,
+            prefill_chunk_size=prefill_chunk_size,
+            page_size=page_size,
+            support_sliding_window=support_sliding_window,
+            layer_partition=relax.ShapeExpr([0, c.layers]),
+            num_hidden_layers=c.layers,
+            num_attention_heads=c.heads,
+            num_key_value_heads=c.kv_heads,
+            qk_head_dim=c.head_dim,
+            v_head_dim=c.head_dim,
+            mla_original_qk_head_dim=0,
+            mla_original_v_head_dim=0,
+            rope_mode=RopeMode.NORMAL,
+            rope_scale=c.rope_scale,
+            rope_theta=c.rope_theta,
+            rope_scaling={},
+            rope_ext_factors=relax.prim_value(0),
+            rotary_dim=c.head_dim,
+            enable_disaggregation=False,
+            dtype="float32",
+            target=tvm.target.Target("llvm"),
+        )
+
+    def spec(self):
+        plain = {"param_mode": "plain", "effect_mode": "none"}
+        cache = nn.spec.Object(object_type=PagedKVCache)
+        hidden = self.c.hidden
+        return nn.spec.ModuleSpec.from_raw(
+            {
+                "embed": {"input_ids": nn.spec.Tensor(["seq_len"], "int32"), "$": plain},
+                "prefill": {
+                    "input_embed": nn.spec.Tensor([1, "seq_len", hidden], "float32"),
+                    "paged_kv_cache": cache,
+                    "$": plain,
+                },
+                "decode": {
+                    "input_embed": nn.spec.Tensor(["batch_size", 1, hidden], "float32"),
+                    "paged_kv_cache": cache,
+                    "$": plain,
+                },
+                "create_paged_kv_cache": {
+                    "max_batch_size": int,
+                    "max_total_seq_len": int,
+                    "prefill_chunk_size": int,
+                    "page_size": int,
+                    "support_sliding_window": int,
+                    "$": {"param_mode": "none", "effect_mode": "none"},
+                },
+            },
+            self,
+        )

@@ -1,0 +1,90 @@
+"""Float32 matrices into GGUF's block formats, in numpy: what relaxc's quantized kernels read.
+
+Round-to-nearest within each block (llama.cpp's reference quantizers search the scales more
+carefully for the K formats; these are simpler and a little less accurate). Each function takes
+a [rows, k] float array and returns uint8 [rows, k / block * block bytes] (f16: float16 [rows, k]).
+"""
+
+import numpy as np
+
+BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_K": (256, 144), "q6_K": (256, 210)}
+
+
+def _f16_bytes(values):
+    return np.ascontiguousarray(values.astype(np.float16)).view(np.uint8).reshape(*values.shape, 2)
+
+
+def _safe_inverse(d):
+    return np.where(d > 0, 1.0 / np.where(d > 0, d, 1.0), 0.0)
+
+
+def q8_0(w):
+    rows, k = w.shape
+    x = w.reshape(rows, k // 32, 32).astype(np.float32)
+    d = (np.abs(x).max(axis=-1) / 127.0).astype(np.float16).astype(np.float32)
+    q = np.clip(np.rint(x * _safe_inverse(d)[..., None]), -127, 127).astype(np.int8)
+    return np.concatenate([_f16_bytes(d), q.view(np.uint8)], axis=-1).reshape(rows, -1)
+
+
+def q4_0(w):
+    rows, k = w.shape
+    x = w.reshape(rows, k // 32, 32).astype(np.float32)
+    # As llama.cpp: the value of largest magnitude maps to -8, so the scale carries its sign.
+    at = np.abs(x).argmax(axis=-1)
+    extreme = np.take_along_axis(x, at[..., None], axis=-1)[..., 0]
+    d = (extreme / -8.0).astype(np.float16).astype(np.float32)
+    q = np.clip(np.rint(x * _safe_inverse(np.abs(d))[..., None] * np.sign(np.where(d == 0, 1, d))[..., None]) + 8, 0, 15)
+    q = q.astype(np.uint8)
+    packed = q[..., :16] | (q[..., 16:] << 4)
+    return np.concatenate([_f16_bytes(d), packed], axis=-1).reshape(rows, -1)
+
+
+def q4_K(w):
+    rows, k = w.shape
+    x = w.reshape(rows, k // 256, 8, 32).astype(np.float32)
+    lo = np.minimum(x.min(axis=-1), 0.0)
+    scale = (x.max(axis=-1) - lo) / 15.0
+    d = (scale.max(axis=-1) / 63.0).astype(np.float16).astype(np.float32)
+    dmin = ((-lo).max(axis=-1) / 63.0).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.rint(scale * _safe_inverse(d)[..., None]), 0, 63).astype(np.int32)
+    mn = np.clip(np.rint(-lo * _safe_inverse(dmin)[..., None]), 0, 63).astype(np.int32)
+    step = d[..., None] * sc
+    q = np.clip(np.rint((x + (dmin[..., None] * mn)[..., None]) * _safe_inverse(step)[..., None]), 0, 15).astype(np.uint8)
+    s = np.zeros((rows, k // 256, 12), np.uint8)
+    for j in range(4):
+        s[..., j] = (sc[..., j] | ((sc[..., j + 4] >> 4) << 6)).astype(np.uint8)
+        s[..., j + 4] = (mn[..., j] | ((mn[..., j + 4] >> 4) << 6)).astype(np.uint8)
+        s[..., j + 8] = ((sc[..., j + 4] & 0xF) | ((mn[..., j + 4] & 0xF) << 4)).astype(np.uint8)
+    q = q.reshape(rows, k // 256, 4, 2, 32)
+    qs = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(rows, k // 256, 128)
+    return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), s, qs], axis=-1).reshape(rows, -1)
+
+
+def q6_K(w):
+    rows, k = w.shape
+    x = w.reshape(rows, k // 256, 16, 16).astype(np.float32)
+    scale = np.abs(x).max(axis=-1) / 31.0
+    d = (scale.max(axis=-1) / 127.0).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.rint(scale * _safe_inverse(d)[..., None]), -128, 127).astype(np.int8)
+    step = d[..., None] * sc.astype(np.float32)
+    q = (np.clip(np.rint(x * _safe_inverse(step)[..., None]), -32, 31) + 32).astype(np.uint8).reshape(rows, k // 256, 2, 4, 32)
+    ql = np.concatenate([q[..., 0, :] & 0xF | ((q[..., 2, :] & 0xF) << 4), q[..., 1, :] & 0xF | ((q[..., 3, :] & 0xF) << 4)], axis=-1)
+    qh = (q[..., 0, :] >> 4) | ((q[..., 1, :] >> 4) << 2) | ((q[..., 2, :] >> 4) << 4) | ((q[..., 3, :] >> 4) << 6)
+    ql = ql.reshape(rows, k // 256, 128)
+    qh = qh.reshape(rows, k // 256, 64)
+    return np.concatenate([ql, qh, sc.view(np.uint8), _f16_bytes(d)], axis=-1).reshape(rows, -1)
+
+
+def quantize(w, fmt):
+    """w [rows, k] in format fmt (f32, f16, q8_0, q4_0, q4_K, q6_K), as the kernels take it."""
+    w = np.asarray(w, np.float32)
+    if fmt == "f32":
+        return np.ascontiguousarray(w)
+    if fmt == "f16":
+        return w.astype(np.float16)
+    if fmt not in BLOCKS:
+        raise ValueError(f"unknown format {fmt!r} (f32, f16, q8_0, q4_0, q4_K, q6_K)")
+    block = BLOCKS[fmt][0]
+    if w.ndim != 2 or w.shape[1] % block:
+        raise ValueError(f"{fmt} needs a matrix whose rows are multiples of {block} values, got {w.shape}")
+    return {"q8_0": q8_0, "q4_0": q4_0, "q4_K": q4_K, "q6_K": q6_K}[fmt](w)

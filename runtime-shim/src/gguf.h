@@ -1,0 +1,36 @@
+/*
+ * gguf.h: reading GGUF files (llama.cpp's format: a header of typed key/value metadata, a table
+ * of tensors, then their data) from bytes in memory, with no I/O and no allocation, so that the
+ * weights loader (weights.c) and the fuzz target share one bounded reader.
+ */
+#ifndef RVM_GGUF_H
+#define RVM_GGUF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* One tensor of the file: its name (not NUL-terminated), its ggml type, its dims innermost first
+ * (GGUF's ne[]: a matrix of n rows of k values is {k, n}) and its bytes inside the buffer. */
+typedef struct rvm_gguf_tensor {
+  const char *name;
+  size_t name_len;
+  uint32_t type;
+  uint32_t ndim;
+  uint64_t dims[4];
+  const uint8_t *data;
+  uint64_t nbytes;
+} rvm_gguf_tensor;
+
+/* Called for each tensor in the file's order; a non-zero return stops the reading and is returned. */
+typedef int (*rvm_gguf_visit)(void *ctx, const rvm_gguf_tensor *tensor);
+
+/* Reads the GGUF file in bytes[0..size). Every length, count, offset and size is checked against
+ * the buffer before use. On a malformed file, writes what is wrong (naming the tensor or key)
+ * to err and returns -1 without calling visit again. */
+int rvm_gguf_read(const uint8_t *bytes, size_t size, rvm_gguf_visit visit, void *ctx, char *err, size_t err_size);
+
+/* The name of ggml type `type` and its block: values per block and bytes per block; NULL for a
+ * type this reader does not know. */
+const char *rvm_gguf_type(uint32_t type, uint32_t *block, uint32_t *block_bytes);
+
+#endif /* RVM_GGUF_H */
