@@ -42,6 +42,15 @@ def export(gguf_path, tar, target=None, log=print):
     missing = [name for name, _ in params if name not in config.formats]
     if missing:
         raise GGUFError(f"{gguf_path}: the model needs tensors the file lacks: {', '.join(missing[:5])}")
+    # TVM checks a function's inputs against their annotations but not its weights (the parameters
+    # past the attribute num_input). A weight from a file is input like any other: without the
+    # attribute every parameter is checked, so a tensor of the wrong shape or type is an error
+    # naming it, not a kernel reading past its end.
+    from tvm import relax
+
+    for gvar, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function) and func.attrs is not None and "num_input" in func.attrs:
+            mod[gvar] = func.without_attr("num_input")
     ex = relaxc.tvm.build(mod, target="llvm" if target is None else _tvm_target(target))
     ex.export_library(tar)
     return config, [name for name, _ in params]
