@@ -6,15 +6,15 @@
 # fuzz/corpus/TARGET (the committed, minimized corpus is where it starts); the first run also
 # seeds it from the fixtures. A crash leaves its input in fuzz/artifacts/TARGET and fails the run.
 #
-# Targets: import_blob, parse_script, assemble, npz, safetensors, differential, rpc_packet.
+# Targets: import_blob, parse_script, assemble, npz, safetensors, differential, rpc_packet, gguf.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 target=${1:?usage: fuzz/run.sh TARGET [SECONDS]}
 seconds=${2:-3600}
 case "$target" in
-  import_blob | parse_script | assemble | npz | safetensors | differential | rpc_packet) ;;
-  *) echo "fuzz/run.sh: unknown target '$target' (import_blob, parse_script, assemble, npz, safetensors, differential, rpc_packet)" >&2; exit 2 ;;
+  import_blob | parse_script | assemble | npz | safetensors | differential | rpc_packet | gguf) ;;
+  *) echo "fuzz/run.sh: unknown target '$target' (import_blob, parse_script, assemble, npz, safetensors, differential, rpc_packet, gguf)" >&2; exit 2 ;;
 esac
 
 if ! command -v cargo-fuzz >/dev/null 2>&1; then
@@ -48,6 +48,8 @@ case "$seed_from" in
     done ;;
   differential) head -c 64 /dev/urandom >"$seeds/random" ;;
   rpc_packet) python3 fuzz/rpc_seeds.py "$seeds" ;;
+  # The fixture's header and first tensors, and the whole file.
+  gguf) head -c 8192 fixtures/gguf/tiny_mixed.gguf >"$seeds/head.gguf"; cp fixtures/gguf/tiny_mixed.gguf "$seeds/" ;;
   none) ;;
 esac
 

@@ -24,14 +24,50 @@ static const rk_qinfo formats[RK_Q_COUNT] = {
 
 const rk_qinfo *rk_qformat_info(rk_qformat f) { return (unsigned)f < RK_Q_COUNT ? &formats[f] : NULL; }
 
+/* x rounded to IEEE half precision (nearest, ties to even) and back. */
+static float round_to_f16(float x) {
+  uint32_t bits;
+  memcpy(&bits, &x, sizeof bits);
+  uint32_t sign = bits & 0x80000000u, abs = bits & 0x7fffffffu;
+  if (abs >= 0x47800000u) return x; /* beyond half's range (or NaN): the scales never get there */
+  if (abs < 0x38800000u) {          /* half's subnormals: multiples of 2^-24 */
+    float f = fabsf(x) * 16777216.0f;
+    f = (float)lrintf(f) / 16777216.0f;
+    return sign ? -f : f;
+  }
+  uint32_t rounded = (abs + 0x0fffu + ((abs >> 13) & 1u)) & ~0x1fffu;
+  rounded |= sign;
+  float out;
+  memcpy(&out, &rounded, sizeof out);
+  return out;
+}
+
+/* Activations as llama.cpp quantizes them, so that both give nearly the same numbers: per 32
+ * (q8_0's blocks) the scale is amax / 127 rounded to half precision, the values x * 127 / amax
+ * rounded to even; per 256 (q8_K's) the scale is the float 1 / (-127 / max), where max is the value
+ * of largest magnitude with its sign, and the values max's opposite. */
 void rk_quantize_row(const float *x, int64_t k, int64_t block, int8_t *q, float *d, int16_t *sum16) {
   for (int64_t b = 0; b < k / block; b++) {
     const float *xb = x + b * block;
-    float amax = 0.0f;
-    for (int64_t i = 0; i < block; i++) amax = fmaxf(amax, fabsf(xb[i]));
-    float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    float amax = 0.0f, max = 0.0f;
+    for (int64_t i = 0; i < block; i++)
+      if (fabsf(xb[i]) > amax) {
+        amax = fabsf(xb[i]);
+        max = xb[i];
+      }
+    float scale, inverse;
+    if (block == 32) {
+      scale = round_to_f16(amax / 127.0f);
+      inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    } else {
+      inverse = amax > 0.0f ? -127.0f / max : 0.0f;
+      scale = amax > 0.0f ? 1.0f / inverse : 0.0f;
+    }
     d[b] = scale;
-    for (int64_t i = 0; i < block; i++) q[b * block + i] = (int8_t)lrintf(xb[i] * inverse);
+    for (int64_t i = 0; i < block; i++) {
+      long v = lrintf(xb[i] * inverse);
+      q[b * block + i] = (int8_t)(v > 127 ? 127 : v);
+    }
   }
   for (int64_t s = 0; s < k / 16; s++) {
     int sum = 0;

@@ -221,15 +221,18 @@ typedef struct rvm_api {
   const rvm_allocator *(*value_allocator)(const rvm_value *value);
 
   /* Weights outside the model, for a model exported with its weights as parameters (TVM nn's
-   * export_tvm without binding; MLC): `path` is TVM's tensor cache (a directory with
-   * tensor-cache.json or ndarray-cache.json and its shards) or safetensors (a file, or a
-   * directory of them). The files are memory-mapped read-only and used in place (a weight not
-   * 64-byte aligned in its file is copied once). Every offset and size is checked; an error names
-   * the weight and the file. Load once per module and share across VMs and threads; *out retains
-   * the module until weights_close. */
+   * export_tvm without binding; MLC; relaxc.llm): `path` is TVM's tensor cache (a directory with
+   * tensor-cache.json or ndarray-cache.json and its shards), safetensors (a file, or a directory
+   * of them) or GGUF (a .gguf file: f32/f16 tensors as themselves, block formats such as q4_0 as
+   * uint8 rows of blocks). The files are memory-mapped read-only and used in place (a weight not
+   * 64-byte aligned in its file is copied once, but for GGUF matrices, which relaxc's quantized
+   * kernels read at any alignment and which are never copied). Every offset and size is checked;
+   * an error names the weight and the file. Load once per module and share across VMs and
+   * threads; *out retains the module until weights_close. */
   int (*weights_open)(rvm_module *module, const char *path, rvm_weights **out);
   /* The weight arguments of `function`: its parameters after the first `num_inputs`, found by
-   * name, written to args[0..*count) as borrowed DLTensor values (valid until weights_close), to
+   * name, written to args[0..*count) as borrowed DLTensor values (GGUF matrices: borrowed tensor
+   * objects; both valid until weights_close), to
    * put after the inputs in vm_call. A parameter named packed_params (TVM nn's "packed" mode,
    * MLC's) gets one tuple of every weight, in the files' order. Fails naming the first weight `path` lacks, or when capacity
    * is less than *count (which is set either way). */

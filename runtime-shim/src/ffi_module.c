@@ -213,6 +213,12 @@ __attribute__((visibility("default"))) int __tvm_ffi_relaxc_weights(void *self, 
   rvm_array *out = values ? rvm_array_new(count) : NULL;
   int rc = out ? rvm_weights_arguments(w, function, (int32_t)args[2].v_int64, values, count, &count) : -1;
   for (int32_t i = 0; rc == 0 && i < count; i++) {
+    /* Borrowed DLTensors become tensor objects over the same bytes; objects (GGUF's matrices,
+     * the packed tuple) are shared as they are. */
+    if (values[i].type_index != kTVMFFIDLTensorPtr) {
+      rc = rvm_any_copy(&values[i], &out->items[i]);
+      continue;
+    }
     const DLTensor *t = values[i].v_ptr;
     rvm_tensor *view = rvm_tensor_new(t->data, t->device, t->ndim, t->dtype, t->shape, 0, NULL);
     if (!view) rc = -1;

@@ -46,9 +46,9 @@ pub struct Args {
     #[arg(long, value_name = "FILE.json")]
     trace: Option<PathBuf>,
     /// Weights for a model exported with its weights as parameters: a tensor cache
-    /// (a directory with tensor-cache.json or ndarray-cache.json and its shards) or safetensors
-    /// (a file, or a directory of shards). Memory-mapped; each weight parameter is matched by
-    /// name.
+    /// (a directory with tensor-cache.json or ndarray-cache.json and its shards), safetensors
+    /// (a file, or a directory of shards) or GGUF (a .gguf file, for models built by
+    /// `python -m relaxc.llm build`). Memory-mapped; each weight parameter is matched by name.
     #[arg(long, value_name = "PATH")]
     weights: Option<PathBuf>,
 }

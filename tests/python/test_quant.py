@@ -75,16 +75,22 @@ def weights(rng, n, k, fmt):
 
 
 def quantized_activations(x, block):
-    """x as the kernel sees it: int8 times one float32 scale per block, rounded as lrintf does."""
-    rows = x.reshape(-1, block)
-    amax = np.abs(rows).max(axis=1, keepdims=True).astype(np.float32)
-    inverse = np.where(
-        amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0
-    ).astype(np.float32)
-    q = np.rint(rows * inverse)
-    return (q.astype(np.float64) * (amax / np.float32(127)).astype(np.float64)).reshape(
-        x.shape
-    )
+    """x as the kernel sees it, quantized as llama.cpp quantizes activations: per 32 values the
+    scale amax / 127 in half precision, per 256 the float 1 / (-127 / max) of the signed value of
+    largest magnitude; values rounded to even."""
+    rows = x.reshape(-1, block).astype(np.float32)
+    at = np.abs(rows).argmax(axis=1)
+    signed_max = rows[np.arange(len(rows)), at][:, None]
+    amax = np.abs(signed_max)
+    safe = np.where(amax > 0, amax, 1).astype(np.float32)
+    if block == 32:
+        inverse = np.where(amax > 0, np.float32(127) / safe, 0).astype(np.float32)
+        scale = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+    else:
+        inverse = np.where(amax > 0, np.float32(-127) / np.where(amax > 0, signed_max, 1), 0).astype(np.float32)
+        scale = np.where(amax > 0, np.float32(1) / np.where(amax > 0, inverse, 1), 0).astype(np.float32)
+    q = np.minimum(np.rint(rows * inverse), 127)
+    return (q.astype(np.float64) * scale.astype(np.float64)).reshape(x.shape)
 
 
 def dense_reference(x, w_exact, fmt, bias=None):

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""Quantized LLMs from GGUF: relaxc against llama.cpp on the very same files.
+
+The mid-size Llama of bench/llm_midsize.py (vocab 32000, hidden 1024, 8 layers, GQA 16/4, FFN 2816;
+156 M parameters, seeded random weights) is written as an f32 GGUF file and quantized with
+llama.cpp's own quantizer (llama-cpp-python's llama_model_quantize) into f16, q8_0, q4_0 and
+Q4_K_M (q4_K with q6_K). Each file is built by `python -m relaxc.llm build` (compiled mode) and run
+by `relaxc generate --weights FILE.gguf`; llama.cpp runs the same file.
+
+Before timing, per file: the first prefill's logits must agree with llama.cpp's (within 1e-3 of
+the largest logit for f32 and f16, 2e-2 for the quantized formats) with the same argmax. Then,
+interleaved, at 1 and 2 threads: prefill of a 6-token prompt and decode tokens/s; medians.
+Also: file sizes, relaxc's load time and its resident set after loading the weights.
+
+Needs TVM 0.27, llama-cpp-python, gguf and numpy. Builds are cached in --work.
+
+usage: python3 bench/llm_gguf.py [--formats f32,f16,q8_0,q4_0,q4_k_m] [--tokens 32] [--rounds 3]
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import llm_midsize  # noqa: E402
+
+FTYPES = {"f16": "LLAMA_FTYPE_MOSTLY_F16", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+          "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+TOLERANCE = {"f32": 1e-3, "f16": 1e-3}
+
+
+def f32_file(work):
+    path = os.path.join(work, "llama-f32.gguf")
+    if not os.path.exists(path):
+        llm = llm_midsize.llm_module()
+        shape = llm.Shape(**llm_midsize.SIZES["mid"])
+        _, values = llm.export_with_weights(shape, llm_midsize.SEED)
+        llm_midsize.write_gguf(path, {k: v.numpy() for k, v in values.items()}, shape)
+    return path
+
+
+def quantized_file(work, fmt):
+    if fmt == "f32":
+        return f32_file(work)
+    path = os.path.join(work, f"llama-{fmt}.gguf")
+    if not os.path.exists(path):
+        import llama_cpp
+
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = getattr(llama_cpp, FTYPES[fmt])
+        rc = llama_cpp.llama_model_quantize(f32_file(work).encode(), path.encode(), params)
+        if rc != 0:
+            sys.exit(f"llama.cpp's quantizer failed on {fmt} ({rc})")
+    return path
+
+
+def build(work, relaxc, gguf_path):
+    so = gguf_path[: -len(".gguf")] + ".so"
+    if not os.path.exists(so):
+        t = time.time()
+        env = dict(os.environ, RELAXC=relaxc, PYTHONPATH=os.path.join(ROOT, "python"))
+        subprocess.run([sys.executable, "-m", "relaxc.llm", "build", gguf_path, "-o", so, "--exec-mode", "compiled"],
+                       check=True, env=env)
+        print(f"built {os.path.basename(so)} in {time.time() - t:.0f} s", flush=True)
+    return so
+
+
+def relaxc_run(relaxc, so, gguf_path, threads, tokens, runs, logits=None):
+    cmd = [relaxc, "generate", so, "--weights", gguf_path, "--prompt", ",".join(map(str, llm_midsize.PROMPT)),
+           "--max-new-tokens", str(tokens), "--max-total-seq-len", "512", "--prefill-chunk-size", "64"]
+    if runs:
+        cmd += ["--bench", str(runs)]
+    if logits:
+        cmd += ["--logits", logits]
+    env = dict(os.environ, TVM_NUM_THREADS=str(threads))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    new = [int(t) for t in out.splitlines()[0].split(":")[1].split()]
+    import re
+
+    prefill = float(re.search(r"prefill: (?:median )?([0-9.]+) ms", out).group(1))
+    tps = float(re.search(r"decode: (?:median )?([0-9.]+) tokens/s", out).group(1))
+    return new, prefill, tps
+
+
+LOAD = r"""
+import sys, time, tvm_ffi
+so, weights = sys.argv[1], sys.argv[2]
+def rss():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096
+t = time.perf_counter()
+m = tvm_ffi.load_module(so)
+before = rss()
+w = m["relaxc_weights"](weights, "decode", 2)
+print(time.perf_counter() - t, rss() - before)
+"""
+
+
+def load_cost(so, gguf_path):
+    out = subprocess.run([sys.executable, "-c", LOAD, so, gguf_path], check=True, capture_output=True, text=True).stdout
+    seconds, grown = out.split()
+    return float(seconds), int(grown)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--relaxc", default=os.path.join(ROOT, "target/release/relaxc"))
+    ap.add_argument("--work", default="/tmp/relaxc-llm-gguf")
+    ap.add_argument("--formats", default="f32,f16,q8_0,q4_0,q4_k_m")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--time-anyway", action="store_true", help="time the formats whose logits disagree with llama.cpp's too")
+    args = ap.parse_args()
+    relaxc = os.path.abspath(args.relaxc)
+    os.makedirs(args.work, exist_ok=True)
+    formats = args.formats.split(",")
+    files = {f: quantized_file(args.work, f) for f in formats}
+    models = {f: build(args.work, relaxc, files[f]) for f in formats}
+
+    theirs = os.path.join(args.work, "llama_cpp_logits.npy")
+    ours = os.path.join(args.work, "relaxc_logits.npz")
+    checks = {}
+    for f in formats:
+        relaxc_run(relaxc, models[f], files[f], 2, 2, 0, logits=ours)
+        llm_midsize.llama_cpp(files[f], 2, 2, 0, theirs)
+        a, b = np.load(ours)["logits"][0], np.load(theirs)
+        diff = float(np.abs(a - b).max() / np.abs(b).max())
+        checks[f] = (diff, int(a.argmax()), int(b.argmax()))
+        print(f"{f}: first prefill logits within {diff:.2e} of llama.cpp's largest; argmax {a.argmax()} / {b.argmax()}", flush=True)
+        if (diff > TOLERANCE.get(f, 2e-2) or a.argmax() != b.argmax()) and not args.time_anyway:
+            sys.exit(f"{f}: relaxc disagrees with llama.cpp: not timing (--time-anyway times it all the same)")
+
+    results = {}
+    for r in range(args.rounds):
+        for f in formats:
+            for threads in [1, 2]:
+                _, p, t = relaxc_run(relaxc, models[f], files[f], threads, args.tokens, args.runs)
+                results.setdefault((f, "relaxc", threads), []).append((p, t))
+                _, p, t = llm_midsize.llama_cpp(files[f], threads, args.tokens, args.runs, theirs)
+                results.setdefault((f, "llama.cpp", threads), []).append((p, t))
+        print(f"round {r + 1} of {args.rounds} done", flush=True)
+
+    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
+    print(f"\n{cpu}, {os.cpu_count()} cores; {len(llm_midsize.PROMPT)}-token prompt, {args.tokens} new tokens; "
+          f"medians of {args.rounds} rounds of {args.runs} runs")
+    print("| format | file (MiB) | relaxc load (ms) | RSS after load / file | threads | relaxc prefill (ms) | llama.cpp prefill (ms) "
+          "| relaxc decode (tok/s) | llama.cpp decode (tok/s) | decode relaxc / llama.cpp |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    summary = {}
+    for f in formats:
+        size = os.path.getsize(files[f])
+        seconds, grown = load_cost(models[f], files[f])
+        for threads in [1, 2]:
+            med = lambda who, i: statistics.median(x[i] for x in results[(f, who, threads)])  # noqa: E731
+            rp, rt, lp, lt = med("relaxc", 0), med("relaxc", 1), med("llama.cpp", 0), med("llama.cpp", 1)
+            summary[f"{f}/{threads}"] = {"relaxc_prefill_ms": rp, "llama_prefill_ms": lp, "relaxc_tps": rt, "llama_tps": lt}
+            print(f"| {f} | {size / 2**20:.0f} | {seconds * 1e3:.0f} | {grown / size:.3f} | {threads} | {rp:.2f} | {lp:.2f} | "
+                  f"{rt:.1f} | {lt:.1f} | {rt / lt:.2f}x |")
+    with open(os.path.join(args.work, "summary.json"), "w") as out:
+        json.dump({"checks": checks, "results": summary}, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
