@@ -24,6 +24,15 @@ static const rk_qinfo formats[RK_Q_COUNT] = {
 
 const rk_qinfo *rk_qformat_info(rk_qformat f) { return (unsigned)f < RK_Q_COUNT ? &formats[f] : NULL; }
 
+/* The integer nearest x (ties to even) for |x| < 2^22, as llama.cpp rounds: adding 1.5 * 2^23
+ * leaves the integer in the low mantissa bits (lrintf is a libm call here, and this is inlined). */
+static inline int nearest_int(float x) {
+  float shifted = x + 12582912.0f;
+  int32_t bits;
+  memcpy(&bits, &shifted, sizeof bits);
+  return (bits & 0x007fffff) - 0x00400000;
+}
+
 /* x rounded to IEEE half precision (nearest, ties to even) and back. */
 static float round_to_f16(float x) {
   uint32_t bits;
@@ -65,7 +74,7 @@ void rk_quantize_row(const float *x, int64_t k, int64_t block, int8_t *q, float 
     }
     d[b] = scale;
     for (int64_t i = 0; i < block; i++) {
-      long v = lrintf(xb[i] * inverse);
+      int v = nearest_int(xb[i] * inverse);
       q[b * block + i] = (int8_t)(v > 127 ? 127 : v);
     }
   }
@@ -196,7 +205,7 @@ static float dot_q6_K(const void *w, const float *x, const rk_qact *a, int64_t k
   return sum;
 }
 
-static const rk_qdots portable = {{dot_f32, dot_f16, dot_q8_0, dot_q4_0, dot_q4_K, dot_q6_K}};
+static const rk_qdots portable = {{dot_f32, dot_f16, dot_q8_0, dot_q4_0, dot_q4_K, dot_q6_K}, {NULL}};
 
 const rk_qdots *rk_qdots_portable(void) { return &portable; }
 
@@ -276,34 +285,44 @@ static int arg_weights(const char *kernel, const TVMFFIAny *args, int32_t num_ar
 /* ---- relaxc.dense_q -------------------------------------------------------------------------- */
 
 typedef struct dense_job {
-  const rk_qdot_fn dot;
+  rk_qdot_fn dot;
+  rk_qtile_fn tile;
   const uint8_t *w;
-  int64_t row_bytes, n, k, m;
-  const float *x;
-  const int8_t *q;
-  const float *d;
-  const int16_t *sum16;
-  int64_t act_block;
+  int64_t row_bytes, n, m;
+  rk_qrows rows;
   const float *bias;
   float *out;
 } dense_job;
 
-enum { ROWS_PER_TASK_UNIT = 16 };
+enum { ROWS_PER_TASK_UNIT = 16, TILE = 4 };
 
 static int dense_task(int task, int num_tasks, void *ctx) {
   const dense_job *j = ctx;
-  int64_t units = (j->n + ROWS_PER_TASK_UNIT - 1) / ROWS_PER_TASK_UNIT, begin, end;
+  const rk_qrows *a = &j->rows;
+  int64_t k = a->k, units = (j->n + ROWS_PER_TASK_UNIT - 1) / ROWS_PER_TASK_UNIT, begin, end;
   rk_split(units, task, num_tasks, &begin, &end);
   int64_t lo = begin * ROWS_PER_TASK_UNIT, hi = end * ROWS_PER_TASK_UNIT < j->n ? end * ROWS_PER_TASK_UNIT : j->n;
-  for (int64_t c = lo; c < hi; c++) {
-    const uint8_t *w = j->w + c * j->row_bytes;
-    /* The row stays in cache while every activation row reads it. */
-    for (int64_t r = 0; r < j->m; r++) {
-      rk_qact a = {0};
-      if (j->q) a = (rk_qact){j->q + r * j->k, j->d + r * (j->k / j->act_block), j->sum16 + r * (j->k / 16)};
-      float v = j->dot(w, j->x + r * j->k, &a, j->k);
-      j->out[r * j->n + c] = j->bias ? v + j->bias[c] : v;
+  /* Tiles start at multiples of TILE rows of the weights and of the activations whatever the
+   * split, and a tile's shape never changes its sums. */
+  for (int64_t c = lo; c < hi; c += TILE) {
+    int rows = (int)(hi - c < TILE ? hi - c : TILE);
+    for (int64_t r = 0; r < j->m; r += TILE) {
+      int xrows = (int)(j->m - r < TILE ? j->m - r : TILE);
+      float *out = j->out + r * j->n + c;
+      if (j->tile) {
+        j->tile(j->w + c * j->row_bytes, j->row_bytes, rows, a, r, xrows, out, j->n);
+        continue;
+      }
+      for (int xr = 0; xr < xrows; xr++) {
+        rk_qact act = {0};
+        if (a->q) act = (rk_qact){a->q + (r + xr) * k, a->d + (r + xr) * (k / a->act_block), a->sum16 + (r + xr) * (k / 16)};
+        for (int col = 0; col < rows; col++)
+          out[xr * j->n + col] = j->dot(j->w + (c + col) * j->row_bytes, a->x + (r + xr) * k, &act, k);
+      }
     }
+    if (j->bias)
+      for (int64_t r = 0; r < j->m; r++)
+        for (int col = 0; col < rows; col++) j->out[r * j->n + c + col] += j->bias[c + col];
   }
   return 0;
 }
@@ -331,7 +350,8 @@ int rvm_builtin_kl_dense_q(void *self, const TVMFFIAny *args, int32_t num_args, 
   if (bias && (bias->ndim != 1 || bias->shape[0] != n)) return rk_shape_error(kernel, "bias must have one value per row of the weights", bias);
   if (m == 0 || n == 0) return 0;
   const rk_qinfo *q = &formats[f];
-  dense_job j = {qdots()->dot[f], w, k / q->block * q->bytes, n, k, m, rk_data(x), NULL, NULL, NULL, q->act_block,
+  const rk_qdots *dots = qdots();
+  dense_job j = {dots->dot[f], dots->tile[f], w, k / q->block * q->bytes, n, m, {rk_data(x), NULL, NULL, NULL, k, q->act_block},
                  bias ? rk_data(bias) : NULL, rk_data(out)};
   if (q->act_block) {
     size_t qbytes = (size_t)(m * k), dbytes = sizeof(float) * (size_t)(m * (k / q->act_block)),
@@ -339,12 +359,12 @@ int rvm_builtin_kl_dense_q(void *self, const TVMFFIAny *args, int32_t num_args, 
     size_t dat = (qbytes + 63) & ~(size_t)63, sum = (dat + dbytes + 63) & ~(size_t)63;
     uint8_t *scratch = rk_scratch(RK_SLOT_INPUT, sum + sbytes);
     if (!scratch) return rk_out_of_memory(kernel);
-    j.q = (const int8_t *)scratch;
-    j.d = (const float *)(scratch + dat);
-    j.sum16 = (const int16_t *)(scratch + sum);
+    j.rows.q = (const int8_t *)scratch;
+    j.rows.d = (const float *)(scratch + dat);
+    j.rows.sum16 = (const int16_t *)(scratch + sum);
     for (int64_t r = 0; r < m; r++)
-      rk_quantize_row(j.x + r * k, k, q->act_block, (int8_t *)scratch + r * k, (float *)(scratch + dat) + r * (k / q->act_block),
-                      (int16_t *)(scratch + sum) + r * (k / 16));
+      rk_quantize_row(j.rows.x + r * k, k, q->act_block, (int8_t *)scratch + r * k,
+                      (float *)(scratch + dat) + r * (k / q->act_block), (int16_t *)(scratch + sum) + r * (k / 16));
   }
   /* Each task takes whole units of rows; few rows (a small layer) stay on one thread. */
   int64_t units = (n + ROWS_PER_TASK_UNIT - 1) / ROWS_PER_TASK_UNIT;

@@ -40,9 +40,27 @@ RVM_HIDDEN void rk_quantize_row(const float *x, int64_t k, int64_t block, int8_t
  * and f16, quantized for the others. Every function sums in an order fixed by k alone. */
 typedef float (*rk_qdot_fn)(const void *w, const float *x, const rk_qact *a, int64_t k);
 
-/* The dot products of one instruction set, one per format. */
+/* Several rows of activations: row r's floats at x + r * k, its quantized form (when the format
+ * has one) at q + r * k, d + r * (k / act_block) and sum16 + r * (k / 16). */
+typedef struct rk_qrows {
+  const float *x;
+  const int8_t *q;
+  const float *d;
+  const int16_t *sum16;
+  int64_t k, act_block;
+} rk_qrows;
+
+/* A tile of outputs: out[r * out_stride + c] = row c of w (rows <= 4, row_bytes apart) times
+ * activation row r0 + r (xrows <= 4), each summed exactly as the format's dot product sums it
+ * alone, so that tiling never changes a bit. NULL where an instruction set has none (the rows
+ * then go through `dot` one by one). */
+typedef void (*rk_qtile_fn)(const uint8_t *w, int64_t row_bytes, int rows, const rk_qrows *a, int64_t r0, int xrows,
+                            float *out, int64_t out_stride);
+
+/* The dot products of one instruction set, one per format, and its tiles. */
 typedef struct rk_qdots {
   rk_qdot_fn dot[RK_Q_COUNT];
+  rk_qtile_fn tile[RK_Q_COUNT];
 } rk_qdots;
 
 /* The portable dot products. */
@@ -86,6 +104,20 @@ static inline void rk_q4k_scale_min(int j, const uint8_t *s, int *scale, int *mi
     *scale = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
     *min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
   }
+}
+
+/* All of q4_K's scales and minimums at once: out[0..7] the scales, out[8..15] the minimums
+ * (the same values rk_q4k_scale_min gives, unpacked with 32-bit masks as llama.cpp does). */
+static inline void rk_q4k_scales_mins(const uint8_t *s, uint8_t out[16]) {
+  uint32_t u[4];
+  __builtin_memcpy(u, s, 12);
+  const uint32_t six = 0x3f3f3f3fu, nibble = 0x0f0f0f0fu, two = 0x03030303u;
+  u[3] = ((u[2] >> 4) & nibble) | (((u[1] >> 6) & two) << 4);
+  uint32_t mins_low = u[1] & six;
+  u[1] = (u[2] & nibble) | (((u[0] >> 6) & two) << 4);
+  u[2] = mins_low;
+  u[0] &= six;
+  __builtin_memcpy(out, u, 16);
 }
 
 #endif /* RK_QUANT_H */

@@ -13,14 +13,18 @@
 #define QX_TARGET "avx2,fma,f16c"
 #define QX(name) name##_avx2
 #define QX_DOT(acc, u, s) _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), _mm256_set1_epi16(1)))
+/* Activation rows per tile: AVX2's 16 registers hold 4 x 2 accumulators, AVX-512's 32 hold 4 x 4. */
+#define QX_WIDE 2
 #include "quant_x86_body.h"
 #undef QX_TARGET
 #undef QX
 #undef QX_DOT
+#undef QX_WIDE
 
 #define QX_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
 #define QX(name) name##_vnni
 #define QX_DOT(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#define QX_WIDE 4
 #include "quant_x86_body.h"
 
 const rk_qdots *rk_qdots_avx2(void) { return &qdots_avx2; }

@@ -2,6 +2,11 @@
  * quant_x86_body.h: the body of quant_x86.c's dot products, included once per instruction set
  * with QX_TARGET (the target attribute), QX(name) (the instance's names) and QX_DOT (adds the
  * products of 32 unsigned bytes and 32 signed bytes, four at a time, into 8 int32 lanes).
+ *
+ * Each format has a tile: up to 4 weight rows against up to 4 activation rows, every weight
+ * block unpacked once for all the activation rows and every activation block loaded once for all
+ * the weight rows. Each output has its own accumulator, summed in an order fixed by k alone, so a
+ * tile's shape never changes a bit; the one-row dot product is the 1 x 1 tile.
  */
 #define QX_FN static __attribute__((target(QX_TARGET)))
 
@@ -18,156 +23,277 @@ QX_FN inline float QX(half)(const uint8_t *p) {
   return _cvtsh_ss(h);
 }
 
-QX_FN float QX(dot_f32)(const void *w, const float *x, const rk_qact *a, int64_t k) {
-  (void)a;
-  const float *r = w;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-  int64_t i = 0;
-  for (; i + 32 <= k; i += 32) {
-    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(r + i), _mm256_loadu_ps(x + i), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(r + i + 8), _mm256_loadu_ps(x + i + 8), acc1);
-    acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(r + i + 16), _mm256_loadu_ps(x + i + 16), acc2);
-    acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(r + i + 24), _mm256_loadu_ps(x + i + 24), acc3);
+/* A tile's inner kernel works on 4 weight rows (w[0..3], repeated where fewer are real) and X
+ * activation rows (xr[0..X-1], likewise), with X a constant of each instance, so that every
+ * accumulator stays in a register; res[c][r] gets the sums. QX_TILES makes the instances for X
+ * = 1 and X = QX_WIDE and the tile function that pads and dispatches to them. */
+#define QX_TILES(format)                                                                                            \
+  QX_FN void QX(tile_##format)(const uint8_t *w, int64_t row_bytes, int rows, const rk_qrows *a, int64_t r0, int xrows, \
+                               float *out, int64_t out_stride) {                                                     \
+    const uint8_t *wr[4];                                                                                            \
+    for (int c = 0; c < 4; c++) wr[c] = w + (c < rows ? c : rows - 1) * row_bytes;                                   \
+    for (int r = 0; r < xrows;) {                                                                                    \
+      int take = xrows - r >= QX_WIDE ? QX_WIDE : 1;                                                                 \
+      int64_t xr[QX_WIDE];                                                                                           \
+      float res[4][QX_WIDE];                                                                                         \
+      for (int i = 0; i < QX_WIDE; i++) xr[i] = r0 + r + (i < take ? i : take - 1);                                  \
+      if (take == QX_WIDE) QX(format##_wide)(wr, a, xr, 4 * row_bytes, res);                                        \
+      else QX(format##_one)(wr, a, xr, 4 * row_bytes, res);                                                         \
+      for (int c = 0; c < rows; c++)                                                                                 \
+        for (int i = 0; i < take; i++) out[(r + i) * out_stride + c] = res[c][i];                                    \
+      r += take;                                                                                                     \
+    }                                                                                                                \
   }
-  for (; i + 8 <= k; i += 8) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(r + i), _mm256_loadu_ps(x + i), acc0);
-  float sum = QX(hsum)(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  for (; i < k; i++) sum = __builtin_fmaf(r[i], x[i], sum);
-  return sum;
+
+#define QX_KERNEL_PAIR(format, ONE_ROW_AT_A_TIME, ...)                                                       \
+  QX_FN inline __attribute__((always_inline)) void QX(format##_kernel)(                                    \
+      const uint8_t *const *wr, const rk_qrows *a, const int64_t *xr, int C, int X, int64_t ahead,         \
+      float res[4][QX_WIDE]) __VA_ARGS__                                                                    \
+  QX_FN void QX(format##_one)(const uint8_t *const *wr, const rk_qrows *a, const int64_t *xr,             \
+                              int64_t ahead, float res[4][QX_WIDE]) {                                       \
+    if (ONE_ROW_AT_A_TIME) {                                                                                \
+      /* Each weight row alone: one sequential stream the hardware prefetches. */                          \
+      for (int c = 0; c < 4; c++) {                                                                         \
+        float one[4][QX_WIDE];                                                                              \
+        QX(format##_kernel)(wr + c, a, xr, 1, 1, 0, one);                                                   \
+        res[c][0] = one[0][0];                                                                              \
+      }                                                                                                     \
+    } else {                                                                                                \
+      /* Four rows side by side: four sums in flight, the streams fetched ahead. */                        \
+      QX(format##_kernel)(wr, a, xr, 4, 1, ahead, res);                                                     \
+    }                                                                                                       \
+  }                                                                                                         \
+  QX_FN void QX(format##_wide)(const uint8_t *const *wr, const rk_qrows *a, const int64_t *xr,            \
+                               int64_t ahead, float res[4][QX_WIDE]) {                                      \
+    QX(format##_kernel)(wr, a, xr, 4, QX_WIDE, ahead, res);                                                 \
+  }
+
+/* ---- f32 and f16: float products, 8 lanes per output ----------------------------------------------- */
+
+#define QX_FLOAT_KERNEL(LOAD8, TAIL, VALUE_BYTES)                                                                \
+  {                                                                                                              \
+    const int64_t k = a->k;                                                                                      \
+    __m256 acc[4][QX_WIDE];                                                                                      \
+    _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) _Pragma("GCC unroll 4") for (int r = 0; r < X; r++)     \
+        acc[c][r] = _mm256_setzero_ps();                                                                         \
+    int64_t i = 0;                                                                                               \
+    for (; i + 8 <= k; i += 8) {                                                                                 \
+      __m256 xv[QX_WIDE];                                                                                        \
+      _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) xv[r] = _mm256_loadu_ps(a->x + xr[r] * k + i);        \
+      _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {                                                      \
+        if (ahead) _mm_prefetch((const char *)wr[c] + (VALUE_BYTES) * i + ahead, _MM_HINT_T0);                   \
+        __m256 wv = LOAD8(wr[c], i);                                                                             \
+        _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) acc[c][r] = _mm256_fmadd_ps(wv, xv[r], acc[c][r]);  \
+      }                                                                                                          \
+    }                                                                                                            \
+    for (int c = 0; c < C; c++)                                                                                  \
+      for (int r = 0; r < X; r++) {                                                                              \
+        float sum = QX(hsum)(acc[c][r]);                                                                         \
+        for (int64_t j = i; j < k; j++) sum = __builtin_fmaf(TAIL(wr[c], j), a->x[xr[r] * k + j], sum);         \
+        res[c][r] = sum;                                                                                         \
+      }                                                                                                          \
+  }
+
+#define QX_LOAD_F32(row, i) _mm256_loadu_ps((const float *)(row) + (i))
+#define QX_TAIL_F32(row, j) (((const float *)(row))[j])
+#define QX_LOAD_F16(row, i) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((row) + 2 * (i))))
+#define QX_TAIL_F16(row, j) QX(half)((row) + 2 * (j))
+QX_KERNEL_PAIR(f32, false, QX_FLOAT_KERNEL(QX_LOAD_F32, QX_TAIL_F32, 4))
+QX_KERNEL_PAIR(f16, false, QX_FLOAT_KERNEL(QX_LOAD_F16, QX_TAIL_F16, 2))
+
+/* ---- q8_0 and q4_0: blocks of 32 with one f16 scale ----------------------------------------------- */
+
+/* q4_0's 16 bytes as 32 unsigned values 0-15: low nibbles (values 0-15), then high ones. */
+QX_FN inline __m256i QX(q4_0_unsigned)(const uint8_t *qs) {
+  __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+  return _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0xf));
 }
 
-QX_FN float QX(dot_f16)(const void *w, const float *x, const rk_qact *a, int64_t k) {
-  (void)a;
-  const uint8_t *r = w;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
-  int64_t i = 0;
-#define QX_H8(at) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 2 * (at))))
-  for (; i + 32 <= k; i += 32) {
-    acc0 = _mm256_fmadd_ps(QX_H8(i), _mm256_loadu_ps(x + i), acc0);
-    acc1 = _mm256_fmadd_ps(QX_H8(i + 8), _mm256_loadu_ps(x + i + 8), acc1);
-    acc2 = _mm256_fmadd_ps(QX_H8(i + 16), _mm256_loadu_ps(x + i + 16), acc2);
-    acc3 = _mm256_fmadd_ps(QX_H8(i + 24), _mm256_loadu_ps(x + i + 24), acc3);
+#define QX_BLOCK32_KERNEL(BYTES, PRODUCT, START)                                                                   \
+  {                                                                                                                \
+    const int64_t k = a->k;                                                                                        \
+    __m256 acc[4][QX_WIDE];                                                                                        \
+    _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) _Pragma("GCC unroll 4") for (int r = 0; r < X; r++)       \
+        acc[c][r] = _mm256_setzero_ps();                                                                           \
+    for (int64_t b = 0; b < k / 32; b++) {                                                                         \
+      __m256i xb[QX_WIDE], start[QX_WIDE];                                                                         \
+      float dx[QX_WIDE];                                                                                           \
+      _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {                                                        \
+        xb[r] = _mm256_loadu_si256((const __m256i *)(a->q + xr[r] * k + 32 * b));                                  \
+        const int16_t *s16 = a->sum16 + xr[r] * (k / 16) + 2 * b;                                                  \
+        start[r] = START(s16[0] + s16[1]);                                                                         \
+        dx[r] = a->d[xr[r] * (k / 32) + b];                                                                        \
+      }                                                                                                            \
+      _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {                                                        \
+        const uint8_t *blk = wr[c] + (BYTES) * b;                                                                  \
+        /* Rows read side by side are streams too short for the hardware: fetch the next tile's. */               \
+        if (ahead) _mm_prefetch((const char *)blk + ahead, _MM_HINT_T0);                                           \
+        float dw = QX(half)(blk);                                                                                  \
+        PRODUCT                                                                                                    \
+      }                                                                                                            \
+    }                                                                                                              \
+    for (int c = 0; c < C; c++)                                                                                    \
+      for (int r = 0; r < X; r++) res[c][r] = QX(hsum)(acc[c][r]);                                                 \
   }
-  for (; i + 8 <= k; i += 8) acc0 = _mm256_fmadd_ps(QX_H8(i), _mm256_loadu_ps(x + i), acc0);
-#undef QX_H8
-  float sum = QX(hsum)(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  for (; i < k; i++) sum = __builtin_fmaf(QX(half)(r + 2 * i), x[i], sum);
-  return sum;
+
+/* q4_0: unsigned nibbles times x, less 8 times x's sum (started in lane 0). */
+#define QX_Q4_0_START(sum) _mm256_setr_epi32(-8 * (sum), 0, 0, 0, 0, 0, 0, 0)
+#define QX_Q4_0_PRODUCT                                                                                      \
+  __m256i u = QX(q4_0_unsigned)(blk + 2);                                                                    \
+  _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {                                                      \
+    __m256i p = QX_DOT(start[r], u, xb[r]);                                                                  \
+    acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[r]), _mm256_cvtepi32_ps(p), acc[c][r]);               \
+  }
+/* q8_0: |w| times x with w's sign (the pairs stay within 128 x 127). */
+#define QX_Q8_0_START(sum) ((void)(sum), _mm256_setzero_si256())
+#define QX_Q8_0_PRODUCT                                                                                      \
+  __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 2)), magnitude = _mm256_sign_epi8(v, v);            \
+  _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {                                                      \
+    __m256i p = QX_DOT(start[r], magnitude, _mm256_sign_epi8(xb[r], v));                                     \
+    acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[r]), _mm256_cvtepi32_ps(p), acc[c][r]);               \
+  }
+QX_KERNEL_PAIR(q4_0, true, QX_BLOCK32_KERNEL(18, QX_Q4_0_PRODUCT, QX_Q4_0_START))
+QX_KERNEL_PAIR(q8_0, true, QX_BLOCK32_KERNEL(34, QX_Q8_0_PRODUCT, QX_Q8_0_START))
+
+/* ---- q4_K and q6_K: super-blocks of 256, integer sub-block scales ---------------------------------- */
+
+/* The sum over 16 values of a[i] * b[i] (int16 lanes), exactly. */
+QX_FN inline int32_t QX(dot16)(__m256i a, __m256i b) {
+  __m256i p = _mm256_madd_epi16(a, b);
+  __m128i q = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0x4e));
+  q = _mm_add_epi32(q, _mm_shuffle_epi32(q, 0xb1));
+  return _mm_cvtsi128_si32(q);
 }
 
-/* A signed block times signed activations: |w| (unsigned) times x with w's sign. */
-QX_FN inline __m256i QX(dot_signed)(__m256i w, __m256i x) {
-  return QX_DOT(_mm256_setzero_si256(), _mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-}
-
-QX_FN float QX(dot_q8_0)(const void *w, const float *x, const rk_qact *a, int64_t k) {
-  (void)x;
-  const uint8_t *blk = w;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-  int64_t b = 0, blocks = k / 32;
-  for (; b + 2 <= blocks; b += 2, blk += 68) {
-    __m256i p0 = QX(dot_signed)(_mm256_loadu_si256((const __m256i *)(blk + 2)), _mm256_loadu_si256((const __m256i *)(a->q + 32 * b)));
-    __m256i p1 =
-        QX(dot_signed)(_mm256_loadu_si256((const __m256i *)(blk + 36)), _mm256_loadu_si256((const __m256i *)(a->q + 32 * b + 32)));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(QX(half)(blk) * a->d[b]), _mm256_cvtepi32_ps(p0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(QX(half)(blk + 34) * a->d[b + 1]), _mm256_cvtepi32_ps(p1), acc1);
-  }
-  for (; b < blocks; b++, blk += 34) {
-    __m256i p = QX(dot_signed)(_mm256_loadu_si256((const __m256i *)(blk + 2)), _mm256_loadu_si256((const __m256i *)(a->q + 32 * b)));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(QX(half)(blk) * a->d[b]), _mm256_cvtepi32_ps(p), acc0);
-  }
-  return QX(hsum)(_mm256_add_ps(acc0, acc1));
-}
-
-/* q4_0's 16 bytes as 32 signed values: low nibbles (values 0-15), then high ones, minus 8. */
-QX_FN inline __m256i QX(q4_0_values)(const uint8_t *qs) {
-  __m128i raw = _mm_loadu_si128((const __m128i *)qs), low = _mm_set1_epi8(0xf);
-  __m256i v = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low), _mm_and_si128(raw, low));
-  return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
-}
-
-QX_FN float QX(dot_q4_0)(const void *w, const float *x, const rk_qact *a, int64_t k) {
-  (void)x;
-  const uint8_t *blk = w;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0;
-  int64_t b = 0, blocks = k / 32;
-  for (; b + 2 <= blocks; b += 2, blk += 36) {
-    __m256i p0 = QX(dot_signed)(QX(q4_0_values)(blk + 2), _mm256_loadu_si256((const __m256i *)(a->q + 32 * b)));
-    __m256i p1 = QX(dot_signed)(QX(q4_0_values)(blk + 20), _mm256_loadu_si256((const __m256i *)(a->q + 32 * b + 32)));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(QX(half)(blk) * a->d[b]), _mm256_cvtepi32_ps(p0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(QX(half)(blk + 18) * a->d[b + 1]), _mm256_cvtepi32_ps(p1), acc1);
-  }
-  for (; b < blocks; b++, blk += 18) {
-    __m256i p = QX(dot_signed)(QX(q4_0_values)(blk + 2), _mm256_loadu_si256((const __m256i *)(a->q + 32 * b)));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(QX(half)(blk) * a->d[b]), _mm256_cvtepi32_ps(p), acc0);
-  }
-  return QX(hsum)(_mm256_add_ps(acc0, acc1));
-}
-
-QX_FN float QX(dot_q4_K)(const void *w, const float *x, const rk_qact *a, int64_t k) {
-  (void)x;
-  const uint8_t *blk = w;
+QX_KERNEL_PAIR(q4_K, true, {
+  const int64_t k = a->k;
   const __m256i low = _mm256_set1_epi8(0xf);
-  __m256 acc = _mm256_setzero_ps();
-  float mins = 0.0f;
-  for (int64_t b = 0; b < k / 256; b++, blk += 144) {
-    const int8_t *qx = a->q + 256 * b;
-    const int16_t *sx = a->sum16 + 16 * b;
-    int scale[8], min[8];
-    int32_t m = 0;
-    for (int j = 0; j < 8; j++) {
-      rk_q4k_scale_min(j, blk + 4, &scale[j], &min[j]);
-      m += min[j] * (sx[2 * j] + sx[2 * j + 1]);
-    }
-    __m256i sum = _mm256_setzero_si256();
-    for (int c = 0; c < 4; c++) {
-      __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * c));
-      __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-      __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(qx + 64 * c)));
-      __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qx + 64 * c + 32)));
-      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)scale[2 * c])));
-      sum = _mm256_add_epi32(sum, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)scale[2 * c + 1])));
-    }
-    float dx = a->d[b];
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(QX(half)(blk) * dx), _mm256_cvtepi32_ps(sum), acc);
-    mins = __builtin_fmaf(QX(half)(blk + 2) * dx, (float)m, mins);
-  }
-  return QX(hsum)(acc) - mins;
-}
-
-QX_FN float QX(dot_q6_K)(const void *w, const float *x, const rk_qact *a, int64_t k) {
-  (void)x;
-  const uint8_t *blk = w;
-  const __m256i low = _mm256_set1_epi8(0xf), high = _mm256_set1_epi8(0x30);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < k / 256; b++, blk += 210) {
-    const int8_t *scales = (const int8_t *)(blk + 192), *qx = a->q + 256 * b;
-    const int16_t *sx = a->sum16 + 16 * b;
-    int32_t offset = 0;
-    for (int s = 0; s < 16; s++) offset += scales[s] * sx[s];
-    __m256i sum = _mm256_setzero_si256();
-    for (int half = 0; half < 2; half++) {
-      const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
-      __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-      __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-      __m256i q[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(h, 4), high)),
-          _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(h, 2), high)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(h, high)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low), _mm256_and_si256(_mm256_srli_epi16(h, 2), high)),
-      };
-      for (int part = 0; part < 4; part++) {
-        const int8_t *sc = scales + 8 * half + 2 * part;
-        __m256i p = _mm256_maddubs_epi16(q[part], _mm256_loadu_si256((const __m256i *)(qx + 128 * half + 32 * part)));
-        __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
-        sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, s));
+  /* Each minimum twice: it weighs both sums of 16 in its sub-block of 32. */
+  const __m128i twice = _mm_setr_epi8(8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15);
+  __m256 acc[4][QX_WIDE];
+  float extra[4][QX_WIDE];
+  _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) _Pragma("GCC unroll 4") for (int r = 0; r < X; r++)
+      acc[c][r] = _mm256_setzero_ps(), extra[c][r] = 0.0f;
+  for (int64_t b = 0; b < k / 256; b++) {
+    _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {
+      const uint8_t *blk = wr[c] + 144 * b;
+      if (ahead) _mm_prefetch((const char *)blk + ahead, _MM_HINT_T0);
+      uint8_t sm[16];
+      rk_q4k_scales_mins(blk + 4, sm);
+      __m128i packed = _mm_loadu_si128((const __m128i *)sm);
+      __m256i mins16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(packed, twice));
+      __m256i sum[QX_WIDE];
+      _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) sum[r] = _mm256_setzero_si256();
+      _Pragma("GCC unroll 4") for (int ch = 0; ch < 4; ch++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * ch));
+        __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
+        __m256i slo = _mm256_set1_epi16(sm[2 * ch]), shi = _mm256_set1_epi16(sm[2 * ch + 1]);
+        _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
+          const int8_t *qx = a->q + xr[r] * k + 256 * b + 64 * ch;
+          __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)qx));
+          __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(qx + 32)));
+          sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(_mm256_madd_epi16(plo, slo), _mm256_madd_epi16(phi, shi)));
+        }
+      }
+      float d = QX(half)(blk), dmin = QX(half)(blk + 2);
+      _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
+        __m256i sx = _mm256_loadu_si256((const __m256i *)(a->sum16 + xr[r] * (k / 16) + 16 * b));
+        int32_t m = QX(dot16)(mins16, sx);
+        float dx = a->d[xr[r] * (k / 256) + b];
+        acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(sum[r]), acc[c][r]);
+        extra[c][r] = __builtin_fmaf(-(dmin * dx), (float)m, extra[c][r]);
       }
     }
-    sum = _mm256_sub_epi32(sum, _mm256_setr_epi32(32 * offset, 0, 0, 0, 0, 0, 0, 0));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(QX(half)(blk + 208) * a->d[b]), _mm256_cvtepi32_ps(sum), acc);
   }
-  return QX(hsum)(acc);
-}
+  for (int c = 0; c < C; c++)
+    for (int r = 0; r < X; r++) res[c][r] = QX(hsum)(acc[c][r]) + extra[c][r];
+})
 
-static const rk_qdots QX(qdots) = {{QX(dot_f32), QX(dot_f16), QX(dot_q8_0), QX(dot_q4_0), QX(dot_q4_K), QX(dot_q6_K)}};
+QX_KERNEL_PAIR(q6_K, true, {
+  const int64_t k = a->k;
+  const __m256i low = _mm256_set1_epi8(0xf), high = _mm256_set1_epi8(0x30);
+  __m256 acc[4][QX_WIDE];
+  _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) _Pragma("GCC unroll 4") for (int r = 0; r < X; r++)
+      acc[c][r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < k / 256; b++) {
+    _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {
+      const uint8_t *blk = wr[c] + 210 * b;
+      if (ahead) _mm_prefetch((const char *)blk + ahead, _MM_HINT_T0);
+      const int8_t *scales = (const int8_t *)(blk + 192);
+      __m256i sum[QX_WIDE];
+      __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales));
+      _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
+        __m256i sx = _mm256_loadu_si256((const __m256i *)(a->sum16 + xr[r] * (k / 16) + 16 * b));
+        sum[r] = _mm256_setr_epi32(-32 * QX(dot16)(scales16, sx), 0, 0, 0, 0, 0, 0, 0);
+      }
+      for (int half = 0; half < 2; half++) {
+        const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+        __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+        __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(h, 4), high)),
+            _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(h, 2), high)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(h, high)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low), _mm256_and_si256(_mm256_srli_epi16(h, 2), high)),
+        };
+        _Pragma("GCC unroll 4") for (int part = 0; part < 4; part++) {
+          const int8_t *sc = scales + 8 * half + 2 * part;
+          __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
+          _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
+            const int8_t *qx = a->q + xr[r] * k + 256 * b + 128 * half + 32 * part;
+            __m256i p = _mm256_maddubs_epi16(q[part], _mm256_loadu_si256((const __m256i *)qx));
+            sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(p, s));
+          }
+        }
+      }
+      float d = QX(half)(blk + 208);
+      _Pragma("GCC unroll 4") for (int r = 0; r < X; r++)
+          acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d[xr[r] * (k / 256) + b]), _mm256_cvtepi32_ps(sum[r]), acc[c][r]);
+    }
+  }
+  for (int c = 0; c < C; c++)
+    for (int r = 0; r < X; r++) res[c][r] = QX(hsum)(acc[c][r]);
+})
+
+QX_TILES(f32)
+QX_TILES(f16)
+QX_TILES(q8_0)
+QX_TILES(q4_0)
+QX_TILES(q4_K)
+QX_TILES(q6_K)
+
+/* The one-row dot products: 1 x 1 tiles. */
+#define QX_DOT1(format)                                                                               \
+  QX_FN float QX(dot_##format)(const void *w, const float *x, const rk_qact *a, int64_t k) {          \
+    rk_qrows rows = {x, a->q, a->d, a->sum16, k, 0};                                                  \
+    float out;                                                                                        \
+    QX(tile_##format)(w, 0, 1, &rows, 0, 1, &out, 1);                                                 \
+    return out;                                                                                       \
+  }
+QX_DOT1(f32)
+QX_DOT1(f16)
+QX_DOT1(q8_0)
+QX_DOT1(q4_0)
+QX_DOT1(q4_K)
+QX_DOT1(q6_K)
+
+static const rk_qdots QX(qdots) = {
+    {QX(dot_f32), QX(dot_f16), QX(dot_q8_0), QX(dot_q4_0), QX(dot_q4_K), QX(dot_q6_K)},
+    {QX(tile_f32), QX(tile_f16), QX(tile_q8_0), QX(tile_q4_0), QX(tile_q4_K), QX(tile_q6_K)},
+};
 
 #undef QX_FN
+#undef QX_TILES
+#undef QX_KERNEL_PAIR
+#undef QX_FLOAT_KERNEL
+#undef QX_BLOCK32_KERNEL
+#undef QX_Q4_0_START
+#undef QX_Q4_0_PRODUCT
+#undef QX_Q8_0_START
+#undef QX_Q8_0_PRODUCT
+#undef QX_LOAD_F32
+#undef QX_TAIL_F32
+#undef QX_LOAD_F16
+#undef QX_TAIL_F16
+#undef QX_DOT1
