@@ -263,6 +263,60 @@ QX_TILES(q4_0)
 QX_TILES(q4_K)
 QX_TILES(q6_K)
 
+/* ---- q4_0x8: eight rows regrouped, one row per int32 lane ----------------------------------------- */
+
+/* Per block: the 8 rows' values unpacked once (4 loads: for j, 8 rows x 4 bytes = values 4j..4j+3
+ * in the low nibbles, 16 + 4j.. in the high ones), then for each activation row 8 products with
+ * 4 activation values broadcast to every lane, started at minus 8 times the block's sum, scaled
+ * by the 8 rows' scales at once. Lane c sums row c's blocks in order, as the portable code does. */
+#define QX_X8_KERNEL(X)                                                                                      \
+  {                                                                                                          \
+    const int64_t k = a->k;                                                                                  \
+    const __m256i low = _mm256_set1_epi8(0xf);                                                               \
+    __m256 acc[QX_WIDE];                                                                                     \
+    _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) acc[r] = _mm256_setzero_ps();                      \
+    for (int64_t b = 0; b < k / 32; b++) {                                                                   \
+      const uint8_t *blk = group + 144 * b;                                                                  \
+      __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                                \
+      __m256i lo[4], hi[4];                                                                                  \
+      _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                                  \
+        __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j));                               \
+        lo[j] = _mm256_and_si256(v, low);                                                                    \
+        hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);                                              \
+      }                                                                                                      \
+      _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                                \
+        const int8_t *qx = a->q + (r0 + r) * k + 32 * b;                                                     \
+        const int16_t *s16 = a->sum16 + (r0 + r) * (k / 16) + 2 * b;                                         \
+        __m256i p = _mm256_set1_epi32(-8 * (s16[0] + s16[1]));                                               \
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                                \
+          int32_t x0, x1;                                                                                    \
+          __builtin_memcpy(&x0, qx + 4 * j, 4);                                                              \
+          __builtin_memcpy(&x1, qx + 16 + 4 * j, 4);                                                         \
+          p = QX_DOT(p, lo[j], _mm256_set1_epi32(x0));                                                       \
+          p = QX_DOT(p, hi[j], _mm256_set1_epi32(x1));                                                       \
+        }                                                                                                    \
+        __m256 d = _mm256_mul_ps(scales, _mm256_set1_ps(a->d[(r0 + r) * (k / 32) + b]));                     \
+        acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);                                          \
+      }                                                                                                      \
+    }                                                                                                        \
+    _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) _mm256_storeu_ps(res + 8 * r, acc[r]);             \
+  }
+
+QX_FN void QX(q4_0x8_one)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_X8_KERNEL(1)
+QX_FN void QX(q4_0x8_wide)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_X8_KERNEL(QX_WIDE)
+
+QX_FN void QX(tile_q4_0x8)(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out, int64_t out_stride) {
+  for (int r = 0; r < xrows;) {
+    float res[8 * QX_WIDE];
+    int take = xrows - r >= QX_WIDE ? QX_WIDE : 1;
+    if (take == QX_WIDE) QX(q4_0x8_wide)(group, a, r0 + r, res);
+    else QX(q4_0x8_one)(group, a, r0 + r, res);
+    for (int i = 0; i < take; i++)
+      for (int c = 0; c < 8; c++) out[(r + i) * out_stride + c] = res[8 * i + c];
+    r += take;
+  }
+}
+
 /* The one-row dot products: 1 x 1 tiles. */
 #define QX_DOT1(format)                                                                               \
   QX_FN float QX(dot_##format)(const void *w, const float *x, const rk_qact *a, int64_t k) {          \
@@ -279,8 +333,9 @@ QX_DOT1(q4_K)
 QX_DOT1(q6_K)
 
 static const rk_qdots QX(qdots) = {
-    {QX(dot_f32), QX(dot_f16), QX(dot_q8_0), QX(dot_q4_0), QX(dot_q4_K), QX(dot_q6_K)},
-    {QX(tile_f32), QX(tile_f16), QX(tile_q8_0), QX(tile_q4_0), QX(tile_q4_K), QX(tile_q6_K)},
+    {QX(dot_f32), QX(dot_f16), QX(dot_q8_0), QX(dot_q4_0), QX(dot_q4_K), QX(dot_q6_K), NULL},
+    {QX(tile_f32), QX(tile_f16), QX(tile_q8_0), QX(tile_q4_0), QX(tile_q4_K), QX(tile_q6_K), NULL},
+    QX(tile_q4_0x8),
 };
 
 #undef QX_FN
@@ -297,3 +352,4 @@ static const rk_qdots QX(qdots) = {
 #undef QX_LOAD_F16
 #undef QX_TAIL_F16
 #undef QX_DOT1
+#undef QX_X8_KERNEL

@@ -33,4 +33,10 @@ int rvm_gguf_read(const uint8_t *bytes, size_t size, rvm_gguf_visit visit, void 
  * type this reader does not know. */
 const char *rvm_gguf_type(uint32_t type, uint32_t *block, uint32_t *block_bytes);
 
+/* q4_0 rows regrouped eight at a time (relaxc's "q4_0x8", what the quantized kernels read
+ * fastest): for each group of 8 rows and each block of 32 values, the 8 rows' scales (f16), then
+ * for j = 0..3 the 8 rows' bytes 4j..4j+3 of the block's 16 bytes of values, row after row.
+ * `src` holds `rows` (a multiple of 8) rows of k / 32 blocks; dst the same number of bytes. */
+void rvm_gguf_repack_q4_0x8(const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst);
+
 #endif /* RVM_GGUF_H */

@@ -38,10 +38,12 @@ typedef struct weight {
   DLTensor tensor;
   void *copy; /* an aligned copy, when the file's bytes were not aligned */
   rvm_tensor *view; /* a GGUF matrix: passed as this object, in place whatever its alignment */
+  int32_t gguf_type; /* the tensor's ggml type in a GGUF file, else -1 */
 } weight;
 
 struct rvm_weights {
   rvm_module *module;
+  rvm_module *module_for_repack; /* while loading: the module whose parameters ask for regrouped copies */
   char *path;
   /* Every weight in the files' order as one tuple: the argument of a function exported in TVM nn's
    * "packed" parameter mode (MLC's), whose one weight parameter is named packed_params. */
@@ -154,6 +156,7 @@ static int add_weight(rvm_weights *w, const char *name, DLDataType dtype, const 
     data = e->copy;
   }
   e->tensor = (DLTensor){data, {kDLCPU, 0}, ndim, dtype, e->shape, NULL, 0};
+  e->gguf_type = -1;
   w->num_weights++;
   return 0;
 }
@@ -336,7 +339,48 @@ static int gguf_tensor(void *ctx, const rvm_gguf_tensor *t) {
     shape[t->ndim - 1 - d] = (int64_t)dim;
   }
   if (t->nbytes > (uint64_t)INT64_MAX) return rvm_raise("ValueError", "weight %s in %s: too large", name, l->file);
-  return add_weight(l->w, name, dtype, shape, (int32_t)t->ndim, t->data, (int64_t)t->nbytes, l->file, t->ndim >= 2);
+  int rc = add_weight(l->w, name, dtype, shape, (int32_t)t->ndim, t->data, (int64_t)t->nbytes, l->file, t->ndim >= 2);
+  if (rc == 0) l->w->weights[l->w->num_weights - 1].gguf_type = (int32_t)t->type;
+  return rc;
+}
+
+/* The regrouped copies a model asks for by name: a parameter named "X#q4_0x8" gets the q4_0
+ * matrix X of the file regrouped eight rows at a time (gguf.h), made once here; it costs the
+ * matrix's size in memory and makes decoding read it at the speed of the file's bandwidth. */
+static const char REPACK_SUFFIX[] = "#q4_0x8";
+
+static const weight *find_weight(const rvm_weights *w, const char *name, size_t len) {
+  for (int32_t k = 0; k < w->num_weights; k++)
+    if (strlen(w->weights[k].name) == len && memcmp(w->weights[k].name, name, len) == 0) return &w->weights[k];
+  return NULL;
+}
+
+static int repack_for_model(rvm_weights *w, const char *file) {
+  rvm_module *m = w->module_for_repack;
+  for (int32_t f = 0; f < m->num_relax_funcs; f++) {
+    const rvm_func_info *fn = &m->program->funcs[m->relax_funcs[f]];
+    for (int32_t p = 0; p < fn->num_args; p++) {
+      const char *name = fn->param_names ? fn->param_names[p] : NULL;
+      size_t len = name ? strlen(name) : 0, suffix = sizeof REPACK_SUFFIX - 1;
+      if (len <= suffix || strcmp(name + len - suffix, REPACK_SUFFIX) != 0 || find_weight(w, name, len)) continue;
+      const weight *base = find_weight(w, name, len - suffix);
+      if (!base) continue; /* weights_arguments names what is missing */
+      if (base->gguf_type != 2 || base->tensor.ndim != 2 || base->shape[0] % 8 != 0)
+        return rvm_raise("ValueError", "weight %.*s in %s: %s asks for it regrouped as q4_0x8, which needs a q4_0 matrix of a multiple of 8 rows",
+                         (int)(len - suffix), name, file, fn->name);
+      int64_t rows = base->shape[0], k = base->shape[1] / 18 * 32, nbytes = rows * base->shape[1];
+      uint8_t *copy = rvm_mem_aligned((size_t)nbytes + 1, 64, "a regrouped weight");
+      if (!copy) return -1;
+      rvm_gguf_repack_q4_0x8(base->tensor.data, rows, k, copy);
+      int64_t shape[2] = {rows / 8, base->shape[1] * 8};
+      if (add_weight(w, name, (DLDataType){kDLUInt, 8, 1}, shape, 2, copy, nbytes, file, true)) {
+        rvm_mem_free(copy);
+        return -1;
+      }
+      w->weights[w->num_weights - 1].copy = copy;
+    }
+  }
+  return 0;
 }
 
 static int load_gguf(rvm_weights *w, const char *file) {
@@ -348,7 +392,7 @@ static int load_gguf(rvm_weights *w, const char *file) {
   int rc = rvm_gguf_read(bytes, size, gguf_tensor, &loading, err, sizeof err);
   /* A failure the visitor raised already has its message; the reader's own is raised here. */
   if (rc && err[0]) return rvm_raise("ValueError", "%s: %s", file, err);
-  return rc;
+  return rc ? rc : repack_for_model(w, file);
 }
 
 static int compare_names(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -421,6 +465,7 @@ int rvm_weights_open(rvm_module *module, const char *path, rvm_weights **out) {
     rvm_mem_free(w);
     return -1;
   }
+  w->module_for_repack = module;
   struct stat st;
   int rc;
   if (stat(path, &st) != 0) {

@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 import pytest
+from test_kernels import ROOT as _ROOT  # noqa: F401 (test_kernels puts python/ on the path)
 from test_kernels import t
 from test_tvm_ffi import relaxc_binary
 
@@ -25,6 +26,7 @@ gguf = pytest.importorskip(
 )
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
+from relaxc.llm.quantize import repack_q4_0x8
 
 FORMATS = {
     "f32": T.F32,
@@ -123,6 +125,23 @@ def test_dense_q_against_gguf(library, fmt, m):
     assert_close(out3.reshape(m, n), dense_reference(x, exact, fmt), 2e-5)
 
 
+@pytest.mark.parametrize("m", [1, 3, 4, 6, 9])
+def test_q4_0x8_regrouped_rows(library, m):
+    """q4_0 regrouped eight rows at a time (what weights_open makes for "X#q4_0x8") gives q4_0's
+    results: the same integer sums, the blocks added in order within each row."""
+    rng = np.random.default_rng(m)
+    k, n = 512, 40
+    w, exact = weights(rng, n, k, "q4_0")
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    out = np.zeros((m, n), np.float32)
+    library["relaxc.dense_q"](t(x), t(repack_q4_0x8(w)), "q4_0x8", t(bias), t(out))
+    assert_close(out, dense_reference(x, exact, "q4_0", bias), 2e-5)
+    plain = np.zeros((m, n), np.float32)
+    library["relaxc.dense_q"](t(x), t(w), "q4_0", t(bias), t(plain))
+    assert_close(out, plain.astype(np.float64), 2e-6)
+
+
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_K", "q6_K"])
 def test_quantized_activations_cost_little(library, fmt):
     """Against the exact product of float activations and the dequantized weights: the error the
@@ -205,6 +224,8 @@ THREAD_SCRIPT = r"""
 import sys, numpy as np, tvm_ffi
 from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
+sys.path.insert(0, sys.argv[3])
+from relaxc.llm.quantize import repack_q4_0x8
 path, out_path = sys.argv[1], sys.argv[2]
 names = dict(l.split("\t") for l in open(path + ".tsv").read().splitlines())
 dense = tvm_ffi.load_module(path)[names["relaxc.dense_q"]]
@@ -223,9 +244,14 @@ for fmt, kind in [("f32", T.F32), ("f16", T.F16), ("q8_0", T.Q8_0), ("q4_0", T.Q
     else:
         w = quantize(rng.standard_normal((n, k)).astype(np.float32), kind)
     for m in [1, 6, 40]:
+        x = rng.standard_normal((m, k)).astype(np.float32)
         out = np.zeros((m, n), np.float32)
-        dense(t(rng.standard_normal((m, k)).astype(np.float32)), t(w), fmt, None, t(out))
+        dense(t(x), t(w), fmt, None, t(out))
         res[f"{fmt}_{m}"] = out
+        if fmt == "q4_0":
+            out = np.zeros((m, n), np.float32)
+            dense(t(x), t(repack_q4_0x8(w)), "q4_0x8", None, t(out))
+            res[f"q4_0x8_{m}"] = out
 np.savez(out_path, **res)
 """
 
@@ -247,9 +273,8 @@ def run_script(tmp_path, threads, isa=None):
     env = dict(os.environ, TVM_NUM_THREADS=str(threads))
     if isa:
         env["RELAXC_QUANT_ISA"] = isa
-    subprocess.run(
-        [sys.executable, str(tmp_path / "run.py"), path, dest], check=True, env=env
-    )
+    python = os.path.join(_ROOT, "python")
+    subprocess.run([sys.executable, str(tmp_path / "run.py"), path, dest, python], check=True, env=env)
     return np.load(dest)
 
 

@@ -71,25 +71,50 @@ def _extern(name, args, out):
     return wrap_nested(relax.call_dps_packed(name, args=relax.Tuple(converted), out_ty=out._expr.ty), name)  # noqa: SLF001
 
 
+# A q4_0 matrix of a multiple of 8 rows is asked for regrouped (rvm.h's weights_open makes the
+# copy for a parameter named "X#q4_0x8"): decoding reads it about 1.3x faster.
+REGROUPED = "#q4_0x8"
+
+
+def regrouped(fmt, rows):
+    return fmt == "q4_0" and rows % 8 == 0
+
+
 class Linear(nn.Module):
     """x @ W.T (+ b) with W in the file's format, through relaxc.dense_q."""
 
     def __init__(self, rows, k, fmt, bias=False):
-        shape, dtype = weight_type(fmt, rows, k)
         self.rows, self.fmt = rows, fmt
-        self.weight = nn.Parameter(shape, dtype)
+        if regrouped(fmt, rows):
+            self.fmt = "q4_0x8"
+            setattr(self, "weight" + REGROUPED, nn.Parameter((rows // 8, k // 32 * 144), "uint8"))
+        else:
+            shape, dtype = weight_type(fmt, rows, k)
+            self.weight = nn.Parameter(shape, dtype)
         self.bias = nn.Parameter((rows,), "float32") if bias else None
+
+    def matrix(self):
+        return getattr(self, "weight" + REGROUPED) if self.fmt == "q4_0x8" else self.weight
 
     def forward(self, x):
         out = Tensor.placeholder([*x.shape[:-1], self.rows], "float32")
-        return _extern("relaxc.dense_q", [x, self.weight, self.fmt, self.bias], out)
+        return _extern("relaxc.dense_q", [x, self.matrix(), self.fmt, self.bias], out)
 
 
 class Embedding(nn.Module):
-    def __init__(self, vocab, hidden, fmt):
+    def __init__(self, vocab, hidden, fmt, tied=False):
         shape, dtype = weight_type(fmt, vocab, hidden)
-        self.hidden, self.fmt = hidden, fmt
+        self.hidden, self.fmt, self.vocab = hidden, fmt, vocab
         self.weight = nn.Parameter(shape, dtype)
+        if tied and regrouped(fmt, vocab):  # the output layer reads the table regrouped
+            setattr(self, "weight" + REGROUPED, nn.Parameter((vocab // 8, hidden // 32 * 144), "uint8"))
+
+    def as_output(self, h):
+        """h times the table: the output layer of a model whose embeddings are tied."""
+        out = Tensor.placeholder([*h.shape[:-1], self.vocab], "float32")
+        if regrouped(self.fmt, self.vocab):
+            return _extern("relaxc.dense_q", [h, getattr(self, "weight" + REGROUPED), "q4_0x8", None], out)
+        return _extern("relaxc.dense_q", [h, self.weight, self.fmt, None], out)
 
     def forward(self, ids):
         out = Tensor.placeholder([*ids.shape, self.hidden], "float32")
@@ -148,7 +173,7 @@ class Block(nn.Module):
 class LlamaFamily(nn.Module):
     def __init__(self, c: Config):
         self.c = c
-        self.token_embd = Embedding(c.vocab, c.hidden, c.formats["token_embd.weight"])
+        self.token_embd = Embedding(c.vocab, c.hidden, c.formats["token_embd.weight"], tied=c.tied_embeddings)
         self.blk = nn.ModuleList([Block(i, c) for i in range(c.layers)])
         self.output_norm = RMSNorm(c.hidden, c.rms_eps)
         if not c.tied_embeddings:
@@ -156,8 +181,7 @@ class LlamaFamily(nn.Module):
 
     def _logits(self, h):
         if self.c.tied_embeddings:
-            out = Tensor.placeholder([*h.shape[:-1], self.c.vocab], "float32")
-            return _extern("relaxc.dense_q", [h, self.token_embd.weight, self.token_embd.fmt, None], out)
+            return self.token_embd.as_output(h)
         return self.output(h)
 
     def _body(self, x, cache):

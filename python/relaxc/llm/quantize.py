@@ -88,3 +88,17 @@ def quantize(w, fmt):
     if w.ndim != 2 or w.shape[1] % block:
         raise ValueError(f"{fmt} needs a matrix whose rows are multiples of {block} values, got {w.shape}")
     return {"q8_0": q8_0, "q4_0": q4_0, "q4_K": q4_K, "q6_K": q6_K}[fmt](w)
+
+
+def repack_q4_0x8(w):
+    """q4_0 rows [n, k / 32 * 18] regrouped eight at a time, as rvm.h's weights_open makes them for
+    a parameter named "X#q4_0x8" (runtime-shim/src/gguf.h): [n / 8, k / 32 * 144]."""
+    w = np.asarray(w, np.uint8)
+    rows, row_bytes = w.shape
+    if rows % 8:
+        raise ValueError(f"q4_0x8 needs a multiple of 8 rows, got {rows}")
+    blocks = w.reshape(rows // 8, 8, row_bytes // 18, 18).transpose(0, 2, 1, 3)  # [g, b, r, 18]
+    scales = blocks[..., :2].reshape(rows // 8, row_bytes // 18, 16)
+    values = blocks[..., 2:].reshape(rows // 8, row_bytes // 18, 8, 4, 4).transpose(0, 1, 3, 2, 4)  # [g, b, j, r, 4]
+    out = np.concatenate([scales, values.reshape(rows // 8, row_bytes // 18, 128)], axis=-1)
+    return np.ascontiguousarray(out.reshape(rows // 8, -1))
