@@ -20,7 +20,7 @@ static const rk_qinfo formats[RK_Q_COUNT] = {
     [RK_Q_F32] = {"f32", 1, 4, 0},        [RK_Q_F16] = {"f16", 1, 2, 0},
     [RK_Q_Q8_0] = {"q8_0", 32, 34, 32},   [RK_Q_Q4_0] = {"q4_0", 32, 18, 32},
     [RK_Q_Q4_K] = {"q4_K", 256, 144, 256}, [RK_Q_Q6_K] = {"q6_K", 256, 210, 256},
-    [RK_Q_Q4_0X8] = {"q4_0x8", 32, 18, 32},
+    [RK_Q_Q4_0X8] = {"q4_0x8", 32, 18, 32},     [RK_Q_Q4_KX8] = {"q4_Kx8", 256, 148, 256},
 };
 
 const rk_qinfo *rk_qformat_info(rk_qformat f) { return (unsigned)f < RK_Q_COUNT ? &formats[f] : NULL; }
@@ -208,7 +208,7 @@ static float dot_q6_K(const void *w, const float *x, const rk_qact *a, int64_t k
 
 /* q4_0x8: per block, the 8 rows' scales, then for j = 0..3 the 8 rows' bytes 4j..4j+3. Each
  * output sums its blocks in order, as the SIMD versions do lane by lane. */
-void rk_q4_0x8_portable(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out, int64_t out_stride) {
+static void tile8_q4_0x8(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out, int64_t out_stride) {
   int64_t k = a->k;
   for (int r = 0; r < xrows; r++) {
     const int8_t *qx = a->q + (r0 + r) * k;
@@ -230,12 +230,47 @@ void rk_q4_0x8_portable(const uint8_t *group, const rk_qrows *a, int64_t r0, int
   }
 }
 
+/* q4_Kx8: per super-block, the 8 rows' d and dmin, then per sub-block the 8 rows' scales, then
+ * their minimums, then for chunk c and j = 0..7 the 8 rows' bytes 32c + 4j..32c + 4j + 3. */
+static void tile8_q4_Kx8(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out, int64_t out_stride) {
+  int64_t k = a->k;
+  for (int r = 0; r < xrows; r++) {
+    const int8_t *qx = a->q + (r0 + r) * k;
+    const int16_t *sx = a->sum16 + (r0 + r) * (k / 16);
+    for (int c = 0; c < 8; c++) {
+      float sum = 0.0f, mins = 0.0f;
+      for (int64_t b = 0; b < k / 256; b++) {
+        const uint8_t *blk = group + 1184 * b;
+        int32_t s = 0, m = 0;
+        for (int sub = 0; sub < 8; sub++) {
+          int32_t part = 0;
+          for (int j = 0; j < 8; j++)
+            for (int i = 0; i < 4; i++) {
+              uint8_t byte = blk[160 + 256 * (sub / 2) + 32 * j + 4 * c + i];
+              part += ((byte >> (4 * (sub & 1))) & 0xf) * qx[256 * b + 32 * sub + 4 * j + i];
+            }
+          s += blk[32 + 8 * sub + c] * part;
+          m += blk[96 + 8 * sub + c] * (sx[16 * b + 2 * sub] + sx[16 * b + 2 * sub + 1]);
+        }
+        float dx = a->d[(r0 + r) * (k / 256) + b];
+        sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk + 2 * c) * dx, (float)s, sum);
+        mins = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk + 16 + 2 * c) * dx, (float)m, mins);
+      }
+      out[r * out_stride + c] = sum - mins;
+    }
+  }
+}
+
 static float dot_unused(const void *w, const float *x, const rk_qact *a, int64_t k) {
   (void)w, (void)x, (void)a, (void)k;
   return 0.0f;
 }
 
-static const rk_qdots portable = {{dot_f32, dot_f16, dot_q8_0, dot_q4_0, dot_q4_K, dot_q6_K, dot_unused}, {NULL}, rk_q4_0x8_portable};
+static const rk_qdots portable = {
+    {dot_f32, dot_f16, dot_q8_0, dot_q4_0, dot_q4_K, dot_q6_K, dot_unused, dot_unused},
+    {NULL},
+    {[RK_Q_Q4_0X8] = tile8_q4_0x8, [RK_Q_Q4_KX8] = tile8_q4_Kx8},
+};
 
 const rk_qdots *rk_qdots_portable(void) { return &portable; }
 
@@ -272,7 +307,7 @@ static int arg_format(const char *kernel, const TVMFFIAny *args, int32_t num_arg
       *out = (rk_qformat)f;
       return 0;
     }
-  return rvm_raise("ValueError", "%s: unknown weight format \"%.*s\" (known: f32, f16, q8_0, q4_0, q4_K, q6_K, q4_0x8)", kernel,
+  return rvm_raise("ValueError", "%s: unknown weight format \"%.*s\" (known: f32, f16, q8_0, q4_0, q4_K, q6_K, q4_0x8, q4_Kx8)", kernel,
                    (int)(size > 64 ? 64 : size), name);
 }
 
@@ -300,7 +335,7 @@ static int arg_weights(const char *kernel, const TVMFFIAny *args, int32_t num_ar
              (long long)q->block, (long long)k);
     return rvm_raise("ValueError", "%s: %s", kernel, what);
   }
-  int64_t row = k / q->block * (f <= RK_Q_F16 ? 1 : q->bytes) * (f == RK_Q_Q4_0X8 ? 8 : 1);
+  int64_t row = k / q->block * (f <= RK_Q_F16 ? 1 : q->bytes) * (rk_qformat_x8(f) ? 8 : 1);
   if (t->ndim != 2 || t->shape[1] != row || !rk_compact(t)) {
     char what[128];
     snprintf(what, sizeof what, "%s weights for rows of %lld values must be a compact [n, %lld]", q->name, (long long)k,
@@ -308,7 +343,7 @@ static int arg_weights(const char *kernel, const TVMFFIAny *args, int32_t num_ar
     return rk_shape_error(kernel, what, t);
   }
   *data = (const uint8_t *)t->data + t->byte_offset;
-  *n = t->shape[0] * (f == RK_Q_Q4_0X8 ? 8 : 1);
+  *n = t->shape[0] * (rk_qformat_x8(f) ? 8 : 1);
   return 0;
 }
 
@@ -317,7 +352,7 @@ static int arg_weights(const char *kernel, const TVMFFIAny *args, int32_t num_ar
 typedef struct dense_job {
   rk_qdot_fn dot;
   rk_qtile_fn tile;
-  rk_qtile8_fn tile8; /* for q4_0x8 */
+  rk_qtile8_fn tile8; /* for the regrouped formats */
   const uint8_t *w;
   int64_t row_bytes, n, m;
   rk_qrows rows;
@@ -394,7 +429,7 @@ int rvm_builtin_kl_dense_q(void *self, const TVMFFIAny *args, int32_t num_args, 
   if (m == 0 || n == 0) return 0;
   const rk_qinfo *q = &formats[f];
   const rk_qdots *dots = qdots();
-  dense_job j = {dots->dot[f], dots->tile[f], f == RK_Q_Q4_0X8 ? dots->q4_0x8 : NULL, w, k / q->block * q->bytes, n, m,
+  dense_job j = {dots->dot[f], dots->tile[f], dots->tile8[f], w, k / q->block * q->bytes, n, m,
                  {rk_data(x), NULL, NULL, NULL, k, q->act_block}, bias ? rk_data(bias) : NULL, rk_data(out)};
   if (q->act_block) {
     size_t qbytes = (size_t)(m * k), dbytes = sizeof(float) * (size_t)(m * (k / q->act_block)),
@@ -489,7 +524,8 @@ int rvm_builtin_kl_take_q(void *self, const TVMFFIAny *args, int32_t num_args, T
   if (out->ndim != ids->ndim + 1) return rk_shape_error(kernel, "out must be ids' shape and one more axis", out);
   for (int32_t i = 0; i < ids->ndim; i++)
     if (out->shape[i] != ids->shape[i]) return rk_shape_error(kernel, "out must be ids' shape and one more axis", out);
-  if (f == RK_Q_Q4_0X8) return rvm_raise("ValueError", "%s: q4_0x8 tables are for dense_q; look rows up in the q4_0 table", kernel);
+  if (rk_qformat_x8(f))
+    return rvm_raise("ValueError", "%s: regrouped tables are for dense_q; look rows up in the table as the file holds it", kernel);
   int64_t k = out->shape[out->ndim - 1], rows;
   const uint8_t *table;
   if ((rc = arg_weights(kernel, args, num_args, 0, f, k, &table, &rows))) return rc;

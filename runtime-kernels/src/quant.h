@@ -13,9 +13,23 @@
 
 #include "rk.h"
 
-/* RK_Q_Q4_0X8 is q4_0 regrouped eight rows at a time (runtime-shim/src/gguf.h says how), the form
- * the weights loader makes for a parameter named "X#q4_0x8". */
-typedef enum { RK_Q_F32 = 0, RK_Q_F16, RK_Q_Q8_0, RK_Q_Q4_0, RK_Q_Q4_K, RK_Q_Q6_K, RK_Q_Q4_0X8, RK_Q_COUNT } rk_qformat;
+/* RK_Q_Q4_0X8 and RK_Q_Q4_KX8 are q4_0 and q4_K regrouped eight rows at a time
+ * (runtime-shim/src/gguf.h says how), the forms the weights loader makes for a parameter named
+ * "X#q4_0x8" or "X#q4_Kx8". */
+typedef enum {
+  RK_Q_F32 = 0,
+  RK_Q_F16,
+  RK_Q_Q8_0,
+  RK_Q_Q4_0,
+  RK_Q_Q4_K,
+  RK_Q_Q6_K,
+  RK_Q_Q4_0X8,
+  RK_Q_Q4_KX8,
+  RK_Q_COUNT
+} rk_qformat;
+
+/* Whether a format is regrouped eight rows at a time. */
+static inline bool rk_qformat_x8(rk_qformat f) { return f == RK_Q_Q4_0X8 || f == RK_Q_Q4_KX8; }
 
 /* A format's name (as GGUF's tools spell it), values per block and bytes per block. */
 typedef struct rk_qinfo {
@@ -59,19 +73,16 @@ typedef struct rk_qrows {
 typedef void (*rk_qtile_fn)(const uint8_t *w, int64_t row_bytes, int rows, const rk_qrows *a, int64_t r0, int xrows,
                             float *out, int64_t out_stride);
 
-/* Eight weight rows regrouped (q4_0x8: `group` holds rows 8g..8g+7) against up to 4 activation
- * rows: out[r * out_stride + c] for c < 8. */
+/* Eight weight rows regrouped (`group` holds rows 8g..8g+7) against up to 4 activation rows:
+ * out[r * out_stride + c] for c < 8. */
 typedef void (*rk_qtile8_fn)(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out, int64_t out_stride);
 
 /* The dot products of one instruction set, one per format, and its tiles. */
 typedef struct rk_qdots {
   rk_qdot_fn dot[RK_Q_COUNT];
   rk_qtile_fn tile[RK_Q_COUNT];
-  rk_qtile8_fn q4_0x8;
+  rk_qtile8_fn tile8[RK_Q_COUNT]; /* the regrouped formats' */
 } rk_qdots;
-
-/* The portable q4_0x8 tile (also the reference the others are tested against). */
-RVM_HIDDEN void rk_q4_0x8_portable(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out, int64_t out_stride);
 
 /* The portable dot products. */
 RVM_HIDDEN const rk_qdots *rk_qdots_portable(void);

@@ -305,17 +305,79 @@ QX_TILES(q6_K)
 QX_FN void QX(q4_0x8_one)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_X8_KERNEL(1)
 QX_FN void QX(q4_0x8_wide)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_X8_KERNEL(QX_WIDE)
 
-QX_FN void QX(tile_q4_0x8)(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out, int64_t out_stride) {
-  for (int r = 0; r < xrows;) {
-    float res[8 * QX_WIDE];
-    int take = xrows - r >= QX_WIDE ? QX_WIDE : 1;
-    if (take == QX_WIDE) QX(q4_0x8_wide)(group, a, r0 + r, res);
-    else QX(q4_0x8_one)(group, a, r0 + r, res);
-    for (int i = 0; i < take; i++)
-      for (int c = 0; c < 8; c++) out[(r + i) * out_stride + c] = res[8 * i + c];
-    r += take;
+/* ---- q4_Kx8: eight rows regrouped, one row per int32 lane ----------------------------------------- */
+
+/* Per super-block: for each sub-block, 8 products per activation row accumulate the 8 rows' sums
+ * of 32 values in their lanes, which are then multiplied by the 8 rows' scales (exact, in
+ * integers); the minimums' products use the activation's sums of 32. */
+#define QX_KX8_KERNEL(X)                                                                                       \
+  {                                                                                                            \
+    const int64_t k = a->k;                                                                                    \
+    const __m256i low = _mm256_set1_epi8(0xf);                                                                 \
+    __m256 acc[QX_WIDE], mins[QX_WIDE];                                                                        \
+    _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) acc[r] = _mm256_setzero_ps(), mins[r] = acc[r];      \
+    for (int64_t b = 0; b < k / 256; b++) {                                                                    \
+      const uint8_t *blk = group + 1184 * b;                                                                   \
+      __m256i sum[QX_WIDE], msum[QX_WIDE];                                                                     \
+      _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) sum[r] = _mm256_setzero_si256(), msum[r] = sum[r]; \
+      for (int ch = 0; ch < 4; ch++) {                                                                         \
+        __m256i lo[8], hi[8];                                                                                  \
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                                                  \
+          __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 160 + 256 * ch + 32 * j));                    \
+          lo[j] = _mm256_and_si256(v, low);                                                                    \
+          hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);                                              \
+        }                                                                                                      \
+        __m256i slo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 32 + 16 * ch)));            \
+        __m256i shi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 40 + 16 * ch)));            \
+        __m256i mlo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 96 + 16 * ch)));            \
+        __m256i mhi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 104 + 16 * ch)));           \
+        _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                                \
+          const int8_t *qx = a->q + (r0 + r) * k + 256 * b + 64 * ch;                                          \
+          const int16_t *sx = a->sum16 + (r0 + r) * (k / 16) + 16 * b + 4 * ch;                                \
+          __m256i tlo = _mm256_setzero_si256(), thi = tlo;                                                     \
+          _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                                                \
+            int32_t x0, x1;                                                                                    \
+            __builtin_memcpy(&x0, qx + 4 * j, 4);                                                              \
+            __builtin_memcpy(&x1, qx + 32 + 4 * j, 4);                                                         \
+            tlo = QX_DOT(tlo, lo[j], _mm256_set1_epi32(x0));                                                   \
+            thi = QX_DOT(thi, hi[j], _mm256_set1_epi32(x1));                                                   \
+          }                                                                                                    \
+          sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(_mm256_mullo_epi32(tlo, slo), _mm256_mullo_epi32(thi, shi))); \
+          __m256i m = _mm256_add_epi32(_mm256_mullo_epi32(mlo, _mm256_set1_epi32(sx[0] + sx[1])),              \
+                                       _mm256_mullo_epi32(mhi, _mm256_set1_epi32(sx[2] + sx[3])));             \
+          msum[r] = _mm256_add_epi32(msum[r], m);                                                              \
+        }                                                                                                      \
+      }                                                                                                        \
+      __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                                       \
+      __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));                             \
+      _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                                  \
+        __m256 dx = _mm256_set1_ps(a->d[(r0 + r) * (k / 256) + b]);                                            \
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sum[r]), acc[r]);                    \
+        mins[r] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(msum[r]), mins[r]);              \
+      }                                                                                                        \
+    }                                                                                                          \
+    _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) _mm256_storeu_ps(res + 8 * r, _mm256_sub_ps(acc[r], mins[r])); \
   }
-}
+
+QX_FN void QX(q4_Kx8_one)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_KX8_KERNEL(1)
+QX_FN void QX(q4_Kx8_wide)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_KX8_KERNEL(QX_WIDE)
+
+/* The tile function of a regrouped format: activation rows QX_WIDE at a time, then one by one. */
+#define QX_TILE8(format)                                                                                       \
+  QX_FN void QX(tile_##format)(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out,     \
+                               int64_t out_stride) {                                                           \
+    for (int r = 0; r < xrows;) {                                                                              \
+      float res[8 * QX_WIDE];                                                                                  \
+      int take = xrows - r >= QX_WIDE ? QX_WIDE : 1;                                                           \
+      if (take == QX_WIDE) QX(format##_wide)(group, a, r0 + r, res);                                           \
+      else QX(format##_one)(group, a, r0 + r, res);                                                            \
+      for (int i = 0; i < take; i++)                                                                           \
+        for (int c = 0; c < 8; c++) out[(r + i) * out_stride + c] = res[8 * i + c];                            \
+      r += take;                                                                                               \
+    }                                                                                                          \
+  }
+QX_TILE8(q4_0x8)
+QX_TILE8(q4_Kx8)
 
 /* The one-row dot products: 1 x 1 tiles. */
 #define QX_DOT1(format)                                                                               \
@@ -333,9 +395,9 @@ QX_DOT1(q4_K)
 QX_DOT1(q6_K)
 
 static const rk_qdots QX(qdots) = {
-    {QX(dot_f32), QX(dot_f16), QX(dot_q8_0), QX(dot_q4_0), QX(dot_q4_K), QX(dot_q6_K), NULL},
-    {QX(tile_f32), QX(tile_f16), QX(tile_q8_0), QX(tile_q4_0), QX(tile_q4_K), QX(tile_q6_K), NULL},
-    QX(tile_q4_0x8),
+    {QX(dot_f32), QX(dot_f16), QX(dot_q8_0), QX(dot_q4_0), QX(dot_q4_K), QX(dot_q6_K), NULL, NULL},
+    {QX(tile_f32), QX(tile_f16), QX(tile_q8_0), QX(tile_q4_0), QX(tile_q4_K), QX(tile_q6_K), NULL, NULL},
+    {[RK_Q_Q4_0X8] = QX(tile_q4_0x8), [RK_Q_Q4_KX8] = QX(tile_q4_Kx8)},
 };
 
 #undef QX_FN
@@ -353,3 +415,5 @@ static const rk_qdots QX(qdots) = {
 #undef QX_TAIL_F16
 #undef QX_DOT1
 #undef QX_X8_KERNEL
+#undef QX_KX8_KERNEL
+#undef QX_TILE8

@@ -195,3 +195,30 @@ void rvm_gguf_repack_q4_0x8(const uint8_t *src, int64_t rows, int64_t k, uint8_t
       }
     }
 }
+
+/* q4_K's 6-bit scale and minimum of sub-block j (0..7) from its 12 packed bytes. */
+static void q4k_scale_min(int j, const uint8_t *s, uint8_t *scale, uint8_t *min) {
+  if (j < 4) {
+    *scale = s[j] & 63;
+    *min = s[j + 4] & 63;
+  } else {
+    *scale = (uint8_t)((s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4));
+    *min = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  }
+}
+
+void rvm_gguf_repack_q4_Kx8(const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst) {
+  int64_t supers = k / 256, row_bytes = supers * 144;
+  for (int64_t g = 0; g < rows / 8; g++)
+    for (int64_t b = 0; b < supers; b++) {
+      uint8_t *out = dst + (g * supers + b) * 1184;
+      for (int r = 0; r < 8; r++) {
+        const uint8_t *block = src + (g * 8 + r) * row_bytes + b * 144;
+        memcpy(out + 2 * r, block, 2);
+        memcpy(out + 16 + 2 * r, block + 2, 2);
+        for (int j = 0; j < 8; j++) q4k_scale_min(j, block + 4, &out[32 + 8 * j + r], &out[96 + 8 * j + r]);
+        for (int c = 0; c < 4; c++)
+          for (int j = 0; j < 8; j++) memcpy(out + 160 + 256 * c + 32 * j + 4 * r, block + 16 + 32 * c + 4 * j, 4);
+      }
+    }
+}

@@ -344,10 +344,19 @@ static int gguf_tensor(void *ctx, const rvm_gguf_tensor *t) {
   return rc;
 }
 
-/* The regrouped copies a model asks for by name: a parameter named "X#q4_0x8" gets the q4_0
- * matrix X of the file regrouped eight rows at a time (gguf.h), made once here; it costs the
- * matrix's size in memory and makes decoding read it at the speed of the file's bandwidth. */
-static const char REPACK_SUFFIX[] = "#q4_0x8";
+/* The regrouped copies a model asks for by name: a parameter named "X#q4_0x8" (or "X#q4_Kx8")
+ * gets the file's q4_0 (q4_K) matrix X regrouped eight rows at a time (gguf.h), made once here;
+ * it costs the matrix's size in memory (q4_Kx8 3% more) and lets decoding run at the file's
+ * bandwidth rather than at the speed of unpacking one row at a time. */
+static const struct regrouping {
+  const char *suffix;
+  uint32_t gguf_type;
+  int64_t block, block_bytes, group_block_bytes;
+  void (*repack)(const uint8_t *, int64_t, int64_t, uint8_t *);
+} regroupings[] = {
+    {"#q4_0x8", 2, 32, 18, 144, rvm_gguf_repack_q4_0x8},
+    {"#q4_Kx8", 12, 256, 144, 1184, rvm_gguf_repack_q4_Kx8},
+};
 
 static const weight *find_weight(const rvm_weights *w, const char *name, size_t len) {
   for (int32_t k = 0; k < w->num_weights; k++)
@@ -355,29 +364,40 @@ static const weight *find_weight(const rvm_weights *w, const char *name, size_t 
   return NULL;
 }
 
+/* The regrouped copy `name` asks for, made and added unless it is there already. */
+static int regroup(rvm_weights *w, const char *name, const struct regrouping *how, const char *function, const char *file) {
+  size_t len = strlen(name), base_len = len - strlen(how->suffix);
+  const weight *base = find_weight(w, name, base_len);
+  if (!base || find_weight(w, name, len)) return 0; /* weights_arguments names what is missing */
+  if (base->gguf_type != (int32_t)how->gguf_type || base->tensor.ndim != 2 || base->shape[0] % 8 != 0)
+    return rvm_raise("ValueError", "weight %.*s in %s: %s asks for it regrouped (%s), which needs a %s matrix of a multiple of 8 rows",
+                     (int)base_len, name, file, function, how->suffix + 1, how->suffix[2] == '0' ? "q4_0" : "q4_K");
+  int64_t rows = base->shape[0], blocks = base->shape[1] / how->block_bytes, k = blocks * how->block;
+  int64_t shape[2] = {rows / 8, blocks * how->group_block_bytes}, nbytes = shape[0] * shape[1];
+  uint8_t *copy = rvm_mem_aligned((size_t)nbytes + 1, 64, "a regrouped weight");
+  if (!copy) return -1;
+  how->repack(base->tensor.data, rows, k, copy);
+  if (add_weight(w, name, (DLDataType){kDLUInt, 8, 1}, shape, 2, copy, nbytes, file, true)) {
+    rvm_mem_free(copy);
+    return -1;
+  }
+  w->weights[w->num_weights - 1].copy = copy;
+  return 0;
+}
+
 static int repack_for_model(rvm_weights *w, const char *file) {
   rvm_module *m = w->module_for_repack;
   for (int32_t f = 0; f < m->num_relax_funcs; f++) {
     const rvm_func_info *fn = &m->program->funcs[m->relax_funcs[f]];
-    for (int32_t p = 0; p < fn->num_args; p++) {
-      const char *name = fn->param_names ? fn->param_names[p] : NULL;
-      size_t len = name ? strlen(name) : 0, suffix = sizeof REPACK_SUFFIX - 1;
-      if (len <= suffix || strcmp(name + len - suffix, REPACK_SUFFIX) != 0 || find_weight(w, name, len)) continue;
-      const weight *base = find_weight(w, name, len - suffix);
-      if (!base) continue; /* weights_arguments names what is missing */
-      if (base->gguf_type != 2 || base->tensor.ndim != 2 || base->shape[0] % 8 != 0)
-        return rvm_raise("ValueError", "weight %.*s in %s: %s asks for it regrouped as q4_0x8, which needs a q4_0 matrix of a multiple of 8 rows",
-                         (int)(len - suffix), name, file, fn->name);
-      int64_t rows = base->shape[0], k = base->shape[1] / 18 * 32, nbytes = rows * base->shape[1];
-      uint8_t *copy = rvm_mem_aligned((size_t)nbytes + 1, 64, "a regrouped weight");
-      if (!copy) return -1;
-      rvm_gguf_repack_q4_0x8(base->tensor.data, rows, k, copy);
-      int64_t shape[2] = {rows / 8, base->shape[1] * 8};
-      if (add_weight(w, name, (DLDataType){kDLUInt, 8, 1}, shape, 2, copy, nbytes, file, true)) {
-        rvm_mem_free(copy);
-        return -1;
+    for (int32_t p = 0; p < fn->num_args && fn->param_names; p++) {
+      const char *name = fn->param_names[p];
+      size_t len = name ? strlen(name) : 0;
+      for (size_t r = 0; r < sizeof regroupings / sizeof regroupings[0]; r++) {
+        size_t suffix = strlen(regroupings[r].suffix);
+        if (len > suffix && strcmp(name + len - suffix, regroupings[r].suffix) == 0 &&
+            regroup(w, name, &regroupings[r], fn->name, file))
+          return -1;
       }
-      w->weights[w->num_weights - 1].copy = copy;
     }
   }
   return 0;

@@ -39,9 +39,7 @@ def export(gguf_path, tar, target=None, log=print):
     )
     model = LlamaFamily(config)
     mod, params = model.export_tvm(spec=model.spec())
-    from .model import REGROUPED
-
-    missing = [name for name, _ in params if name.removesuffix(REGROUPED) not in config.formats]
+    missing = [name for name, _ in params if name.split("#")[0] not in config.formats]
     if missing:
         raise GGUFError(f"{gguf_path}: the model needs tensors the file lacks: {', '.join(missing[:5])}")
     # TVM checks a function's inputs against their annotations but not its weights (the parameters

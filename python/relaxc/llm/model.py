@@ -24,6 +24,11 @@ BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_K": (256, 144), "q6_K": (256, 
 FORMATS = ["f32", "f16", *BLOCKS]
 
 
+def regrouped_type(fmt, rows, k):
+    """The shape of a [rows, k] matrix regrouped eight rows at a time (q4_0x8, q4_Kx8)."""
+    return (rows // 8, k // 32 * 144) if fmt == "q4_0x8" else (rows // 8, k // 256 * 1184)
+
+
 def weight_type(fmt, rows, k):
     """(shape, dtype) of a [rows, k] matrix in format fmt, as weights_open passes it."""
     if fmt == "f32":
@@ -71,30 +76,33 @@ def _extern(name, args, out):
     return wrap_nested(relax.call_dps_packed(name, args=relax.Tuple(converted), out_ty=out._expr.ty), name)  # noqa: SLF001
 
 
-# A q4_0 matrix of a multiple of 8 rows is asked for regrouped (rvm.h's weights_open makes the
-# copy for a parameter named "X#q4_0x8"): decoding reads it about 1.3x faster.
-REGROUPED = "#q4_0x8"
+# A q4_0 or q4_K matrix of a multiple of 8 rows is asked for regrouped eight rows at a time
+# (rvm.h's weights_open makes the copy for a parameter named "X#q4_0x8" or "X#q4_Kx8"): decoding
+# reads it 1.2-1.5x faster.
+REGROUPED = {"q4_0": "q4_0x8", "q4_K": "q4_Kx8"}
 
 
 def regrouped(fmt, rows):
-    return fmt == "q4_0" and rows % 8 == 0
+    """The regrouped format a matrix is read in, or None."""
+    return REGROUPED.get(fmt) if rows % 8 == 0 else None
 
 
 class Linear(nn.Module):
     """x @ W.T (+ b) with W in the file's format, through relaxc.dense_q."""
 
     def __init__(self, rows, k, fmt, bias=False):
-        self.rows, self.fmt = rows, fmt
+        self.rows, self.fmt, self.name = rows, fmt, "weight"
         if regrouped(fmt, rows):
-            self.fmt = "q4_0x8"
-            setattr(self, "weight" + REGROUPED, nn.Parameter((rows // 8, k // 32 * 144), "uint8"))
+            self.fmt = regrouped(fmt, rows)
+            self.name = "weight#" + self.fmt
+            setattr(self, self.name, nn.Parameter(regrouped_type(self.fmt, rows, k), "uint8"))
         else:
             shape, dtype = weight_type(fmt, rows, k)
             self.weight = nn.Parameter(shape, dtype)
         self.bias = nn.Parameter((rows,), "float32") if bias else None
 
     def matrix(self):
-        return getattr(self, "weight" + REGROUPED) if self.fmt == "q4_0x8" else self.weight
+        return getattr(self, self.name)
 
     def forward(self, x):
         out = Tensor.placeholder([*x.shape[:-1], self.rows], "float32")
@@ -106,14 +114,15 @@ class Embedding(nn.Module):
         shape, dtype = weight_type(fmt, vocab, hidden)
         self.hidden, self.fmt, self.vocab = hidden, fmt, vocab
         self.weight = nn.Parameter(shape, dtype)
-        if tied and regrouped(fmt, vocab):  # the output layer reads the table regrouped
-            setattr(self, "weight" + REGROUPED, nn.Parameter((vocab // 8, hidden // 32 * 144), "uint8"))
+        self.output_fmt = regrouped(fmt, vocab) if tied else None
+        if self.output_fmt:  # the output layer reads the table regrouped
+            setattr(self, "weight#" + self.output_fmt, nn.Parameter(regrouped_type(self.output_fmt, vocab, hidden), "uint8"))
 
     def as_output(self, h):
         """h times the table: the output layer of a model whose embeddings are tied."""
         out = Tensor.placeholder([*h.shape[:-1], self.vocab], "float32")
-        if regrouped(self.fmt, self.vocab):
-            return _extern("relaxc.dense_q", [h, getattr(self, "weight" + REGROUPED), "q4_0x8", None], out)
+        if self.output_fmt:
+            return _extern("relaxc.dense_q", [h, getattr(self, "weight#" + self.output_fmt), self.output_fmt, None], out)
         return _extern("relaxc.dense_q", [h, self.weight, self.fmt, None], out)
 
     def forward(self, ids):

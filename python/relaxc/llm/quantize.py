@@ -102,3 +102,37 @@ def repack_q4_0x8(w):
     values = blocks[..., 2:].reshape(rows // 8, row_bytes // 18, 8, 4, 4).transpose(0, 1, 3, 2, 4)  # [g, b, j, r, 4]
     out = np.concatenate([scales, values.reshape(rows // 8, row_bytes // 18, 128)], axis=-1)
     return np.ascontiguousarray(out.reshape(rows // 8, -1))
+
+
+def _q4k_scales_mins(packed):
+    """q4_K's 12 bytes of scales [..., 12] as (scales [..., 8], minimums [..., 8])."""
+    s = packed.astype(np.uint16)
+    scales, mins = np.empty(s.shape[:-1] + (8,), np.uint8), np.empty(s.shape[:-1] + (8,), np.uint8)
+    for j in range(4):
+        scales[..., j] = s[..., j] & 63
+        mins[..., j] = s[..., j + 4] & 63
+        scales[..., j + 4] = (s[..., j + 8] & 0xF) | ((s[..., j] >> 6) << 4)
+        mins[..., j + 4] = (s[..., j + 8] >> 4) | ((s[..., j + 4] >> 6) << 4)
+    return scales, mins
+
+
+def repack_q4_Kx8(w):
+    """q4_K rows [n, k / 256 * 144] regrouped eight at a time, as weights_open makes them for a
+    parameter named "X#q4_Kx8" (runtime-shim/src/gguf.h): [n / 8, k / 256 * 1184]."""
+    w = np.asarray(w, np.uint8)
+    rows, row_bytes = w.shape
+    if rows % 8:
+        raise ValueError(f"q4_Kx8 needs a multiple of 8 rows, got {rows}")
+    g, sb = rows // 8, row_bytes // 144
+    blocks = w.reshape(g, 8, sb, 144).transpose(0, 2, 1, 3)  # [g, b, r, 144]
+    d = blocks[..., 0:2].reshape(g, sb, 16)
+    dmin = blocks[..., 2:4].reshape(g, sb, 16)
+    scales, mins = _q4k_scales_mins(blocks[..., 4:16])  # [g, b, r, 8]
+    scales = scales.transpose(0, 1, 3, 2).reshape(g, sb, 64)
+    mins = mins.transpose(0, 1, 3, 2).reshape(g, sb, 64)
+    values = blocks[..., 16:].reshape(g, sb, 8, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)  # [g, b, c, j, r, 4]
+    out = np.concatenate([d, dmin, scales, mins, values.reshape(g, sb, 1024)], axis=-1)
+    return np.ascontiguousarray(out.reshape(g, -1))
+
+
+REGROUPINGS = {"#q4_0x8": repack_q4_0x8, "#q4_Kx8": repack_q4_Kx8}
