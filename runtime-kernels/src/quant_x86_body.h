@@ -45,22 +45,31 @@ QX_FN inline float QX(half)(const uint8_t *p) {
     }                                                                                                                \
   }
 
-#define QX_KERNEL_PAIR(format, ONE_ROW_AT_A_TIME, ...)                                                       \
+/* How one activation row (decoding) reads the weights, measured per format: a row at a time
+ * through the kernel, a row at a time through a row function with four sums in flight (f32:
+ * memory-bound), or four rows side by side (f16: the conversions overlap the loads). */
+#ifndef QX_ROW_KERNEL
+#define QX_ROW_KERNEL 0
+#define QX_ROW_FUNCTION 1
+#define QX_SIDE_BY_SIDE 2
+#endif
+#define QX_KERNEL_PAIR(format, DECODE, ...)                                                                  \
   QX_FN inline __attribute__((always_inline)) void QX(format##_kernel)(                                    \
       const uint8_t *const *wr, const rk_qrows *a, const int64_t *xr, int C, int X, int64_t ahead,         \
       float res[4][QX_WIDE]) __VA_ARGS__                                                                    \
   QX_FN void QX(format##_one)(const uint8_t *const *wr, const rk_qrows *a, const int64_t *xr,             \
                               int64_t ahead, float res[4][QX_WIDE]) {                                       \
-    if (ONE_ROW_AT_A_TIME) {                                                                                \
-      /* Each weight row alone: one sequential stream the hardware prefetches. */                          \
-      for (int c = 0; c < 4; c++) {                                                                         \
-        float one[4][QX_WIDE];                                                                              \
-        QX(format##_kernel)(wr + c, a, xr, 1, 1, 0, one);                                                   \
-        res[c][0] = one[0][0];                                                                              \
-      }                                                                                                     \
-    } else {                                                                                                \
+    if (DECODE == QX_SIDE_BY_SIDE) {                                                                        \
       /* Four rows side by side: four sums in flight, the streams fetched ahead. */                        \
       QX(format##_kernel)(wr, a, xr, 4, 1, ahead, res);                                                     \
+      return;                                                                                               \
+    }                                                                                                       \
+    /* Each weight row alone: one sequential stream the hardware prefetches. */                            \
+    for (int c = 0; c < 4; c++) {                                                                           \
+      float one[4][QX_WIDE];                                                                                \
+      if (DECODE == QX_ROW_FUNCTION) one[0][0] = QX(format##_row)(wr[c], a->x + xr[0] * a->k, a->k);        \
+      else QX(format##_kernel)(wr + c, a, xr, 1, 1, 0, one);                                                \
+      res[c][0] = one[0][0];                                                                                \
     }                                                                                                       \
   }                                                                                                         \
   QX_FN void QX(format##_wide)(const uint8_t *const *wr, const rk_qrows *a, const int64_t *xr,            \
@@ -98,8 +107,38 @@ QX_FN inline float QX(half)(const uint8_t *p) {
 #define QX_TAIL_F32(row, j) (((const float *)(row))[j])
 #define QX_LOAD_F16(row, i) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((row) + 2 * (i))))
 #define QX_TAIL_F16(row, j) QX(half)((row) + 2 * (j))
-QX_KERNEL_PAIR(f32, false, QX_FLOAT_KERNEL(QX_LOAD_F32, QX_TAIL_F32, 4))
-QX_KERNEL_PAIR(f16, false, QX_FLOAT_KERNEL(QX_LOAD_F16, QX_TAIL_F16, 2))
+/* One float row against one activation row, four partial sums in flight (decoding: the row
+ * streams from memory, and one chain of multiply-adds could not keep up with it). */
+#define QX_FLOAT_ROW(name, LOAD8, TAIL)                                                                  \
+  QX_FN float QX(name)(const uint8_t *row, const float *x, int64_t k) {                                  \
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                            \
+    int64_t i = 0;                                                                                       \
+    for (; i + 32 <= k; i += 32) {                                                                       \
+      acc0 = _mm256_fmadd_ps(LOAD8(row, i), _mm256_loadu_ps(x + i), acc0);                               \
+      acc1 = _mm256_fmadd_ps(LOAD8(row, i + 8), _mm256_loadu_ps(x + i + 8), acc1);                       \
+      acc2 = _mm256_fmadd_ps(LOAD8(row, i + 16), _mm256_loadu_ps(x + i + 16), acc2);                     \
+      acc3 = _mm256_fmadd_ps(LOAD8(row, i + 24), _mm256_loadu_ps(x + i + 24), acc3);                     \
+    }                                                                                                    \
+    for (; i + 8 <= k; i += 8) acc0 = _mm256_fmadd_ps(LOAD8(row, i), _mm256_loadu_ps(x + i), acc0);      \
+    float sum = QX(hsum)(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));           \
+    for (; i < k; i++) sum = __builtin_fmaf(TAIL(row, i), x[i], sum);                                    \
+    return sum;                                                                                          \
+  }
+QX_FLOAT_ROW(f32_row, QX_LOAD_F32, QX_TAIL_F32)
+/* The other formats decode through their kernels; these are never called. */
+#define QX_NO_ROW(format)                                                                                \
+  QX_FN float QX(format##_row)(const uint8_t *row, const float *x, int64_t k) {                          \
+    (void)row, (void)x, (void)k;                                                                         \
+    return 0.0f;                                                                                         \
+  }
+QX_NO_ROW(f16)
+QX_NO_ROW(q8_0)
+QX_NO_ROW(q4_0)
+QX_NO_ROW(q4_K)
+QX_NO_ROW(q6_K)
+
+QX_KERNEL_PAIR(f32, QX_ROW_FUNCTION, QX_FLOAT_KERNEL(QX_LOAD_F32, QX_TAIL_F32, 4))
+QX_KERNEL_PAIR(f16, QX_SIDE_BY_SIDE, QX_FLOAT_KERNEL(QX_LOAD_F16, QX_TAIL_F16, 2))
 
 /* ---- q8_0 and q4_0: blocks of 32 with one f16 scale ----------------------------------------------- */
 
@@ -152,8 +191,8 @@ QX_FN inline __m256i QX(q4_0_unsigned)(const uint8_t *qs) {
     __m256i p = QX_DOT(start[r], magnitude, _mm256_sign_epi8(xb[r], v));                                     \
     acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[r]), _mm256_cvtepi32_ps(p), acc[c][r]);               \
   }
-QX_KERNEL_PAIR(q4_0, true, QX_BLOCK32_KERNEL(18, QX_Q4_0_PRODUCT, QX_Q4_0_START))
-QX_KERNEL_PAIR(q8_0, true, QX_BLOCK32_KERNEL(34, QX_Q8_0_PRODUCT, QX_Q8_0_START))
+QX_KERNEL_PAIR(q4_0, QX_ROW_KERNEL, QX_BLOCK32_KERNEL(18, QX_Q4_0_PRODUCT, QX_Q4_0_START))
+QX_KERNEL_PAIR(q8_0, QX_ROW_KERNEL, QX_BLOCK32_KERNEL(34, QX_Q8_0_PRODUCT, QX_Q8_0_START))
 
 /* ---- q4_K and q6_K: super-blocks of 256, integer sub-block scales ---------------------------------- */
 
@@ -166,7 +205,7 @@ QX_FN inline int32_t QX(dot16)(__m256i a, __m256i b) {
   return _mm_cvtsi128_si32(q);
 }
 
-QX_KERNEL_PAIR(q4_K, true, {
+QX_KERNEL_PAIR(q4_K, QX_ROW_KERNEL, {
   const int64_t k = a->k;
   const __m256i low = _mm256_set1_epi8(0xf);
   /* Each minimum twice: it weighs both sums of 16 in its sub-block of 32. */
@@ -210,7 +249,7 @@ QX_KERNEL_PAIR(q4_K, true, {
     for (int r = 0; r < X; r++) res[c][r] = QX(hsum)(acc[c][r]) + extra[c][r];
 })
 
-QX_KERNEL_PAIR(q6_K, true, {
+QX_KERNEL_PAIR(q6_K, QX_ROW_KERNEL, {
   const int64_t k = a->k;
   const __m256i low = _mm256_set1_epi8(0xf), high = _mm256_set1_epi8(0x30);
   __m256 acc[4][QX_WIDE];
@@ -416,4 +455,6 @@ static const rk_qdots QX(qdots) = {
 #undef QX_DOT1
 #undef QX_X8_KERNEL
 #undef QX_KX8_KERNEL
+#undef QX_FLOAT_ROW
+#undef QX_NO_ROW
 #undef QX_TILE8
