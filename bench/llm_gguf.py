@@ -7,8 +7,14 @@ llama.cpp's own quantizer (llama-cpp-python's llama_model_quantize) into f16, q8
 Q4_K_M (q4_K with q6_K). Each file is built by `python -m relaxc.llm build` (compiled mode) and run
 by `relaxc generate --weights FILE.gguf`; llama.cpp runs the same file.
 
-Before timing, per file: the first prefill's logits must agree with llama.cpp's (within 1e-3 of
-the largest logit for f32 and f16, 2e-2 for the quantized formats) with the same argmax. Then,
+Before timing, per file: the first prefill's logits must have llama.cpp's argmax and agree with
+llama.cpp's (within 1e-3 of the largest logit for f32 and f16, 2e-2 for the quantized formats),
+or else be about as close as llama.cpp's to the exact answer (within 1.25x its distance): a
+float64 forward pass over the
+file's dequantized weights (tests/python/test_gguf.py's reference), from which both runtimes
+depart by rounding activations (llama.cpp rounds f16 models' activations to f16, and both round
+the quantized models' to int8 per block: on this random-weight model 8 layers amplify that into
+logits about 2e-2 apart, each about 2e-2 from the exact answer). Then,
 interleaved, at 1 and 2 threads: prefill of a 6-token prompt and decode tokens/s; medians.
 Also: file sizes, relaxc's load time and its resident set after loading the weights.
 
@@ -16,6 +22,7 @@ Needs TVM 0.27, llama-cpp-python, gguf and numpy. Builds are cached in --work.
 
 usage: python3 bench/llm_gguf.py [--formats f32,f16,q8_0,q4_0,q4_k_m] [--tokens 32] [--rounds 3]
 """
+
 import argparse
 import json
 import os
@@ -31,10 +38,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
-import llm_midsize  # noqa: E402
+import llm_midsize
 
-FTYPES = {"f16": "LLAMA_FTYPE_MOSTLY_F16", "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
-          "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+
+FTYPES = {
+    "f16": "LLAMA_FTYPE_MOSTLY_F16",
+    "q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+    "q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
+    "q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M",
+}
 TOLERANCE = {"f32": 1e-3, "f16": 1e-3}
 
 
@@ -57,7 +70,9 @@ def quantized_file(work, fmt):
 
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = getattr(llama_cpp, FTYPES[fmt])
-        rc = llama_cpp.llama_model_quantize(f32_file(work).encode(), path.encode(), params)
+        rc = llama_cpp.llama_model_quantize(
+            f32_file(work).encode(), path.encode(), params
+        )
         if rc != 0:
             sys.exit(f"llama.cpp's quantizer failed on {fmt} ({rc})")
     return path
@@ -68,21 +83,49 @@ def build(work, relaxc, gguf_path):
     if not os.path.exists(so):
         t = time.time()
         env = dict(os.environ, RELAXC=relaxc, PYTHONPATH=os.path.join(ROOT, "python"))
-        subprocess.run([sys.executable, "-m", "relaxc.llm", "build", gguf_path, "-o", so, "--exec-mode", "compiled"],
-                       check=True, env=env)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "relaxc.llm",
+                "build",
+                gguf_path,
+                "-o",
+                so,
+                "--exec-mode",
+                "compiled",
+            ],
+            check=True,
+            env=env,
+        )
         print(f"built {os.path.basename(so)} in {time.time() - t:.0f} s", flush=True)
     return so
 
 
 def relaxc_run(relaxc, so, gguf_path, threads, tokens, runs, logits=None):
-    cmd = [relaxc, "generate", so, "--weights", gguf_path, "--prompt", ",".join(map(str, llm_midsize.PROMPT)),
-           "--max-new-tokens", str(tokens), "--max-total-seq-len", "512", "--prefill-chunk-size", "64"]
+    cmd = [
+        relaxc,
+        "generate",
+        so,
+        "--weights",
+        gguf_path,
+        "--prompt",
+        ",".join(map(str, llm_midsize.PROMPT)),
+        "--max-new-tokens",
+        str(tokens),
+        "--max-total-seq-len",
+        "512",
+        "--prefill-chunk-size",
+        "64",
+    ]
     if runs:
         cmd += ["--bench", str(runs)]
     if logits:
         cmd += ["--logits", logits]
     env = dict(os.environ, TVM_NUM_THREADS=str(threads))
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+    out = subprocess.run(
+        cmd, check=True, capture_output=True, text=True, env=env
+    ).stdout
     new = [int(t) for t in out.splitlines()[0].split(":")[1].split()]
     import re
 
@@ -105,20 +148,31 @@ print(time.perf_counter() - t, rss() - before)
 
 
 def load_cost(so, gguf_path):
-    out = subprocess.run([sys.executable, "-c", LOAD, so, gguf_path], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD, so, gguf_path],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     seconds, grown = out.split()
     return float(seconds), int(grown)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--relaxc", default=os.path.join(ROOT, "target/release/relaxc"))
     ap.add_argument("--work", default="/tmp/relaxc-llm-gguf")
     ap.add_argument("--formats", default="f32,f16,q8_0,q4_0,q4_k_m")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--time-anyway", action="store_true", help="time the formats whose logits disagree with llama.cpp's too")
+    ap.add_argument(
+        "--time-anyway",
+        action="store_true",
+        help="time the formats whose logits disagree with llama.cpp's too",
+    )
     args = ap.parse_args()
     relaxc = os.path.abspath(args.relaxc)
     os.makedirs(args.work, exist_ok=True)
@@ -134,37 +188,90 @@ def main():
         llm_midsize.llama_cpp(files[f], 2, 2, 0, theirs)
         a, b = np.load(ours)["logits"][0], np.load(theirs)
         diff = float(np.abs(a - b).max() / np.abs(b).max())
-        checks[f] = (diff, int(a.argmax()), int(b.argmax()))
-        print(f"{f}: first prefill logits within {diff:.2e} of llama.cpp's largest; argmax {a.argmax()} / {b.argmax()}", flush=True)
-        if (diff > TOLERANCE.get(f, 2e-2) or a.argmax() != b.argmax()) and not args.time_anyway:
-            sys.exit(f"{f}: relaxc disagrees with llama.cpp: not timing (--time-anyway times it all the same)")
+        agree = diff <= TOLERANCE.get(f, 2e-2)
+        exact_a = exact_b = float("nan")
+        if not agree:
+            from test_gguf import reference_first_logits
+
+            exact = reference_first_logits(files[f], llm_midsize.PROMPT)
+            scale = np.abs(exact).max()
+            exact_a, exact_b = (
+                float(np.abs(a - exact).max() / scale),
+                float(np.abs(b - exact).max() / scale),
+            )
+        checks[f] = {
+            "relaxc_vs_llama_cpp": diff,
+            "relaxc_vs_exact": exact_a,
+            "llama_cpp_vs_exact": exact_b,
+            "argmax": [int(a.argmax()), int(b.argmax())],
+        }
+        print(
+            f"{f}: first prefill logits within {diff:.2e} of llama.cpp's largest; argmax {a.argmax()} / {b.argmax()}"
+            + (
+                ""
+                if agree
+                else f"; from the exact answer: relaxc {exact_a:.2e}, llama.cpp {exact_b:.2e}"
+            ),
+            flush=True,
+        )
+        ok = a.argmax() == b.argmax() and (agree or exact_a <= exact_b * 1.25)
+        if not ok and not args.time_anyway:
+            sys.exit(
+                f"{f}: relaxc disagrees with llama.cpp: not timing (--time-anyway times it all the same)"
+            )
 
     results = {}
     for r in range(args.rounds):
         for f in formats:
             for threads in [1, 2]:
-                _, p, t = relaxc_run(relaxc, models[f], files[f], threads, args.tokens, args.runs)
+                _, p, t = relaxc_run(
+                    relaxc, models[f], files[f], threads, args.tokens, args.runs
+                )
                 results.setdefault((f, "relaxc", threads), []).append((p, t))
-                _, p, t = llm_midsize.llama_cpp(files[f], threads, args.tokens, args.runs, theirs)
+                _, p, t = llm_midsize.llama_cpp(
+                    files[f], threads, args.tokens, args.runs, theirs
+                )
                 results.setdefault((f, "llama.cpp", threads), []).append((p, t))
         print(f"round {r + 1} of {args.rounds} done", flush=True)
 
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
-    print(f"\n{cpu}, {os.cpu_count()} cores; {len(llm_midsize.PROMPT)}-token prompt, {args.tokens} new tokens; "
-          f"medians of {args.rounds} rounds of {args.runs} runs")
-    print("| format | file (MiB) | relaxc load (ms) | RSS after load / file | threads | relaxc prefill (ms) | llama.cpp prefill (ms) "
-          "| relaxc decode (tok/s) | llama.cpp decode (tok/s) | decode relaxc / llama.cpp |")
+    with open("/proc/cpuinfo") as info:
+        cpu = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in info
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+    print(
+        f"\n{cpu}, {os.cpu_count()} cores; {len(llm_midsize.PROMPT)}-token prompt, {args.tokens} new tokens; "
+        f"medians of {args.rounds} rounds of {args.runs} runs"
+    )
+    print(
+        "| format | file (MiB) | relaxc load (ms) | RSS after load / file | threads | relaxc prefill (ms) | llama.cpp prefill (ms) "
+        "| relaxc decode (tok/s) | llama.cpp decode (tok/s) | decode relaxc / llama.cpp |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     summary = {}
     for f in formats:
         size = os.path.getsize(files[f])
         seconds, grown = load_cost(models[f], files[f])
         for threads in [1, 2]:
-            med = lambda who, i: statistics.median(x[i] for x in results[(f, who, threads)])  # noqa: E731
-            rp, rt, lp, lt = med("relaxc", 0), med("relaxc", 1), med("llama.cpp", 0), med("llama.cpp", 1)
-            summary[f"{f}/{threads}"] = {"relaxc_prefill_ms": rp, "llama_prefill_ms": lp, "relaxc_tps": rt, "llama_tps": lt}
-            print(f"| {f} | {size / 2**20:.0f} | {seconds * 1e3:.0f} | {grown / size:.3f} | {threads} | {rp:.2f} | {lp:.2f} | "
-                  f"{rt:.1f} | {lt:.1f} | {rt / lt:.2f}x |")
+            runs = {who: results[(f, who, threads)] for who in ("relaxc", "llama.cpp")}
+            rp, rt = (statistics.median(x[i] for x in runs["relaxc"]) for i in (0, 1))
+            lp, lt = (
+                statistics.median(x[i] for x in runs["llama.cpp"]) for i in (0, 1)
+            )
+            summary[f"{f}/{threads}"] = {
+                "relaxc_prefill_ms": rp,
+                "llama_prefill_ms": lp,
+                "relaxc_tps": rt,
+                "llama_tps": lt,
+            }
+            print(
+                f"| {f} | {size / 2**20:.0f} | {seconds * 1e3:.0f} | {grown / size:.3f} | {threads} | {rp:.2f} | {lp:.2f} | "
+                f"{rt:.1f} | {lt:.1f} | {rt / lt:.2f}x |"
+            )
     with open(os.path.join(args.work, "summary.json"), "w") as out:
         json.dump({"checks": checks, "results": summary}, out, indent=1)
 

@@ -279,7 +279,8 @@ def _close(x, y):
 class _Planner:
     """Finds what each anchor absorbs and what replaces the last binding it absorbs."""
 
-    def __init__(self, func):
+    def __init__(self, func, quantize=None):
+        self.quantize = quantize
         self.b = _Bindings(func)
         self.replace = {}  # Call (the value of the binding replaced) -> its replacement
         self.taken = set()  # variables an anchor absorbed: no other anchor may take them too
@@ -512,6 +513,8 @@ class _Planner:
         if da is None or db is None or len(da) < 1:
             return
         weight = self.b.const(b)
+        if weight is not None and weight.ndim == 2 and self._quantized(var, a, weight):
+            return
         if weight is not None and weight.ndim == 2:
             tail, ep = self._absorb("dense", var, _dims(var))
             ep.out_perm = None
@@ -526,6 +529,24 @@ class _Planner:
         args = [pa, pb, self._bias_arg(ep), self._residual_arg(ep), self._shape(a_perm), self._shape(b_perm),
                 self._shape(ep.out_perm), relax.expr.String(ep.act), ep.scalars()]
         self._finish(tail, "relaxc.matmul", args)
+
+    def _quantized(self, var, x, weight):
+        """With build(quantize=FMT): a dense layer whose weight [k, n] has rows of whole blocks
+        becomes relaxc.dense_q over the weight quantized to FMT (q4_0 and q4_K regrouped eight
+        rows at a time when n allows), absorbing nothing after it (dense_q has no epilogue)."""
+        from .llm.quantize import BLOCKS, REGROUPINGS, quantize
+
+        fmt = self.quantize
+        k, n = weight.shape
+        if fmt is None or (fmt in BLOCKS and k % BLOCKS[fmt][0] != 0):
+            return False
+        rows = quantize(np.ascontiguousarray(weight.T), fmt)
+        regrouped = {"q4_0": "q4_0x8", "q4_K": "q4_Kx8"}.get(fmt) if n % 8 == 0 else None
+        if regrouped:
+            rows, fmt = REGROUPINGS["#" + regrouped](rows), regrouped
+        self.taken.add(var)
+        self._finish(var, "relaxc.dense_q", [x, relax.const(rows), relax.expr.String(fmt), relax.op.null_value()])
+        return True
 
     def conv2d(self, var, call):
         x, w = call.args[0], call.args[1]
@@ -693,13 +714,15 @@ class _Apply(PyExprMutator):
         return self.visit_expr(new) if new is not None else super().visit_tuple_getitem_(item)
 
 
-def rewrite_module(mod):
-    """A copy of the module with every covered operator calling relaxc's kernel library."""
+def rewrite_module(mod, quantize=None):
+    """A copy of the module with every covered operator calling relaxc's kernel library (dense
+    layers over weights quantized to `quantize` when it names a format: f16, q8_0, q4_0, q4_K,
+    q6_K)."""
     mod = mod.clone()
     for gvar, func in list(mod.functions.items()):
         if not isinstance(func, relax.Function):
             continue
-        replace = _Planner(func).plan(func)
+        replace = _Planner(func, quantize).plan(func)
         if not replace:
             continue
         rewritten = _Apply(mod, replace).visit_expr(func)

@@ -26,20 +26,32 @@ from ._rewrite import rewrite_module
 __all__ = ["build", "RewriteToLibrary", "register_kernels", "build_library"]
 
 
+QUANTIZE_FORMATS = ("f16", "q8_0", "q4_0", "q4_K", "q6_K")
+
+
 @tvm.transform.module_pass(opt_level=0, name="relaxc.RewriteToLibrary")
 class RewriteToLibrary:
-    """Rewrites the Relax operators relaxc's kernel library covers into calls of it."""
+    """Rewrites the Relax operators relaxc's kernel library covers into calls of it; with
+    ``quantize``, dense layers' constant weights are quantized to that GGUF format."""
+
+    def __init__(self, quantize=None):
+        if quantize is not None and quantize not in QUANTIZE_FORMATS:
+            raise ValueError(f"quantize={quantize!r}: the formats are {', '.join(QUANTIZE_FORMATS)}")
+        self.quantize = quantize
 
     def transform_module(self, mod, ctx):  # noqa: ARG002 (the pass context is not needed)
-        return rewrite_module(mod)
+        return rewrite_module(mod, self.quantize)
 
 
 def build(mod, target="llvm", exec_mode="bytecode", params=None, relax_pipeline="default", tir_pipeline="default",
-          register=True):
+          register=True, quantize=None):
     """``relax.build`` after RewriteToLibrary: the same executable, with the covered operators
     running on relaxc's kernel library. With ``register`` (the default) the kernels are also
-    registered in TVM (this needs the relaxc command), so the result runs in TVM's VM as well."""
-    rewritten = RewriteToLibrary()(mod)
+    registered in TVM (this needs the relaxc command), so the result runs in TVM's VM as well.
+    ``quantize`` ("f16", "q8_0", "q4_0", "q4_K" or "q6_K") quantizes the weights of dense layers
+    (constant [k, n] matrices whose k is a multiple of the format's block: 32, 256 for the K
+    formats) into that GGUF format, run by relaxc.dense_q; other layers stay float32."""
+    rewritten = RewriteToLibrary(quantize)(mod)
     if register:
         try:
             register_kernels()

@@ -377,6 +377,11 @@ static int regroup(rvm_weights *w, const char *name, const struct regrouping *ho
   uint8_t *copy = rvm_mem_aligned((size_t)nbytes + 1, 64, "a regrouped weight");
   if (!copy) return -1;
   how->repack(base->tensor.data, rows, k, copy);
+  /* The file's pages of the matrix were read once, for the copy: give them back (the mapping is
+   * private and read-only, so they come back from the file if the plain form is used too). */
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), from = ((uintptr_t)base->tensor.data + page - 1) / page * page,
+            to = ((uintptr_t)base->tensor.data + (uintptr_t)(rows * base->shape[1])) / page * page;
+  if (to > from) madvise((void *)from, to - from, MADV_DONTNEED);
   if (add_weight(w, name, (DLDataType){kDLUInt, 8, 1}, shape, 2, copy, nbytes, file, true)) {
     rvm_mem_free(copy);
     return -1;

@@ -15,7 +15,10 @@ import pytest
 import tvm_ffi
 from test_tvm_ffi import MODES, ROOT, relaxc_binary
 
-gguf = pytest.importorskip("gguf", reason="the gguf package (pip install gguf) reads the fixture for the reference")
+gguf = pytest.importorskip(
+    "gguf",
+    reason="the gguf package (pip install gguf) reads the fixture for the reference",
+)
 
 FIXTURE = os.path.join(ROOT, "fixtures", "gguf")
 GGUF = os.path.join(FIXTURE, "tiny_mixed.gguf")
@@ -29,21 +32,42 @@ def models(tmp_path_factory):
     built = {}
     for mode in MODES:
         so = str(out / f"gguf.{mode}.so")
-        subprocess.run([relaxc_binary(), "compile", os.path.join(FIXTURE, "m.tar"), "--exec-mode", mode, "-o", so], check=True)
+        subprocess.run(
+            [
+                relaxc_binary(),
+                "compile",
+                os.path.join(FIXTURE, "m.tar"),
+                "--exec-mode",
+                mode,
+                "-o",
+                so,
+            ],
+            check=True,
+        )
         built[mode] = so
     return built
 
 
 def generate(m, prompt, n):
     call = m["relaxc_call"]
-    w = {fn: m["relaxc_weights"](GGUF, fn, k) for fn, k in [("embed", 1), ("prefill", 2), ("decode", 2)]}
+    w = {
+        fn: m["relaxc_weights"](GGUF, fn, k)
+        for fn, k in [("embed", 1), ("prefill", 2), ("decode", 2)]
+    }
     kv = m["create_paged_kv_cache"](*[tvm_ffi.Shape([v]) for v in [1, 128, 32, 16, 0]])
     call("vm.builtin.kv_state_add_sequence", kv, 0)
 
     def step(fn, ids):
-        embeds = np.from_dlpack(m["embed"](tvm_ffi.from_dlpack(np.array(ids, "int32")), *w["embed"]))
+        embeds = np.from_dlpack(
+            m["embed"](tvm_ffi.from_dlpack(np.array(ids, "int32")), *w["embed"])
+        )
         embeds = np.ascontiguousarray(embeds.reshape(1, len(ids), -1))
-        call("vm.builtin.kv_state_begin_forward", kv, tvm_ffi.Shape([0]), tvm_ffi.Shape([len(ids)]))
+        call(
+            "vm.builtin.kv_state_begin_forward",
+            kv,
+            tvm_ffi.Shape([0]),
+            tvm_ffi.Shape([len(ids)]),
+        )
         out = m[fn](tvm_ffi.from_dlpack(embeds), kv, *w[fn])
         call("vm.builtin.kv_state_end_forward", kv)
         return np.from_dlpack(out[0])[0, 0].copy()
@@ -76,7 +100,9 @@ def reference_first_logits(path, prompt):
     reader = gguf.GGUFReader(path)
     t = {}
     for tensor in reader.tensors:
-        values = dequantize(np.array(tensor.data), tensor.tensor_type).astype(np.float64)
+        values = dequantize(np.array(tensor.data), tensor.tensor_type).astype(
+            np.float64
+        )
         t[tensor.name] = values.reshape([int(d) for d in reversed(tensor.shape)])
 
     def field(key):
@@ -84,15 +110,23 @@ def reference_first_logits(path, prompt):
         return f.parts[f.data[0]].tolist()[0]
 
     hidden, layers = field("llama.embedding_length"), field("llama.block_count")
-    heads, kv_heads = field("llama.attention.head_count"), field("llama.attention.head_count_kv")
-    eps, theta = field("llama.attention.layer_norm_rms_epsilon"), field("llama.rope.freq_base")
+    heads, kv_heads = (
+        field("llama.attention.head_count"),
+        field("llama.attention.head_count_kv"),
+    )
+    eps, theta = (
+        field("llama.attention.layer_norm_rms_epsilon"),
+        field("llama.rope.freq_base"),
+    )
     hd = hidden // heads
     n = len(prompt)
 
     def norm(x, w):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
-    def rope(x):  # x [n, heads, hd], pairs (2i, 2i + 1) rotated by pos * theta^(-2i / hd)
+    def rope(
+        x,
+    ):  # x [n, heads, hd], pairs (2i, 2i + 1) rotated by pos * theta^(-2i / hd)
         pos = np.arange(n)[:, None, None]
         freq = theta ** (-np.arange(0, hd, 2) / hd)
         angle = pos * freq
@@ -109,7 +143,10 @@ def reference_first_logits(path, prompt):
         q = rope((h @ t[p + "attn_q.weight"].T).reshape(n, heads, hd))
         k = rope((h @ t[p + "attn_k.weight"].T).reshape(n, kv_heads, hd))
         v = (h @ t[p + "attn_v.weight"].T).reshape(n, kv_heads, hd)
-        k, v = np.repeat(k, heads // kv_heads, axis=1), np.repeat(v, heads // kv_heads, axis=1)
+        k, v = (
+            np.repeat(k, heads // kv_heads, axis=1),
+            np.repeat(v, heads // kv_heads, axis=1),
+        )
         scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(hd)
         scores = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
         weights = np.exp(scores - scores.max(-1, keepdims=True))
@@ -126,7 +163,9 @@ def test_the_model_means_what_llama_cpp_means():
     want = np.load(os.path.join(FIXTURE, "generate.npz"))
     prompt = [int(i) for i in want["prompt"]]
     reference = reference_first_logits(GGUF, prompt)
-    got = want["logits"][0].astype(np.float64)  # relaxc's logits (equal to TVM's: the test above)
+    got = want["logits"][0].astype(
+        np.float64
+    )  # relaxc's logits (equal to TVM's: the test above)
     err = np.abs(got - reference).max() / np.abs(reference).max()
     assert err < 2e-2, f"first logits {err:.2e} of the largest from the numpy reference"
     assert int(got.argmax()) == int(reference.argmax())

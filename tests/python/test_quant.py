@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 import pytest
-from test_kernels import ROOT as _ROOT  # noqa: F401 (test_kernels puts python/ on the path)
+from test_kernels import ROOT as _ROOT
 from test_kernels import t
 from test_tvm_ffi import relaxc_binary
 
@@ -89,8 +89,12 @@ def quantized_activations(x, block):
         inverse = np.where(amax > 0, np.float32(127) / safe, 0).astype(np.float32)
         scale = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
     else:
-        inverse = np.where(amax > 0, np.float32(-127) / np.where(amax > 0, signed_max, 1), 0).astype(np.float32)
-        scale = np.where(amax > 0, np.float32(1) / np.where(amax > 0, inverse, 1), 0).astype(np.float32)
+        inverse = np.where(
+            amax > 0, np.float32(-127) / np.where(amax > 0, signed_max, 1), 0
+        ).astype(np.float32)
+        scale = np.where(
+            amax > 0, np.float32(1) / np.where(amax > 0, inverse, 1), 0
+        ).astype(np.float32)
     q = np.minimum(np.rint(rows * inverse), 127)
     return (q.astype(np.float64) * scale.astype(np.float64)).reshape(x.shape)
 
@@ -277,7 +281,11 @@ def run_script(tmp_path, threads, isa=None):
     if isa:
         env["RELAXC_QUANT_ISA"] = isa
     python = os.path.join(_ROOT, "python")
-    subprocess.run([sys.executable, str(tmp_path / "run.py"), path, dest, python], check=True, env=env)
+    subprocess.run(
+        [sys.executable, str(tmp_path / "run.py"), path, dest, python],
+        check=True,
+        env=env,
+    )
     return np.load(dest)
 
 
@@ -294,7 +302,9 @@ def test_every_instruction_set_agrees(tmp_path):
     for name in best.files:
         if name.startswith(("f32", "f16")):
             want = best[name].astype(np.float64)
-            assert np.abs(avx2[name] - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), f"{name}: AVX2 disagrees"
+            assert np.abs(avx2[name] - want).max() <= 1e-5 * max(
+                1.0, np.abs(want).max()
+            ), f"{name}: AVX2 disagrees"
             continue
         assert np.array_equal(best[name].view(np.uint32), avx2[name].view(np.uint32)), (
             f"{name}: VNNI and AVX2 differ"

@@ -7,7 +7,10 @@ from . import GGUFError, build
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m relaxc.llm", description="LLMs from GGUF files as relaxc models.")
+    parser = argparse.ArgumentParser(
+        prog="python -m relaxc.llm",
+        description="LLMs from GGUF files as relaxc models.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     b = commands.add_parser(
         "build",
@@ -18,8 +21,15 @@ def main(argv=None):
     )
     b.add_argument("gguf", help="the GGUF file")
     b.add_argument("-o", "--output", required=True, help="the .so to write")
-    b.add_argument("--exec-mode", choices=["bytecode", "compiled"], default="bytecode", help="as relaxc compile's")
-    b.add_argument("--target", help="a target triple for a board (as relaxc compile's --target)")
+    b.add_argument(
+        "--exec-mode",
+        choices=["bytecode", "compiled"],
+        default="bytecode",
+        help="as relaxc compile's",
+    )
+    b.add_argument(
+        "--target", help="a target triple for a board (as relaxc compile's --target)"
+    )
     args = parser.parse_args(argv)
     try:
         build(args.gguf, args.output, exec_mode=args.exec_mode, target=args.target)

@@ -49,13 +49,17 @@ def read_config(path):
     if arch is None:
         raise GGUFError(f"{path}: general.architecture is missing")
     if arch not in ARCHITECTURES:
-        raise GGUFError(f"{path}: architecture {arch!r} is not supported (relaxc.llm builds {', '.join(ARCHITECTURES)})")
+        raise GGUFError(
+            f"{path}: architecture {arch!r} is not supported (relaxc.llm builds {', '.join(ARCHITECTURES)})"
+        )
     formats, dims = {}, {}
     for t in reader.tensors:
         fmt = _TYPES.get(int(t.tensor_type))
         if fmt is None:
-            raise GGUFError(f"{path}: tensor {t.name} is {t.tensor_type.name}, which relaxc's kernels do not read "
-                            f"(they read {', '.join(_TYPES.values())})")
+            raise GGUFError(
+                f"{path}: tensor {t.name} is {t.tensor_type.name}, which relaxc's kernels do not read "
+                f"(they read {', '.join(_TYPES.values())})"
+            )
         formats[t.name] = fmt
         dims[t.name] = [int(d) for d in t.shape]  # innermost first, as GGUF lists them
 
@@ -68,16 +72,34 @@ def read_config(path):
     head_dim = int(meta("attention.key_length", hidden // heads))
     scaling = _string(reader, f"{arch}.rope.scaling.type") or "none"
     if scaling not in ("none", "linear"):
-        raise GGUFError(f"{path}: RoPE scaling {scaling!r} is not supported (none or linear)")
+        raise GGUFError(
+            f"{path}: RoPE scaling {scaling!r} is not supported (none or linear)"
+        )
     factor = float(meta("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
     if "token_embd.weight" not in formats:
         raise GGUFError(f"{path}: token_embd.weight is missing")
     for name, fmt in formats.items():
-        if fmt in BLOCKS and len(dims[name]) == 2 and dims[name][0] % BLOCKS[fmt][0] != 0:
-            raise GGUFError(f"{path}: tensor {name} has rows of {dims[name][0]} values, not whole {fmt} blocks")
+        if (
+            fmt in BLOCKS
+            and len(dims[name]) == 2
+            and dims[name][0] % BLOCKS[fmt][0] != 0
+        ):
+            raise GGUFError(
+                f"{path}: tensor {name} has rows of {dims[name][0]} values, not whole {fmt} blocks"
+            )
     layers = int(meta("block_count"))
     for i in range(layers):
-        for part in ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"):
+        for part in (
+            "attn_norm",
+            "attn_q",
+            "attn_k",
+            "attn_v",
+            "attn_output",
+            "ffn_norm",
+            "ffn_gate",
+            "ffn_up",
+            "ffn_down",
+        ):
             if f"blk.{i}.{part}.weight" not in formats:
                 raise GGUFError(f"{path}: tensor blk.{i}.{part}.weight is missing")
     return Config(

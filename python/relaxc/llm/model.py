@@ -11,13 +11,14 @@ follows the same export convention (create_paged_kv_cache, embed, prefill, decod
 
 from dataclasses import dataclass
 
-import tvm
-from tvm import relax, te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.core import wrap_nested
 from tvm.relax.frontend.nn.llm._kernel_common import RopeMode
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, TIRPagedKVCache
+
+import tvm
+from tvm import relax, te, tirx
 
 # GGUF's block formats: values per block and bytes per block.
 BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_K": (256, 144), "q6_K": (256, 210)}
@@ -26,7 +27,9 @@ FORMATS = ["f32", "f16", *BLOCKS]
 
 def regrouped_type(fmt, rows, k):
     """The shape of a [rows, k] matrix regrouped eight rows at a time (q4_0x8, q4_Kx8)."""
-    return (rows // 8, k // 32 * 144) if fmt == "q4_0x8" else (rows // 8, k // 256 * 1184)
+    return (
+        (rows // 8, k // 32 * 144) if fmt == "q4_0x8" else (rows // 8, k // 256 * 1184)
+    )
 
 
 def weight_type(fmt, rows, k):
@@ -70,10 +73,13 @@ def _extern(name, args, out):
         if a is None:
             converted.append(relax.op.null_value())
         elif isinstance(a, Tensor):
-            converted.append(a._expr)  # noqa: SLF001 (nn's own op.extern reads it the same way)
+            converted.append(a._expr)
         else:
             converted.append(tvm.ir.StringImm(a))
-    return wrap_nested(relax.call_dps_packed(name, args=relax.Tuple(converted), out_ty=out._expr.ty), name)  # noqa: SLF001
+    return wrap_nested(
+        relax.call_dps_packed(name, args=relax.Tuple(converted), out_ty=out._expr.ty),
+        name,
+    )
 
 
 # A q4_0 or q4_K matrix of a multiple of 8 rows is asked for regrouped eight rows at a time
@@ -95,7 +101,11 @@ class Linear(nn.Module):
         if regrouped(fmt, rows):
             self.fmt = regrouped(fmt, rows)
             self.name = "weight#" + self.fmt
-            setattr(self, self.name, nn.Parameter(regrouped_type(self.fmt, rows, k), "uint8"))
+            setattr(
+                self,
+                self.name,
+                nn.Parameter(regrouped_type(self.fmt, rows, k), "uint8"),
+            )
         else:
             shape, dtype = weight_type(fmt, rows, k)
             self.weight = nn.Parameter(shape, dtype)
@@ -116,13 +126,21 @@ class Embedding(nn.Module):
         self.weight = nn.Parameter(shape, dtype)
         self.output_fmt = regrouped(fmt, vocab) if tied else None
         if self.output_fmt:  # the output layer reads the table regrouped
-            setattr(self, "weight#" + self.output_fmt, nn.Parameter(regrouped_type(self.output_fmt, vocab, hidden), "uint8"))
+            setattr(
+                self,
+                "weight#" + self.output_fmt,
+                nn.Parameter(regrouped_type(self.output_fmt, vocab, hidden), "uint8"),
+            )
 
     def as_output(self, h):
         """h times the table: the output layer of a model whose embeddings are tied."""
         out = Tensor.placeholder([*h.shape[:-1], self.vocab], "float32")
         if self.output_fmt:
-            return _extern("relaxc.dense_q", [h, getattr(self, "weight#" + self.output_fmt), self.output_fmt, None], out)
+            return _extern(
+                "relaxc.dense_q",
+                [h, getattr(self, "weight#" + self.output_fmt), self.output_fmt, None],
+                out,
+            )
         return _extern("relaxc.dense_q", [h, self.weight, self.fmt, None], out)
 
     def forward(self, ids):
@@ -147,10 +165,18 @@ class Block(nn.Module):
         p = f"blk.{i}."
         self.layer, self.c = i, c
         self.attn_norm = RMSNorm(c.hidden, c.rms_eps)
-        self.attn_q = Linear(c.heads * c.head_dim, c.hidden, f[p + "attn_q.weight"], c.qkv_bias)
-        self.attn_k = Linear(c.kv_heads * c.head_dim, c.hidden, f[p + "attn_k.weight"], c.qkv_bias)
-        self.attn_v = Linear(c.kv_heads * c.head_dim, c.hidden, f[p + "attn_v.weight"], c.qkv_bias)
-        self.attn_output = Linear(c.hidden, c.heads * c.head_dim, f[p + "attn_output.weight"])
+        self.attn_q = Linear(
+            c.heads * c.head_dim, c.hidden, f[p + "attn_q.weight"], c.qkv_bias
+        )
+        self.attn_k = Linear(
+            c.kv_heads * c.head_dim, c.hidden, f[p + "attn_k.weight"], c.qkv_bias
+        )
+        self.attn_v = Linear(
+            c.kv_heads * c.head_dim, c.hidden, f[p + "attn_v.weight"], c.qkv_bias
+        )
+        self.attn_output = Linear(
+            c.hidden, c.heads * c.head_dim, f[p + "attn_output.weight"]
+        )
         self.ffn_norm = RMSNorm(c.hidden, c.rms_eps)
         self.ffn_gate = Linear(c.ffn, c.hidden, f[p + "ffn_gate.weight"])
         self.ffn_up = Linear(c.ffn, c.hidden, f[p + "ffn_up.weight"])
@@ -172,8 +198,12 @@ class Block(nn.Module):
         q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
         if c.rope_rows_permuted:
             q, k = self._unpermute(q, c.heads), self._unpermute(k, c.kv_heads)
-        qkv = op.reshape(op.concat([q, k, v], dim=-1), (b, s, c.heads + 2 * c.kv_heads, c.head_dim))
-        o = cache.attention_with_fused_qkv(self.layer, qkv, c.heads, sm_scale=c.head_dim**-0.5)
+        qkv = op.reshape(
+            op.concat([q, k, v], dim=-1), (b, s, c.heads + 2 * c.kv_heads, c.head_dim)
+        )
+        o = cache.attention_with_fused_qkv(
+            self.layer, qkv, c.heads, sm_scale=c.head_dim**-0.5
+        )
         x = x + self.attn_output(op.reshape(o, (b, s, c.heads * c.head_dim)))
         h = self.ffn_norm(x)
         return x + self.ffn_down(op.silu(self.ffn_gate(h)) * self.ffn_up(h))
@@ -182,7 +212,9 @@ class Block(nn.Module):
 class LlamaFamily(nn.Module):
     def __init__(self, c: Config):
         self.c = c
-        self.token_embd = Embedding(c.vocab, c.hidden, c.formats["token_embd.weight"], tied=c.tied_embeddings)
+        self.token_embd = Embedding(
+            c.vocab, c.hidden, c.formats["token_embd.weight"], tied=c.tied_embeddings
+        )
         self.blk = nn.ModuleList([Block(i, c) for i in range(c.layers)])
         self.output_norm = RMSNorm(c.hidden, c.rms_eps)
         if not c.tied_embeddings:
@@ -204,7 +236,11 @@ class LlamaFamily(nn.Module):
     def prefill(self, input_embed: Tensor, paged_kv_cache: PagedKVCache):
         h = self._body(input_embed, paged_kv_cache)
         last = op.tensor_expr_op(
-            lambda x: te.compute((x.shape[0], 1, x.shape[2]), lambda i, j, k: x[i, x.shape[1] - 1, k], name="last_token"),
+            lambda x: te.compute(
+                (x.shape[0], 1, x.shape[2]),
+                lambda i, j, k: x[i, x.shape[1] - 1, k],
+                name="last_token",
+            ),
             "last_token",
             [h],
         )
@@ -254,7 +290,10 @@ class LlamaFamily(nn.Module):
         hidden = self.c.hidden
         return nn.spec.ModuleSpec.from_raw(
             {
-                "embed": {"input_ids": nn.spec.Tensor(["seq_len"], "int32"), "$": plain},
+                "embed": {
+                    "input_ids": nn.spec.Tensor(["seq_len"], "int32"),
+                    "$": plain,
+                },
                 "prefill": {
                     "input_embed": nn.spec.Tensor([1, "seq_len", hidden], "float32"),
                     "paged_kv_cache": cache,

@@ -1,0 +1,93 @@
+"""relaxc.tvm.build(mod, quantize=FMT): the tiny Llama of fixtures/tvm/llm.py with its dense
+layers' weights quantized at build time (f16, q8_0, and q4_0 regrouped eight rows at a time),
+run by TVM's own VM (relaxc's kernels registered in it) and by relaxc in both modes: the same
+greedy tokens and logits bit for bit, close to the float32 model's.
+
+Needs TVM 0.27 (skipped without it, as the summary says) besides numpy, pytest and tvm_ffi.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from test_tvm_ffi import ROOT, relaxc_binary
+
+sys.path.insert(0, os.path.join(ROOT, "python"))
+tvm = pytest.importorskip(
+    "tvm",
+    reason="TVM 0.27 builds the quantized models (pip install apache-tvm==0.27.0.post1)",
+)
+
+PROMPT = [1, 17, 42, 5, 9, 33]
+
+
+def llm_module():
+    spec = importlib.util.spec_from_file_location(
+        "tiny_llm", os.path.join(ROOT, "fixtures/tvm/llm.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("fmt", ["f16", "q8_0", "q4_0"])
+def test_quantized_build_runs_alike_in_tvm_and_relaxc(fmt, tmp_path):
+    os.environ.setdefault("RELAXC", relaxc_binary())
+    import relaxc.tvm
+
+    llm = llm_module()
+    mod = llm.build_module()
+    ex = relaxc.tvm.build(mod, target="llvm", quantize=fmt)
+    tvm_tokens, tvm_logits = llm.greedy(ex, PROMPT, 8)
+    tar = str(tmp_path / "m.tar")
+    ex.export_library(tar)
+    listing = subprocess.run(
+        [relaxc_binary(), "inspect", tar], capture_output=True, text=True, check=True
+    ).stdout
+    assert "relaxc.dense_q" in listing
+    for mode in ["bytecode", "compiled"]:
+        so, logits = (
+            str(tmp_path / f"m.{mode}.so"),
+            str(tmp_path / f"logits.{mode}.npz"),
+        )
+        subprocess.run(
+            [relaxc_binary(), "compile", tar, "--exec-mode", mode, "-o", so], check=True
+        )
+        out = subprocess.run(
+            [
+                relaxc_binary(),
+                "generate",
+                so,
+                "--prompt",
+                ",".join(map(str, PROMPT)),
+                "--max-new-tokens",
+                "8",
+                "--logits",
+                logits,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert out.splitlines()[0] == "tokens: " + " ".join(map(str, tvm_tokens)), mode
+        assert (
+            np.load(logits)["logits"].tobytes()
+            == np.asarray(tvm_logits, np.float32).tobytes()
+        ), mode
+    # Quantization moves the logits a little from the float32 model's, no more.
+    _, exact = llm.greedy(relaxc.tvm.build(mod, target="llvm"), PROMPT, 1)
+    scale = np.abs(exact[0]).max()
+    assert (
+        np.abs(tvm_logits[0] - exact[0]).max()
+        <= {"f16": 1e-3, "q8_0": 3e-2, "q4_0": 2e-1}[fmt] * scale
+    )
+
+
+def test_unknown_format_is_refused():
+    import relaxc.tvm
+
+    with pytest.raises(ValueError, match="quantize='q5_9'"):
+        relaxc.tvm.RewriteToLibrary("q5_9")
