@@ -541,7 +541,7 @@ class _Planner:
         if fmt is None or (fmt in BLOCKS and k % BLOCKS[fmt][0] != 0):
             return False
         rows = quantize(np.ascontiguousarray(weight.T), fmt)
-        regrouped = {"q4_0": "q4_0x8", "q4_K": "q4_Kx8"}.get(fmt) if n % 8 == 0 else None
+        regrouped = {"q4_0": "q4_0x8", "q4_K": "q4_Kx8", "q8_0": "q8_0x8"}.get(fmt) if n % 8 == 0 else None
         if regrouped:
             rows, fmt = REGROUPINGS["#" + regrouped](rows), regrouped
         self.taken.add(var)

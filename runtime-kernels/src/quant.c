@@ -21,6 +21,7 @@ static const rk_qinfo formats[RK_Q_COUNT] = {
     [RK_Q_Q8_0] = {"q8_0", 32, 34, 32},   [RK_Q_Q4_0] = {"q4_0", 32, 18, 32},
     [RK_Q_Q4_K] = {"q4_K", 256, 144, 256}, [RK_Q_Q6_K] = {"q6_K", 256, 210, 256},
     [RK_Q_Q4_0X8] = {"q4_0x8", 32, 18, 32},     [RK_Q_Q4_KX8] = {"q4_Kx8", 256, 148, 256},
+    [RK_Q_Q8_0X8] = {"q8_0x8", 32, 34, 32},
 };
 
 const rk_qinfo *rk_qformat_info(rk_qformat f) { return (unsigned)f < RK_Q_COUNT ? &formats[f] : NULL; }
@@ -230,6 +231,26 @@ static void tile8_q4_0x8(const uint8_t *group, const rk_qrows *a, int64_t r0, in
   }
 }
 
+/* q8_0x8: per block, the 8 rows' scales, then for j = 0..7 the 8 rows' values 4j..4j+3. */
+static void tile8_q8_0x8(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out, int64_t out_stride) {
+  int64_t k = a->k;
+  for (int r = 0; r < xrows; r++) {
+    const int8_t *qx = a->q + (r0 + r) * k;
+    const float *dx = a->d + (r0 + r) * (k / 32);
+    for (int c = 0; c < 8; c++) {
+      float sum = 0.0f;
+      for (int64_t b = 0; b < k / 32; b++) {
+        const uint8_t *blk = group + 272 * b;
+        int32_t s = 0;
+        for (int j = 0; j < 8; j++)
+          for (int i = 0; i < 4; i++) s += (int8_t)blk[16 + 32 * j + 4 * c + i] * qx[32 * b + 4 * j + i];
+        sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk + 2 * c) * dx[b], (float)s, sum);
+      }
+      out[r * out_stride + c] = sum;
+    }
+  }
+}
+
 /* q4_Kx8: per super-block, the 8 rows' d and dmin, then per sub-block the 8 rows' scales, then
  * their minimums, then for chunk c and j = 0..7 the 8 rows' bytes 32c + 4j..32c + 4j + 3. */
 static void tile8_q4_Kx8(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out, int64_t out_stride) {
@@ -267,9 +288,9 @@ static float dot_unused(const void *w, const float *x, const rk_qact *a, int64_t
 }
 
 static const rk_qdots portable = {
-    {dot_f32, dot_f16, dot_q8_0, dot_q4_0, dot_q4_K, dot_q6_K, dot_unused, dot_unused},
+    {dot_f32, dot_f16, dot_q8_0, dot_q4_0, dot_q4_K, dot_q6_K, dot_unused, dot_unused, dot_unused},
     {NULL},
-    {[RK_Q_Q4_0X8] = tile8_q4_0x8, [RK_Q_Q4_KX8] = tile8_q4_Kx8},
+    {[RK_Q_Q4_0X8] = tile8_q4_0x8, [RK_Q_Q4_KX8] = tile8_q4_Kx8, [RK_Q_Q8_0X8] = tile8_q8_0x8},
 };
 
 const rk_qdots *rk_qdots_portable(void) { return &portable; }
@@ -307,7 +328,7 @@ static int arg_format(const char *kernel, const TVMFFIAny *args, int32_t num_arg
       *out = (rk_qformat)f;
       return 0;
     }
-  return rvm_raise("ValueError", "%s: unknown weight format \"%.*s\" (known: f32, f16, q8_0, q4_0, q4_K, q6_K, q4_0x8, q4_Kx8)", kernel,
+  return rvm_raise("ValueError", "%s: unknown weight format \"%.*s\" (known: f32, f16, q8_0, q4_0, q4_K, q6_K, q4_0x8, q4_Kx8, q8_0x8)", kernel,
                    (int)(size > 64 ? 64 : size), name);
 }
 

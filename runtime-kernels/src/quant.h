@@ -13,9 +13,9 @@
 
 #include "rk.h"
 
-/* RK_Q_Q4_0X8 and RK_Q_Q4_KX8 are q4_0 and q4_K regrouped eight rows at a time
- * (runtime-shim/src/gguf.h says how), the forms the weights loader makes for a parameter named
- * "X#q4_0x8" or "X#q4_Kx8". */
+/* RK_Q_Q4_0X8, RK_Q_Q4_KX8 and RK_Q_Q8_0X8 are q4_0, q4_K and q8_0 regrouped eight rows at a
+ * time (runtime-shim/src/gguf.h says how), the forms the weights loader makes for a parameter
+ * named "X#q4_0x8", "X#q4_Kx8" or "X#q8_0x8". */
 typedef enum {
   RK_Q_F32 = 0,
   RK_Q_F16,
@@ -25,11 +25,12 @@ typedef enum {
   RK_Q_Q6_K,
   RK_Q_Q4_0X8,
   RK_Q_Q4_KX8,
+  RK_Q_Q8_0X8,
   RK_Q_COUNT
 } rk_qformat;
 
 /* Whether a format is regrouped eight rows at a time. */
-static inline bool rk_qformat_x8(rk_qformat f) { return f == RK_Q_Q4_0X8 || f == RK_Q_Q4_KX8; }
+static inline bool rk_qformat_x8(rk_qformat f) { return f == RK_Q_Q4_0X8 || f == RK_Q_Q4_KX8 || f == RK_Q_Q8_0X8; }
 
 /* A format's name (as GGUF's tools spell it), values per block and bytes per block. */
 typedef struct rk_qinfo {

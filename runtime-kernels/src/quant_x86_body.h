@@ -344,6 +344,37 @@ QX_TILES(q6_K)
 QX_FN void QX(q4_0x8_one)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_X8_KERNEL(1)
 QX_FN void QX(q4_0x8_wide)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_X8_KERNEL(QX_WIDE)
 
+/* ---- q8_0x8: eight rows regrouped, one row per int32 lane ----------------------------------------- */
+
+#define QX_Q8X8_KERNEL(X)                                                                                    \
+  {                                                                                                          \
+    const int64_t k = a->k;                                                                                  \
+    __m256 acc[QX_WIDE];                                                                                     \
+    _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) acc[r] = _mm256_setzero_ps();                      \
+    for (int64_t b = 0; b < k / 32; b++) {                                                                   \
+      const uint8_t *blk = group + 272 * b;                                                                  \
+      __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                                \
+      __m256i v[8];                                                                                          \
+      _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) v[j] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j)); \
+      _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                                \
+        const int8_t *qx = a->q + (r0 + r) * k + 32 * b;                                                     \
+        const int16_t *s16 = a->sum16 + (r0 + r) * (k / 16) + 2 * b;                                         \
+        __m256i p = QX_SIGNED_START(s16[0] + s16[1]);                                                        \
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                                                \
+          int32_t x4;                                                                                        \
+          __builtin_memcpy(&x4, qx + 4 * j, 4);                                                              \
+          p = QX_SIGNED_DOT(p, v[j], _mm256_set1_epi32(x4));                                                 \
+        }                                                                                                    \
+        __m256 d = _mm256_mul_ps(scales, _mm256_set1_ps(a->d[(r0 + r) * (k / 32) + b]));                     \
+        acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);                                          \
+      }                                                                                                      \
+    }                                                                                                        \
+    _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) _mm256_storeu_ps(res + 8 * r, acc[r]);             \
+  }
+
+QX_FN void QX(q8_0x8_one)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_Q8X8_KERNEL(1)
+QX_FN void QX(q8_0x8_wide)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_Q8X8_KERNEL(QX_WIDE)
+
 /* ---- q4_Kx8: eight rows regrouped, one row per int32 lane ----------------------------------------- */
 
 /* Per super-block: for each sub-block, 8 products per activation row accumulate the 8 rows' sums
@@ -417,6 +448,7 @@ QX_FN void QX(q4_Kx8_wide)(const uint8_t *group, const rk_qrows *a, int64_t r0, 
   }
 QX_TILE8(q4_0x8)
 QX_TILE8(q4_Kx8)
+QX_TILE8(q8_0x8)
 
 /* The one-row dot products: 1 x 1 tiles. */
 #define QX_DOT1(format)                                                                               \
@@ -434,9 +466,9 @@ QX_DOT1(q4_K)
 QX_DOT1(q6_K)
 
 static const rk_qdots QX(qdots) = {
-    {QX(dot_f32), QX(dot_f16), QX(dot_q8_0), QX(dot_q4_0), QX(dot_q4_K), QX(dot_q6_K), NULL, NULL},
-    {QX(tile_f32), QX(tile_f16), QX(tile_q8_0), QX(tile_q4_0), QX(tile_q4_K), QX(tile_q6_K), NULL, NULL},
-    {[RK_Q_Q4_0X8] = QX(tile_q4_0x8), [RK_Q_Q4_KX8] = QX(tile_q4_Kx8)},
+    {QX(dot_f32), QX(dot_f16), QX(dot_q8_0), QX(dot_q4_0), QX(dot_q4_K), QX(dot_q6_K), NULL, NULL, NULL},
+    {QX(tile_f32), QX(tile_f16), QX(tile_q8_0), QX(tile_q4_0), QX(tile_q4_K), QX(tile_q6_K), NULL, NULL, NULL},
+    {[RK_Q_Q4_0X8] = QX(tile_q4_0x8), [RK_Q_Q4_KX8] = QX(tile_q4_Kx8), [RK_Q_Q8_0X8] = QX(tile_q8_0x8)},
 };
 
 #undef QX_FN
@@ -455,6 +487,7 @@ static const rk_qdots QX(qdots) = {
 #undef QX_DOT1
 #undef QX_X8_KERNEL
 #undef QX_KX8_KERNEL
+#undef QX_Q8X8_KERNEL
 #undef QX_FLOAT_ROW
 #undef QX_NO_ROW
 #undef QX_TILE8

@@ -222,3 +222,16 @@ void rvm_gguf_repack_q4_Kx8(const uint8_t *src, int64_t rows, int64_t k, uint8_t
       }
     }
 }
+
+void rvm_gguf_repack_q8_0x8(const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst) {
+  int64_t blocks = k / 32, row_bytes = blocks * 34;
+  for (int64_t g = 0; g < rows / 8; g++)
+    for (int64_t b = 0; b < blocks; b++) {
+      uint8_t *out = dst + (g * blocks + b) * 272;
+      for (int r = 0; r < 8; r++) {
+        const uint8_t *block = src + (g * 8 + r) * row_bytes + b * 34;
+        memcpy(out + 2 * r, block, 2);
+        for (int j = 0; j < 8; j++) memcpy(out + 16 + 32 * j + 4 * r, block + 2 + 4 * j, 4);
+      }
+    }
+}

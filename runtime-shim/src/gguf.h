@@ -39,6 +39,10 @@ const char *rvm_gguf_type(uint32_t type, uint32_t *block, uint32_t *block_bytes)
  * `src` holds `rows` (a multiple of 8) rows of k / 32 blocks; dst the same number of bytes. */
 void rvm_gguf_repack_q4_0x8(const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst);
 
+/* q8_0 rows regrouped eight at a time (relaxc's "q8_0x8"): for each group of 8 rows and each
+ * block of 32 values, the 8 rows' scales (f16), then for j = 0..7 the 8 rows' values 4j..4j+3. */
+void rvm_gguf_repack_q8_0x8(const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst);
+
 /* q4_K rows regrouped eight at a time (relaxc's "q4_Kx8"): for each group of 8 rows and each
  * super-block of 256 values, the 8 rows' d (f16), their dmin (f16), then for each of the 8
  * sub-blocks the 8 rows' 6-bit scales as bytes, likewise the 8 rows' minimums, then for chunk

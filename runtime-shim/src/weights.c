@@ -344,8 +344,9 @@ static int gguf_tensor(void *ctx, const rvm_gguf_tensor *t) {
   return rc;
 }
 
-/* The regrouped copies a model asks for by name: a parameter named "X#q4_0x8" (or "X#q4_Kx8")
- * gets the file's q4_0 (q4_K) matrix X regrouped eight rows at a time (gguf.h), made once here;
+/* The regrouped copies a model asks for by name: a parameter named "X#q4_0x8" (or "#q8_0x8",
+ * "#q4_Kx8") gets the file's q4_0 (q8_0, q4_K) matrix X regrouped eight rows at a time
+ * (gguf.h), made once here;
  * it costs the matrix's size in memory (q4_Kx8 3% more) and lets decoding run at the file's
  * bandwidth rather than at the speed of unpacking one row at a time. */
 static const struct regrouping {
@@ -355,6 +356,7 @@ static const struct regrouping {
   void (*repack)(const uint8_t *, int64_t, int64_t, uint8_t *);
 } regroupings[] = {
     {"#q4_0x8", 2, 32, 18, 144, rvm_gguf_repack_q4_0x8},
+    {"#q8_0x8", 8, 32, 34, 272, rvm_gguf_repack_q8_0x8},
     {"#q4_Kx8", 12, 256, 144, 1184, rvm_gguf_repack_q4_Kx8},
 };
 
@@ -371,7 +373,8 @@ static int regroup(rvm_weights *w, const char *name, const struct regrouping *ho
   if (!base || find_weight(w, name, len)) return 0; /* weights_arguments names what is missing */
   if (base->gguf_type != (int32_t)how->gguf_type || base->tensor.ndim != 2 || base->shape[0] % 8 != 0)
     return rvm_raise("ValueError", "weight %.*s in %s: %s asks for it regrouped (%s), which needs a %s matrix of a multiple of 8 rows",
-                     (int)base_len, name, file, function, how->suffix + 1, how->suffix[2] == '0' ? "q4_0" : "q4_K");
+                     (int)base_len, name, file, function, how->suffix + 1,
+                     how->gguf_type == 2 ? "q4_0" : how->gguf_type == 8 ? "q8_0" : "q4_K");
   int64_t rows = base->shape[0], blocks = base->shape[1] / how->block_bytes, k = blocks * how->block;
   int64_t shape[2] = {rows / 8, blocks * how->group_block_bytes}, nbytes = shape[0] * shape[1];
   uint8_t *copy = rvm_mem_aligned((size_t)nbytes + 1, 64, "a regrouped weight");

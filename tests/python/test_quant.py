@@ -26,7 +26,7 @@ gguf = pytest.importorskip(
 )
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
-from relaxc.llm.quantize import repack_q4_0x8, repack_q4_Kx8
+from relaxc.llm.quantize import REGROUPINGS
 
 FORMATS = {
     "f32": T.F32,
@@ -130,18 +130,20 @@ def test_dense_q_against_gguf(library, fmt, m):
 
 
 @pytest.mark.parametrize("m", [1, 3, 4, 6, 9])
-@pytest.mark.parametrize("fmt", ["q4_0", "q4_K"])
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_K", "q8_0"])
 def test_regrouped_rows(library, m, fmt):
-    """q4_0 and q4_K regrouped eight rows at a time (what weights_open makes for "X#q4_0x8" and
-    "X#q4_Kx8") give the plain format's results: the same integer sums, added in order."""
+    """q4_0, q4_K and q8_0 regrouped eight rows at a time (what weights_open makes for "X#q4_0x8",
+    "X#q4_Kx8" and "X#q8_0x8") give the plain format's results: the same integer sums, added in
+    order."""
     rng = np.random.default_rng(m)
     k, n = 512, 40
     w, exact = weights(rng, n, k, fmt)
     x = rng.standard_normal((m, k)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     out = np.zeros((m, n), np.float32)
-    regroup = repack_q4_0x8 if fmt == "q4_0" else repack_q4_Kx8
-    library["relaxc.dense_q"](t(x), t(regroup(w)), fmt + "x8", t(bias), t(out))
+    library["relaxc.dense_q"](
+        t(x), t(REGROUPINGS[f"#{fmt}x8"](w)), fmt + "x8", t(bias), t(out)
+    )
     assert_close(out, dense_reference(x, exact, fmt, bias), 2e-5)
     plain = np.zeros((m, n), np.float32)
     library["relaxc.dense_q"](t(x), t(w), fmt, t(bias), t(plain))
@@ -231,7 +233,7 @@ import sys, numpy as np, tvm_ffi
 from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
 sys.path.insert(0, sys.argv[3])
-from relaxc.llm.quantize import repack_q4_0x8, repack_q4_Kx8
+from relaxc.llm.quantize import REGROUPINGS
 path, out_path = sys.argv[1], sys.argv[2]
 names = dict(l.split("\t") for l in open(path + ".tsv").read().splitlines())
 dense = tvm_ffi.load_module(path)[names["relaxc.dense_q"]]
@@ -254,10 +256,9 @@ for fmt, kind in [("f32", T.F32), ("f16", T.F16), ("q8_0", T.Q8_0), ("q4_0", T.Q
         out = np.zeros((m, n), np.float32)
         dense(t(x), t(w), fmt, None, t(out))
         res[f"{fmt}_{m}"] = out
-        if fmt in ("q4_0", "q4_K"):
+        if fmt in ("q4_0", "q4_K", "q8_0"):
             out = np.zeros((m, n), np.float32)
-            regroup = repack_q4_0x8 if fmt == "q4_0" else repack_q4_Kx8
-            dense(t(x), t(regroup(w)), fmt + "x8", None, t(out))
+            dense(t(x), t(REGROUPINGS[f"#{fmt}x8"](w)), fmt + "x8", None, t(out))
             res[f"{fmt}x8_{m}"] = out
 np.savez(out_path, **res)
 """

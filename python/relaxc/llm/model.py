@@ -26,10 +26,11 @@ FORMATS = ["f32", "f16", *BLOCKS]
 
 
 def regrouped_type(fmt, rows, k):
-    """The shape of a [rows, k] matrix regrouped eight rows at a time (q4_0x8, q4_Kx8)."""
-    return (
-        (rows // 8, k // 32 * 144) if fmt == "q4_0x8" else (rows // 8, k // 256 * 1184)
-    )
+    """The shape of a [rows, k] matrix regrouped eight rows at a time (q4_0x8, q8_0x8, q4_Kx8)."""
+    values, nbytes = {"q4_0x8": (32, 144), "q8_0x8": (32, 272), "q4_Kx8": (256, 1184)}[
+        fmt
+    ]
+    return (rows // 8, k // values * nbytes)
 
 
 def weight_type(fmt, rows, k):
@@ -82,10 +83,10 @@ def _extern(name, args, out):
     )
 
 
-# A q4_0 or q4_K matrix of a multiple of 8 rows is asked for regrouped eight rows at a time
-# (rvm.h's weights_open makes the copy for a parameter named "X#q4_0x8" or "X#q4_Kx8"): decoding
-# reads it 1.2-1.5x faster.
-REGROUPED = {"q4_0": "q4_0x8", "q4_K": "q4_Kx8"}
+# A q4_0, q8_0 or q4_K matrix of a multiple of 8 rows is asked for regrouped eight rows at a time
+# (rvm.h's weights_open makes the copy for a parameter named "X#q4_0x8", "X#q8_0x8" or
+# "X#q4_Kx8"): decoding reads it 1.2-1.5x faster.
+REGROUPED = {"q4_0": "q4_0x8", "q4_K": "q4_Kx8", "q8_0": "q8_0x8"}
 
 
 def regrouped(fmt, rows):

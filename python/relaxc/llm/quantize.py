@@ -192,4 +192,30 @@ def repack_q4_Kx8(w):
     return np.ascontiguousarray(out.reshape(g, -1))
 
 
-REGROUPINGS = {"#q4_0x8": repack_q4_0x8, "#q4_Kx8": repack_q4_Kx8}
+def repack_q8_0x8(w):
+    """q8_0 rows [n, k / 32 * 34] regrouped eight at a time, as weights_open makes them for a
+    parameter named "X#q8_0x8" (runtime-shim/src/gguf.h): [n / 8, k / 32 * 272]."""
+    w = np.asarray(w, np.uint8)
+    rows, row_bytes = w.shape
+    if rows % 8:
+        raise ValueError(f"q8_0x8 needs a multiple of 8 rows, got {rows}")
+    blocks = w.reshape(rows // 8, 8, row_bytes // 34, 34).transpose(
+        0, 2, 1, 3
+    )  # [g, b, r, 34]
+    scales = blocks[..., :2].reshape(rows // 8, row_bytes // 34, 16)
+    values = (
+        blocks[..., 2:]
+        .reshape(rows // 8, row_bytes // 34, 8, 8, 4)
+        .transpose(0, 1, 3, 2, 4)
+    )  # [g, b, j, r, 4]
+    out = np.concatenate(
+        [scales, values.reshape(rows // 8, row_bytes // 34, 256)], axis=-1
+    )
+    return np.ascontiguousarray(out.reshape(rows // 8, -1))
+
+
+REGROUPINGS = {
+    "#q4_0x8": repack_q4_0x8,
+    "#q4_Kx8": repack_q4_Kx8,
+    "#q8_0x8": repack_q8_0x8,
+}
