@@ -33,11 +33,13 @@ QX_FN inline float QX(half)(const uint8_t *p) {
     const uint8_t *wr[4];                                                                                            \
     for (int c = 0; c < 4; c++) wr[c] = w + (c < rows ? c : rows - 1) * row_bytes;                                   \
     for (int r = 0; r < xrows;) {                                                                                    \
-      int take = xrows - r >= QX_WIDE ? QX_WIDE : 1;                                                                 \
+      /* Activation rows QX_WIDE at a time, then two, then one: few passes over the weights. */   \
+      int left = xrows - r, take = left >= QX_WIDE ? QX_WIDE : left >= 2 ? 2 : 1;                                    \
       int64_t xr[QX_WIDE];                                                                                           \
       float res[4][QX_WIDE];                                                                                         \
       for (int i = 0; i < QX_WIDE; i++) xr[i] = r0 + r + (i < take ? i : take - 1);                                  \
       if (take == QX_WIDE) QX(format##_wide)(wr, a, xr, 4 * row_bytes, res);                                        \
+      else if (take == 2) QX(format##_pair)(wr, a, xr, 4 * row_bytes, res);                                         \
       else QX(format##_one)(wr, a, xr, 4 * row_bytes, res);                                                         \
       for (int c = 0; c < rows; c++)                                                                                 \
         for (int i = 0; i < take; i++) out[(r + i) * out_stride + c] = res[c][i];                                    \
@@ -75,6 +77,10 @@ QX_FN inline float QX(half)(const uint8_t *p) {
   QX_FN void QX(format##_wide)(const uint8_t *const *wr, const rk_qrows *a, const int64_t *xr,            \
                                int64_t ahead, float res[4][QX_WIDE]) {                                      \
     QX(format##_kernel)(wr, a, xr, 4, QX_WIDE, ahead, res);                                                 \
+  }                                                                                                         \
+  QX_FN void QX(format##_pair)(const uint8_t *const *wr, const rk_qrows *a, const int64_t *xr,            \
+                               int64_t ahead, float res[4][QX_WIDE]) {                                      \
+    QX(format##_kernel)(wr, a, xr, 4, 2, ahead, res);                                                       \
   }
 
 /* ---- f32 and f16: float products, 8 lanes per output ----------------------------------------------- */
@@ -324,8 +330,8 @@ QX_TILES(q6_K)
         hi[j] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);                                              \
       }                                                                                                      \
       _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                                \
-        const int8_t *qx = a->q + (r0 + r) * k + 32 * b;                                                     \
-        const int16_t *s16 = a->sum16 + (r0 + r) * (k / 16) + 2 * b;                                         \
+        const int8_t *qx = a->q + xr[r] * k + 32 * b;                                                     \
+        const int16_t *s16 = a->sum16 + xr[r] * (k / 16) + 2 * b;                                         \
         __m256i p = _mm256_set1_epi32(-8 * (s16[0] + s16[1]));                                               \
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                                \
           int32_t x0, x1;                                                                                    \
@@ -334,15 +340,16 @@ QX_TILES(q6_K)
           p = QX_DOT(p, lo[j], _mm256_set1_epi32(x0));                                                       \
           p = QX_DOT(p, hi[j], _mm256_set1_epi32(x1));                                                       \
         }                                                                                                    \
-        __m256 d = _mm256_mul_ps(scales, _mm256_set1_ps(a->d[(r0 + r) * (k / 32) + b]));                     \
+        __m256 d = _mm256_mul_ps(scales, _mm256_set1_ps(a->d[xr[r] * (k / 32) + b]));                     \
         acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);                                          \
       }                                                                                                      \
     }                                                                                                        \
     _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) _mm256_storeu_ps(res + 8 * r, acc[r]);             \
   }
 
-QX_FN void QX(q4_0x8_one)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_X8_KERNEL(1)
-QX_FN void QX(q4_0x8_wide)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_X8_KERNEL(QX_WIDE)
+QX_FN void QX(q4_0x8_one)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_X8_KERNEL(1)
+QX_FN void QX(q4_0x8_wide)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_X8_KERNEL(QX_WIDE)
+QX_FN void QX(q4_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_X8_KERNEL(2)
 
 /* ---- q8_0x8: eight rows regrouped, one row per int32 lane ----------------------------------------- */
 
@@ -357,23 +364,24 @@ QX_FN void QX(q4_0x8_wide)(const uint8_t *group, const rk_qrows *a, int64_t r0, 
       __m256i v[8];                                                                                          \
       _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) v[j] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j)); \
       _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                                \
-        const int8_t *qx = a->q + (r0 + r) * k + 32 * b;                                                     \
-        const int16_t *s16 = a->sum16 + (r0 + r) * (k / 16) + 2 * b;                                         \
+        const int8_t *qx = a->q + xr[r] * k + 32 * b;                                                     \
+        const int16_t *s16 = a->sum16 + xr[r] * (k / 16) + 2 * b;                                         \
         __m256i p = QX_SIGNED_START(s16[0] + s16[1]);                                                        \
         _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                                                \
           int32_t x4;                                                                                        \
           __builtin_memcpy(&x4, qx + 4 * j, 4);                                                              \
           p = QX_SIGNED_DOT(p, v[j], _mm256_set1_epi32(x4));                                                 \
         }                                                                                                    \
-        __m256 d = _mm256_mul_ps(scales, _mm256_set1_ps(a->d[(r0 + r) * (k / 32) + b]));                     \
+        __m256 d = _mm256_mul_ps(scales, _mm256_set1_ps(a->d[xr[r] * (k / 32) + b]));                     \
         acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);                                          \
       }                                                                                                      \
     }                                                                                                        \
     _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) _mm256_storeu_ps(res + 8 * r, acc[r]);             \
   }
 
-QX_FN void QX(q8_0x8_one)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_Q8X8_KERNEL(1)
-QX_FN void QX(q8_0x8_wide)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_Q8X8_KERNEL(QX_WIDE)
+QX_FN void QX(q8_0x8_one)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_Q8X8_KERNEL(1)
+QX_FN void QX(q8_0x8_wide)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_Q8X8_KERNEL(QX_WIDE)
+QX_FN void QX(q8_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_Q8X8_KERNEL(2)
 
 /* ---- q4_Kx8: eight rows regrouped, one row per int32 lane ----------------------------------------- */
 
@@ -402,8 +410,8 @@ QX_FN void QX(q8_0x8_wide)(const uint8_t *group, const rk_qrows *a, int64_t r0, 
         __m256i mlo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 96 + 16 * ch)));            \
         __m256i mhi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 104 + 16 * ch)));           \
         _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                                \
-          const int8_t *qx = a->q + (r0 + r) * k + 256 * b + 64 * ch;                                          \
-          const int16_t *sx = a->sum16 + (r0 + r) * (k / 16) + 16 * b + 4 * ch;                                \
+          const int8_t *qx = a->q + xr[r] * k + 256 * b + 64 * ch;                                          \
+          const int16_t *sx = a->sum16 + xr[r] * (k / 16) + 16 * b + 4 * ch;                                \
           __m256i tlo = _mm256_setzero_si256(), thi = tlo;                                                     \
           _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                                                \
             int32_t x0, x1;                                                                                    \
@@ -421,7 +429,7 @@ QX_FN void QX(q8_0x8_wide)(const uint8_t *group, const rk_qrows *a, int64_t r0, 
       __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                                       \
       __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));                             \
       _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                                  \
-        __m256 dx = _mm256_set1_ps(a->d[(r0 + r) * (k / 256) + b]);                                            \
+        __m256 dx = _mm256_set1_ps(a->d[xr[r] * (k / 256) + b]);                                            \
         acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sum[r]), acc[r]);                    \
         mins[r] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(msum[r]), mins[r]);              \
       }                                                                                                        \
@@ -429,8 +437,9 @@ QX_FN void QX(q8_0x8_wide)(const uint8_t *group, const rk_qrows *a, int64_t r0, 
     _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) _mm256_storeu_ps(res + 8 * r, _mm256_sub_ps(acc[r], mins[r])); \
   }
 
-QX_FN void QX(q4_Kx8_one)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_KX8_KERNEL(1)
-QX_FN void QX(q4_Kx8_wide)(const uint8_t *group, const rk_qrows *a, int64_t r0, float *res) QX_KX8_KERNEL(QX_WIDE)
+QX_FN void QX(q4_Kx8_one)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_KX8_KERNEL(1)
+QX_FN void QX(q4_Kx8_wide)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_KX8_KERNEL(QX_WIDE)
+QX_FN void QX(q4_Kx8_pair)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_KX8_KERNEL(2)
 
 /* The tile function of a regrouped format: activation rows QX_WIDE at a time, then one by one. */
 #define QX_TILE8(format)                                                                                       \
@@ -438,9 +447,12 @@ QX_FN void QX(q4_Kx8_wide)(const uint8_t *group, const rk_qrows *a, int64_t r0, 
                                int64_t out_stride) {                                                           \
     for (int r = 0; r < xrows;) {                                                                              \
       float res[8 * QX_WIDE];                                                                                  \
-      int take = xrows - r >= QX_WIDE ? QX_WIDE : 1;                                                           \
-      if (take == QX_WIDE) QX(format##_wide)(group, a, r0 + r, res);                                           \
-      else QX(format##_one)(group, a, r0 + r, res);                                                            \
+      int64_t xr[QX_WIDE];                                                                                     \
+      int left = xrows - r, take = left >= QX_WIDE ? QX_WIDE : left >= 2 ? 2 : 1;                              \
+      for (int i = 0; i < QX_WIDE; i++) xr[i] = r0 + r + (i < take ? i : take - 1);                            \
+      if (take == QX_WIDE) QX(format##_wide)(group, a, xr, res);                                               \
+      else if (take == 2) QX(format##_pair)(group, a, xr, res);                                                \
+      else QX(format##_one)(group, a, xr, res);                                                                \
       for (int i = 0; i < take; i++)                                                                           \
         for (int c = 0; c < 8; c++) out[(r + i) * out_stride + c] = res[8 * i + c];                            \
       r += take;                                                                                               \
