@@ -73,7 +73,7 @@ fn tvm_export(cpu: &str, target: &Target, name: &str, mode: ExecMode) -> Result<
                 return Err(format!("{case} out{i}: {rel:e} relative from x86, more than 1e-5").into());
             }
             eprintln!(
-                "{name}::{case} ({cpu}, {}): out{i} within {rel:.1e} relative of x86 (multiply-adds contracted)",
+                "{name}::{case} ({cpu}, {}): out{i} within {rel:.1e} relative of x86 (multiply-adds contracted, or sums in another order)",
                 common::mode_name(mode)
             );
         }
