@@ -6,7 +6,9 @@
 ``build`` reads the file's metadata (llama, mistral or qwen2), builds the model with TVM's nn
 front end on the paged KV cache (embed, prefill, decode, as fixtures/tvm/llm.py), with every
 weight a parameter named and typed as the file holds it, builds it with relaxc.tvm (dense
-layers on relaxc's quantized kernels) and compiles it with relaxc. The weights stay in the GGUF
+layers on relaxc's quantized kernels) and compiles it with relaxc. Beside MODEL.so it writes the
+file's tokenizer as MODEL.tokenizer.json (Hugging Face's format, from the GGUF vocabulary; see
+relaxc.llm.tokenizer) and MODEL.tokenizer_config.json (special tokens, chat template). The weights stay in the GGUF
 file: ``--weights`` (or rvm.h's weights_open, or relaxc_weights from Python) maps it and passes
 each tensor in place. Needs Apache TVM and the gguf package.
 """
