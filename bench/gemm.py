@@ -61,7 +61,7 @@ out = {}
 if kind == "relaxc":
     import tvm_ffi
     sys.path.insert(0, sys.argv[5])
-    from relaxc._pack import pack_columns
+    from relaxc.tvm.pack import pack_columns
     names = dict(l.split("\t") for l in open(sys.argv[4] + ".tsv").read().splitlines())
     dense = tvm_ffi.load_module(sys.argv[4])[names["relaxc.dense"]]
     sc = tvm_ffi.from_dlpack(np.array([1, 0, 0], np.float32))

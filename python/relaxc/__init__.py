@@ -3,16 +3,23 @@
 relaxc itself is a command-line compiler (written in Rust) that turns a Relax program into one
 self-contained shared object. This package is what sits on TVM's side of it:
 
-- ``relaxc.tvm``: build TVM models whose operators run on relaxc's kernel library (a rewrite pass,
-  ``build``, and the registration of the kernels in TVM's own runtime).
+- ``relaxc.tvm``: build TVM models whose operators run on relaxc's kernel library (``api``: the
+  build and the registration of the kernels in TVM's own runtime; ``rewrite`` and ``patterns``:
+  the rewrite pass and what it recognises; ``pack``: the weights in the kernels' layouts;
+  ``library``: the kernel library in TVM's process).
+- ``relaxc.llm``: LLMs from GGUF files (``python -m relaxc.llm build``), their tokenizers, and
+  the quantized formats in numpy.
+- ``relaxc.serve``: models on Ray Serve (``python -m relaxc.serve``): the engine, the Open
+  Inference Protocol, OpenAI's completions, the deployment and the command line.
 
-Importing ``relaxc`` imports nothing heavy; ``relaxc.tvm`` needs Apache TVM.
+Importing ``relaxc`` imports nothing heavy; ``relaxc.tvm``'s API and ``relaxc.llm``'s builder
+need Apache TVM, ``relaxc.serve`` Ray.
 """
 
 import os
 import shutil
 
-__all__ = ["find_relaxc", "RelaxcNotFound"]
+__all__ = ["RelaxcNotFound", "find_relaxc"]
 
 
 class RelaxcNotFound(RuntimeError):

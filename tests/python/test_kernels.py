@@ -5,7 +5,7 @@ numpy arrays through tvm_ffi. Shapes that end off the micro-kernel's tile (n not
 parameters, errors; and the same bits at 1, 2 and 3 threads at sizes the pool splits.
 
 Needs numpy, pytest and apache-tvm-ffi (no TVM). Weights are packed by relaxc's Python package
-(python/relaxc/_pack.py), as relaxc.tvm packs them.
+(python/relaxc/tvm/pack.py), as relaxc.tvm packs them.
 """
 import os
 import subprocess
@@ -17,9 +17,8 @@ import tvm_ffi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
-from relaxc._pack import pack_columns, pack_conv, pack_conv_columns  # noqa: E402
-
-from test_tvm_ffi import relaxc_binary  # noqa: E402
+from relaxc.tvm.pack import pack_columns, pack_conv, pack_conv_columns
+from test_tvm_ffi import relaxc_binary
 
 ACTS = {
     "none": lambda x: x,
@@ -100,7 +99,7 @@ def matmul(library, a, b, a_perm=None, b_perm=None, out_perm=None, bias=None, re
         want = ACTS[act](np.transpose(epilogue(np.matmul(la.astype(np.float64), lb), "none", alpha, bias),
                                       out_perm or range(want.ndim)) + residual)
     out = np.zeros(want.shape, np.float32)
-    shape = lambda p: None if p is None else tvm_ffi.Shape(list(p))  # noqa: E731
+    shape = lambda p: None if p is None else tvm_ffi.Shape(list(p))
     library["relaxc.matmul"](t(a), t(b), t(bias), t(residual), shape(a_perm), shape(b_perm), shape(out_perm), act,
                              scalars(alpha), t(out))
     return out, want
@@ -300,7 +299,7 @@ def test_errors_name_the_kernel_and_the_argument(library):
 THREAD_SCRIPT = r"""
 import sys, numpy as np, tvm_ffi
 sys.path.insert(0, sys.argv[3])
-from relaxc._pack import pack_columns, pack_conv, pack_conv_columns
+from relaxc.tvm.pack import pack_columns, pack_conv, pack_conv_columns
 path, out_path = sys.argv[1], sys.argv[2]
 names = dict(l.split("\t") for l in open(path + ".tsv").read().splitlines())
 m = tvm_ffi.load_module(path)

@@ -1,29 +1,17 @@
-"""relaxc.tvm: TVM models on relaxc's kernel library.
+"""relaxc.tvm's API (re-exported by the package, which imports it only when used): the build,
+the rewrite as a pass of its own, and the kernels' registration in TVM."""
 
-    import relaxc.tvm
-    ex = relaxc.tvm.build(mod, target="llvm")   # what relax.build returns
-    ex.export_library("m.tar")                   # then: relaxc compile m.tar -o m.so
-
-``build`` rewrites the operators the kernel library covers (matmul and dense layers with their
-bias, scale, residual and activation; NCHW conv2d, depthwise included, with batch norm folded in;
-pooling; softmax; layer and RMS norm) into ``R.call_dps_packed("relaxc.<kernel>", ...)`` calls,
-packing constant weights into the kernels' layout, then builds with TVM's default pipeline:
-everything else stays a TVM kernel. ``RewriteToLibrary`` is the rewrite as a pass of its own, for
-custom pipelines. ``register_kernels`` makes TVM's own VM run the rewritten module on the very
-code relaxc models link, so TVM stays the oracle: TVM, relaxc bytecode and relaxc compiled give
-the same bits. ``build`` registers them for you when the relaxc command can be found.
-"""
 
 import warnings
 
 import tvm
 from tvm import relax
 
-from . import RelaxcNotFound
-from ._library import build_library, register_kernels
-from ._rewrite import rewrite_module
+from .. import RelaxcNotFound
+from .library import build_library, register_kernels
+from .rewrite import rewrite_module
 
-__all__ = ["build", "RewriteToLibrary", "register_kernels", "build_library"]
+__all__ = ["RewriteToLibrary", "build", "build_library", "register_kernels"]
 
 
 QUANTIZE_FORMATS = ("f16", "q8_0", "q4_0", "q4_K", "q6_K")
@@ -39,7 +27,7 @@ class RewriteToLibrary:
             raise ValueError(f"quantize={quantize!r}: the formats are {', '.join(QUANTIZE_FORMATS)}")
         self.quantize = quantize
 
-    def transform_module(self, mod, ctx):  # noqa: ARG002 (the pass context is not needed)
+    def transform_module(self, mod, ctx):
         return rewrite_module(mod, self.quantize)
 
 

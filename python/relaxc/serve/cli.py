@@ -1,0 +1,126 @@
+"""python -m relaxc.serve: the command line. Checks the model and the options, starts (or joins) a
+Ray cluster, runs the application on Ray Serve and stops it all on SIGINT or SIGTERM."""
+
+import argparse
+import os
+import signal
+import time
+
+from .deployment import app
+from .engine import is_llm
+from .inference import signature
+
+
+def main(argv=None):
+    import relaxc.serve as package
+
+    parser = argparse.ArgumentParser(
+        prog="python -m relaxc.serve", description=package.__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("model", help="a model .so built by relaxc compile")
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="Ray Serve replicas (default 1)"
+    )
+    parser.add_argument(
+        "--threads-per-replica",
+        type=int,
+        default=1,
+        help="worker threads (and CPUs) per replica",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=8000, help="HTTP port (default 8000)"
+    )
+    parser.add_argument(
+        "--name", help="model name in the URLs (default: the file name)"
+    )
+    parser.add_argument(
+        "--address",
+        help="join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting one",
+    )
+    parser.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=8,
+        help="tensor models: requests batched together; LLMs: sequences decoded together",
+    )
+    parser.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=2.0,
+        help="tensor models: how long a batch waits to fill",
+    )
+    parser.add_argument(
+        "--max-body", type=int, default=64 << 20, help="largest request body in bytes"
+    )
+    parser.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=4096,
+        help="LLMs: tokens the KV cache holds, over all sequences",
+    )
+    parser.add_argument(
+        "--weights",
+        help="LLMs exported with their weights as parameters: a tensor cache or safetensors "
+        "(a path every replica's node can read)",
+    )
+    args = parser.parse_args(argv)
+    if not os.path.isfile(args.model):
+        parser.error(f"{args.model}: no such file")
+    if args.weights and not os.path.exists(args.weights):
+        parser.error(f"--weights {args.weights}: no such file or directory")
+    if args.replicas < 1 or args.threads_per_replica < 1 or args.max_batch_size < 1:
+        parser.error(
+            "--replicas, --threads-per-replica and --max-batch-size must be at least 1"
+        )
+    try:
+        signature(args.model) if not is_llm(args.model) else None
+    except ValueError as e:
+        parser.error(str(e))
+
+    import ray
+    from ray import serve
+
+    if args.address:
+        ray.init(address=args.address, logging_level="ERROR")
+    else:
+        # One machine: room for every replica's threads, whatever the core count; Ray's own
+        # services on loopback too when the HTTP address is.
+        loopback = args.host in ("127.0.0.1", "localhost", "::1")
+        ray.init(
+            num_cpus=max(os.cpu_count() or 1, args.replicas * args.threads_per_replica),
+            include_dashboard=False,
+            logging_level="ERROR",
+            **({"_node_ip_address": "127.0.0.1"} if loopback else {}),
+        )
+    name = args.name or os.path.splitext(os.path.basename(args.model))[0]
+    serve.start(http_options={"host": args.host, "port": args.port})
+    application = app(
+        args.model,
+        name,
+        args.replicas,
+        args.threads_per_replica,
+        args.max_batch_size,
+        args.batch_wait_ms,
+        args.max_body,
+        {
+            "max_batch": args.max_batch_size,
+            "max_total_seq_len": args.kv_tokens,
+            "weights": os.path.abspath(args.weights) if args.weights else None,
+        },
+    )
+    serve.run(application, name=name, route_prefix="/")
+    print(f"serving {name} on http://{args.host}:{args.port}", flush=True)
+    # A plain flag: a handler that took a lock (threading.Event.set) could deadlock against the
+    # main thread waiting inside that same lock when the signal lands.
+    stop = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.append(True))
+    while not stop:
+        time.sleep(0.2)
+    serve.shutdown()
+    ray.shutdown()
+    print("stopped", flush=True)
+    return 0
