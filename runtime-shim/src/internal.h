@@ -237,8 +237,9 @@ RVM_HIDDEN bool rvm_as_string(const TVMFFIAny *v, const char **data, uint64_t *s
 /* Bytes of a compact tensor whose size is known to fit (one the runtime made or checked). */
 RVM_HIDDEN int64_t rvm_tensor_nbytes(const DLTensor *t);
 /* Bytes of a compact tensor of these dims and dtype, or -1 with a ValueError naming `what` when a
- * dim is negative or the size does not fit in int64. Every size that comes from outside goes
- * through here before anything is allocated or read. */
+ * dim is negative or the size does not fit in int64 (what NULL: -1 alone, for a caller that names
+ * the culprit only when there is one). Every size that comes from outside goes through here
+ * before anything is allocated or read. */
 RVM_HIDDEN int64_t rvm_checked_nbytes(const char *what, const int64_t *dims, int64_t ndim, DLDataType dtype);
 /* Writes "[d0, d1, ...]" into buf (truncated to cap). */
 RVM_HIDDEN void rvm_format_shape(const int64_t *dims, int64_t n, char *buf, size_t cap);

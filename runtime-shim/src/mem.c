@@ -10,6 +10,7 @@
  * allocations happen deep in builtins that never see the VM.
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,16 +46,32 @@ const rvm_allocator rvm_libc_allocator = {libc_alloc, libc_free, NULL};
 
 /* The thread's allocator sits behind a pthread key, not in _Thread_local storage, for the reason
  * error.c gives (no __tls_get_addr, so no dynamic loader among a model's NEEDED). It holds no
- * memory, so the key needs no destructor. */
+ * memory, so the key needs no destructor.
+ *
+ * Most processes never create a VM with a host allocator, and every call and allocation would
+ * still pay for the key (a pthread_once and a pthread_getspecific each). So the threads whose key
+ * holds an allocator are counted, and while none does, no thread's key is read or written: a
+ * thread that finds the count at zero knows its own key is empty, since only it writes its key
+ * and it counts itself before it does. */
 static pthread_key_t current_key;
 static pthread_once_t current_once = PTHREAD_ONCE_INIT;
 static bool current_key_made;
+static _Atomic long threads_with_an_allocator;
 
 static void make_current_key(void) { current_key_made = pthread_key_create(&current_key, NULL) == 0; }
 
 static const rvm_allocator *current(void) {
+  if (atomic_load_explicit(&threads_with_an_allocator, memory_order_relaxed) == 0) return NULL;
   pthread_once(&current_once, make_current_key);
   return current_key_made ? pthread_getspecific(current_key) : NULL;
+}
+
+/* Sets this thread's key from `was` to `now` (libc's allocator is NULL), keeping the count. */
+static void set_current(const rvm_allocator *was, const rvm_allocator *now) {
+  if (!current_key_made || was == now) return;
+  if (!was) atomic_fetch_add_explicit(&threads_with_an_allocator, 1, memory_order_relaxed);
+  pthread_setspecific(current_key, now);
+  if (!now) atomic_fetch_sub_explicit(&threads_with_an_allocator, 1, memory_order_relaxed);
 }
 
 bool rvm_mem_ready(void) {
@@ -70,14 +87,18 @@ const rvm_allocator *rvm_mem_current(void) {
 const rvm_allocator *rvm_mem_enter(const rvm_allocator *a) {
   if (a == &rvm_libc_allocator) a = NULL; /* the key's default: no write for the common case */
   const rvm_allocator *previous = current();
-  /* Setting a key this library created cannot fail; if it could not be created, every thread
-   * uses the C library's allocator. */
-  if (current_key_made && a != previous) pthread_setspecific(current_key, a);
+  if (a || previous) {
+    /* Setting a key this library created cannot fail; if it could not be created, every thread
+     * uses the C library's allocator. */
+    pthread_once(&current_once, make_current_key);
+    set_current(previous, a);
+  }
   return previous;
 }
 
 void rvm_mem_leave(const rvm_allocator *previous) {
-  if (current_key_made && pthread_getspecific(current_key) != previous) pthread_setspecific(current_key, previous);
+  const rvm_allocator *now = current();
+  if (now != previous) set_current(now, previous);
 }
 
 __attribute__((destructor(101))) static void delete_current_key(void) {

@@ -296,6 +296,7 @@ void rvm_format_shape(const int64_t *dims, int64_t n, char *buf, size_t cap) {
 int64_t rvm_checked_nbytes(const char *what, const int64_t *dims, int64_t ndim, DLDataType dtype) {
   bool empty = false;
   for (int64_t i = 0; i < ndim; i++) {
+    if (dims[i] < 0 && !what) return -1;
     if (dims[i] < 0) return rvm_raise("ValueError", "%s: negative dimension %lld (axis %lld)", what, (long long)dims[i], (long long)i);
     empty |= dims[i] == 0;
   }
@@ -304,6 +305,7 @@ int64_t rvm_checked_nbytes(const char *what, const int64_t *dims, int64_t ndim, 
   int64_t bits = (int64_t)dtype.bits * dtype.lanes;
   bool overflow = false;
   for (int64_t i = 0; i < ndim && !overflow; i++) overflow = __builtin_mul_overflow(bits, dims[i], &bits);
+  if ((overflow || bits > INT64_MAX - 7) && !what) return -1;
   if (overflow || bits > INT64_MAX - 7) {
     char shape[256], dt[32];
     rvm_format_shape(dims, ndim, shape, sizeof shape);
