@@ -183,17 +183,23 @@ int rvm_gguf_read(const uint8_t *bytes, size_t size, rvm_gguf_visit visit, void 
   return 0;
 }
 
-void rvm_gguf_repack_q4_0x8(const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst) {
-  int64_t blocks = k / 32, row_bytes = blocks * 18;
+/* Blocks of a 2-byte scale and values regrouped eight rows at a time: per block, the 8 rows'
+ * scales, then for each 4 bytes of values the 8 rows' 4 bytes (q4_0x8 and q8_0x8). */
+static void regroup_scaled_blocks(const uint8_t *src, int64_t rows, int64_t blocks, int block_bytes, uint8_t *dst) {
+  int64_t row_bytes = blocks * block_bytes;
   for (int64_t g = 0; g < rows / 8; g++)
     for (int64_t b = 0; b < blocks; b++) {
-      uint8_t *out = dst + (g * blocks + b) * 144;
+      uint8_t *out = dst + (g * blocks + b) * 8 * block_bytes;
       for (int r = 0; r < 8; r++) {
-        const uint8_t *block = src + (g * 8 + r) * row_bytes + b * 18;
+        const uint8_t *block = src + (g * 8 + r) * row_bytes + b * block_bytes;
         memcpy(out + 2 * r, block, 2);
-        for (int j = 0; j < 4; j++) memcpy(out + 16 + 32 * j + 4 * r, block + 2 + 4 * j, 4);
+        for (int j = 0; j < (block_bytes - 2) / 4; j++) memcpy(out + 16 + 32 * j + 4 * r, block + 2 + 4 * j, 4);
       }
     }
+}
+
+void rvm_gguf_repack_q4_0x8(const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst) {
+  regroup_scaled_blocks(src, rows, k / 32, 18, dst);
 }
 
 /* q4_K's 6-bit scale and minimum of sub-block j (0..7) from its 12 packed bytes. */
@@ -224,14 +230,5 @@ void rvm_gguf_repack_q4_Kx8(const uint8_t *src, int64_t rows, int64_t k, uint8_t
 }
 
 void rvm_gguf_repack_q8_0x8(const uint8_t *src, int64_t rows, int64_t k, uint8_t *dst) {
-  int64_t blocks = k / 32, row_bytes = blocks * 34;
-  for (int64_t g = 0; g < rows / 8; g++)
-    for (int64_t b = 0; b < blocks; b++) {
-      uint8_t *out = dst + (g * blocks + b) * 272;
-      for (int r = 0; r < 8; r++) {
-        const uint8_t *block = src + (g * 8 + r) * row_bytes + b * 34;
-        memcpy(out + 2 * r, block, 2);
-        for (int j = 0; j < 8; j++) memcpy(out + 16 + 32 * j + 4 * r, block + 2 + 4 * j, 4);
-      }
-    }
+  regroup_scaled_blocks(src, rows, k / 32, 34, dst);
 }

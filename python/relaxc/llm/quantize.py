@@ -134,26 +134,27 @@ def quantize(w, fmt):
     return {"q8_0": q8_0, "q4_0": q4_0, "q4_K": q4_K, "q6_K": q6_K}[fmt](w)
 
 
-def repack_q4_0x8(w):
-    """q4_0 rows [n, k / 32 * 18] regrouped eight at a time, as rvm.h's weights_open makes them for
-    a parameter named "X#q4_0x8" (runtime-shim/src/gguf.h): [n / 8, k / 32 * 144]."""
+def _regroup_scaled_blocks(w, block_bytes, name):
+    """Blocks of a 2-byte scale and values, eight rows at a time: per block the 8 rows' scales,
+    then for each 4 bytes of values the 8 rows' 4 bytes (runtime-shim/src/gguf.c does the same)."""
     w = np.asarray(w, np.uint8)
     rows, row_bytes = w.shape
     if rows % 8:
-        raise ValueError(f"q4_0x8 needs a multiple of 8 rows, got {rows}")
-    blocks = w.reshape(rows // 8, 8, row_bytes // 18, 18).transpose(
-        0, 2, 1, 3
-    )  # [g, b, r, 18]
-    scales = blocks[..., :2].reshape(rows // 8, row_bytes // 18, 16)
+        raise ValueError(f"{name} needs a multiple of 8 rows, got {rows}")
+    g, nb, groups = rows // 8, row_bytes // block_bytes, (block_bytes - 2) // 4
+    blocks = w.reshape(g, 8, nb, block_bytes).transpose(0, 2, 1, 3)  # [g, b, r, bytes]
+    scales = blocks[..., :2].reshape(g, nb, 16)
     values = (
-        blocks[..., 2:]
-        .reshape(rows // 8, row_bytes // 18, 8, 4, 4)
-        .transpose(0, 1, 3, 2, 4)
+        blocks[..., 2:].reshape(g, nb, 8, groups, 4).transpose(0, 1, 3, 2, 4)
     )  # [g, b, j, r, 4]
-    out = np.concatenate(
-        [scales, values.reshape(rows // 8, row_bytes // 18, 128)], axis=-1
-    )
-    return np.ascontiguousarray(out.reshape(rows // 8, -1))
+    out = np.concatenate([scales, values.reshape(g, nb, 32 * groups)], axis=-1)
+    return np.ascontiguousarray(out.reshape(g, -1))
+
+
+def repack_q4_0x8(w):
+    """q4_0 rows [n, k / 32 * 18] regrouped eight at a time, as rvm.h's weights_open makes them for
+    a parameter named "X#q4_0x8" (runtime-shim/src/gguf.h): [n / 8, k / 32 * 144]."""
+    return _regroup_scaled_blocks(w, 18, "q4_0x8")
 
 
 def _q4k_scales_mins(packed):
@@ -195,23 +196,7 @@ def repack_q4_Kx8(w):
 def repack_q8_0x8(w):
     """q8_0 rows [n, k / 32 * 34] regrouped eight at a time, as weights_open makes them for a
     parameter named "X#q8_0x8" (runtime-shim/src/gguf.h): [n / 8, k / 32 * 272]."""
-    w = np.asarray(w, np.uint8)
-    rows, row_bytes = w.shape
-    if rows % 8:
-        raise ValueError(f"q8_0x8 needs a multiple of 8 rows, got {rows}")
-    blocks = w.reshape(rows // 8, 8, row_bytes // 34, 34).transpose(
-        0, 2, 1, 3
-    )  # [g, b, r, 34]
-    scales = blocks[..., :2].reshape(rows // 8, row_bytes // 34, 16)
-    values = (
-        blocks[..., 2:]
-        .reshape(rows // 8, row_bytes // 34, 8, 8, 4)
-        .transpose(0, 1, 3, 2, 4)
-    )  # [g, b, j, r, 4]
-    out = np.concatenate(
-        [scales, values.reshape(rows // 8, row_bytes // 34, 256)], axis=-1
-    )
-    return np.ascontiguousarray(out.reshape(rows // 8, -1))
+    return _regroup_scaled_blocks(w, 34, "q8_0x8")
 
 
 REGROUPINGS = {
