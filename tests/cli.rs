@@ -11,6 +11,11 @@ fn relaxc() -> Command {
     Command::new(env!("CARGO_BIN_EXE_relaxc"))
 }
 
+/// A command line from words and paths alike (anything that prints).
+fn argv(parts: &[&dyn std::fmt::Display]) -> Vec<String> {
+    parts.iter().map(|p| p.to_string()).collect()
+}
+
 fn run_and_inspect_open_bare_relative_and_absolute_paths() {
     let fixture = common::fixtures_dir().join("mlp_static");
     let so = common::build("mlp_static", &fixture.join("m.tar"), ExecMode::Compiled).expect("build");
@@ -186,19 +191,10 @@ fn a_failed_write_leaves_no_partial_file() {
     let tar = fixture.join("m.tar");
     let so = common::build("mlp_static", &tar, ExecMode::Compiled).expect("build");
     let inputs = fixture.join("ok_basic.in.npz");
+    let (tar_path, so_path, inputs_path) = (tar.display(), so.display(), inputs.display());
     for (what, args) in [
-        ("compile -o", vec!["compile".into(), tar.display().to_string(), "-o".into(), "/dev/full".into()]),
-        (
-            "run --outputs",
-            vec![
-                "run".into(),
-                so.display().to_string(),
-                "--inputs".into(),
-                inputs.display().to_string(),
-                "--outputs".into(),
-                "/dev/full".into(),
-            ],
-        ),
+        ("compile -o", argv(&[&"compile", &tar_path, &"-o", &"/dev/full"])),
+        ("run --outputs", argv(&[&"run", &so_path, &"--inputs", &inputs_path, &"--outputs", &"/dev/full"])),
     ] {
         let out = relaxc().args(&args).output().expect("relaxc");
         assert_eq!(out.status.code(), Some(1), "{what} /dev/full: {}", stderr_of(&out));
@@ -208,31 +204,13 @@ fn a_failed_write_leaves_no_partial_file() {
     let old = b"the previous contents".to_vec();
     let target = |name: &str| dir.path().join(name);
     let cases: Vec<(&str, Vec<String>, std::path::PathBuf)> = vec![
-        ("compile -o", vec!["compile".into(), tar.display().to_string(), "-o".into()], target("m.so")),
+        ("compile -o", argv(&[&"compile", &tar_path, &"-o"]), target("m.so")),
         (
             "compile --emit-clif",
-            vec![
-                "compile".into(),
-                tar.display().to_string(),
-                "--exec-mode".into(),
-                "compiled".into(),
-                "-o".into(),
-                "/dev/null".into(),
-                "--emit-clif".into(),
-            ],
+            argv(&[&"compile", &tar_path, &"--exec-mode", &"compiled", &"-o", &"/dev/null", &"--emit-clif"]),
             target("m.clif"),
         ),
-        (
-            "run --outputs",
-            vec![
-                "run".into(),
-                so.display().to_string(),
-                "--inputs".into(),
-                inputs.display().to_string(),
-                "--outputs".into(),
-            ],
-            target("out.npz"),
-        ),
+        ("run --outputs", argv(&[&"run", &so_path, &"--inputs", &inputs_path, &"--outputs"]), target("out.npz")),
     ];
     for (what, args, path) in cases {
         std::fs::write(&path, &old).expect("write the old file");

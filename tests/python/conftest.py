@@ -1,5 +1,5 @@
 """What the Python tests share: the kernel library of this build's relaxc, loaded once per
-session through tvm_ffi, as {global name: function}."""
+session through tvm_ffi, as {global name: function}; and the check of a list of failing calls."""
 
 import subprocess
 
@@ -20,3 +20,11 @@ def library(tmp_path_factory):
     names = dict(line.split("\t") for line in out.stdout.splitlines())
     module = tvm_ffi.load_module(path)
     return {name: module[export] for name, export in names.items()}
+
+
+def assert_each_raises(cases):
+    """Each (call, exception type, text): the call raises that type with the text in its message."""
+    for call, kind, text in cases:
+        with pytest.raises(kind) as e:
+            call()
+        assert text in str(e.value), str(e.value)

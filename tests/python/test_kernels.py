@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import assert_each_raises
 import tvm_ffi
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -288,10 +289,7 @@ def test_errors_name_the_kernel_and_the_argument(library):
         (lambda: library["relaxc.matmul"](t(x), t(x), None, None, None, tvm_ffi.Shape([0, 0]), None, "none", scalars(),
                                           t(np.zeros((2, 2), np.float32))), ValueError, "b_perm is not a permutation"),
     ]
-    for call, kind, text in cases:
-        with pytest.raises(kind) as e:
-            call()
-        assert text in str(e.value), str(e.value)
+    assert_each_raises(cases)
 
 
 # ---- threads -------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import assert_each_raises
 from test_kernels import ROOT as _ROOT
 from test_kernels import t
 from test_tvm_ffi import relaxc_binary
@@ -222,10 +223,7 @@ def test_errors_name_the_argument(library):
             "id 8 at position 0",
         ),
     ]
-    for call, kind, text in cases:
-        with pytest.raises(kind) as e:
-            call()
-        assert text in str(e.value), str(e.value)
+    assert_each_raises(cases)
 
 
 THREAD_SCRIPT = r"""
