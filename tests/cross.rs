@@ -256,6 +256,39 @@ fn cli(target: &Target) -> Result<(), Failed> {
     Ok(())
 }
 
+/// The quantized models on aarch64: NEON's tiles (quant_neon.c) give the portable code's bits
+/// (`RELAXC_QUANT_ISA=portable`), each run by `relaxc run` under qemu.
+fn neon_matches_portable(target: &Target) -> Result<(), Failed> {
+    let names: Vec<String> = common::cross_exports("aarch64").into_iter().filter(|n| n.starts_with("quant_")).collect();
+    if names.is_empty() {
+        return Err("no quantized fixtures (fixtures/tvm-cross/aarch64/quant_*)".into());
+    }
+    let scratch = tempfile::tempdir()?;
+    for name in names {
+        let tar = common::root().join("fixtures/tvm-cross/aarch64").join(&name).join("m.tar");
+        let so = build(&format!("cross_{name}"), &tar, target, ExecMode::Compiled, false)?;
+        let inputs = common::fixtures_dir().join(&name).join("ok_b3.in.npz");
+        let mut outputs = Vec::new();
+        for isa in ["", "portable"] {
+            let out = scratch.path().join(format!("{name}.{isa}.npz"));
+            let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_relaxc"));
+            run.arg("run").arg(&so).arg("--inputs").arg(&inputs).arg("--outputs").arg(&out);
+            if !isa.is_empty() {
+                run.env("RELAXC_QUANT_ISA", isa);
+            }
+            let done = run.output()?;
+            if !done.status.success() {
+                return Err(format!("{name}: {}", String::from_utf8_lossy(&done.stderr)).into());
+            }
+            outputs.push(npz::read_arrays(&out)?);
+        }
+        if outputs[0] != outputs[1] {
+            return Err(format!("{name}: NEON and the portable code give other bits").into());
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let args = Arguments::from_args();
     let mut trials = Vec::new();
@@ -292,6 +325,10 @@ fn main() {
             let count = std::env::var("RELAXC_CROSS_RANDOM_COUNT").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
             let t = target.clone();
             trials.push(Trial::test(format!("{cpu}::random::{count}_programs"), move || random_programs(&t, count)));
+            let t = target.clone();
+            trials.push(Trial::test(format!("{cpu}::quantized::neon_matches_portable"), move || {
+                neon_matches_portable(&t)
+            }));
         }
     }
     libtest_mimic::run(&args, trials).exit();

@@ -293,15 +293,29 @@ static const rk_qdots portable = {
     {[RK_Q_Q4_0X8] = tile8_q4_0x8, [RK_Q_Q4_KX8] = tile8_q4_Kx8, [RK_Q_Q8_0X8] = tile8_q8_0x8},
 };
 
+#if defined(__aarch64__)
+/* aarch64: the portable dot products, the regrouped tiles in NEON (quant_neon.c). */
+static const rk_qdots neon = {
+    {dot_f32, dot_f16, dot_q8_0, dot_q4_0, dot_q4_K, dot_q6_K, dot_unused, dot_unused, dot_unused},
+    {NULL},
+    {[RK_Q_Q4_0X8] = rk_neon_tile8_q4_0x8, [RK_Q_Q4_KX8] = rk_neon_tile8_q4_Kx8, [RK_Q_Q8_0X8] = rk_neon_tile8_q8_0x8},
+};
+#endif
+
 const rk_qdots *rk_qdots_portable(void) { return &portable; }
 
-/* The dot products this CPU runs, decided once: VNNI, else AVX2 (with F16C), else portable.
- * RELAXC_QUANT_ISA=portable|avx2 picks a lesser set, so that tests run every set on one CPU. */
+/* The dot products this CPU runs, decided once: VNNI, else AVX2 (with F16C), else portable; on
+ * aarch64, NEON's. RELAXC_QUANT_ISA=portable|avx2 picks a lesser set, so that tests run every set
+ * on one CPU. */
 static const rk_qdots *qdots(void) {
   static const rk_qdots *_Atomic chosen;
   const rk_qdots *c = atomic_load_explicit(&chosen, memory_order_relaxed);
   if (c) return c;
   c = &portable;
+#if defined(__aarch64__)
+  const char *wanted = getenv("RELAXC_QUANT_ISA");
+  if (!(wanted && strcmp(wanted, "portable") == 0)) c = &neon;
+#endif
 #if defined(__x86_64__)
   const char *forced = getenv("RELAXC_QUANT_ISA");
   __builtin_cpu_init();

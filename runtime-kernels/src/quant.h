@@ -87,6 +87,15 @@ typedef struct rk_qdots {
 
 /* The portable dot products. */
 RVM_HIDDEN const rk_qdots *rk_qdots_portable(void);
+#if defined(__aarch64__)
+/* The regrouped formats' tiles with NEON (quant_neon.c): the portable tiles' bits, faster. */
+RVM_HIDDEN void rk_neon_tile8_q4_0x8(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out,
+                                     int64_t out_stride);
+RVM_HIDDEN void rk_neon_tile8_q8_0x8(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out,
+                                     int64_t out_stride);
+RVM_HIDDEN void rk_neon_tile8_q4_Kx8(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out,
+                                     int64_t out_stride);
+#endif
 #if defined(__x86_64__)
 /* AVX2 + FMA + F16C, and the same with AVX-512 VNNI's dpbusd where the CPU has it. */
 RVM_HIDDEN const rk_qdots *rk_qdots_avx2(void);

@@ -1,0 +1,147 @@
+/*
+ * quant_neon.c: the regrouped formats' tiles (q4_0x8, q8_0x8, q4_Kx8) for aarch64 with NEON.
+ * Each row of a group is one int32 lane, as on x86; four products at a time are widened to int16
+ * (vmull_s8) and summed pairwise into the lanes, which every aarch64 core has (the dot-product
+ * extension's sdot would do it in one instruction, on the cores that have it). The sums are
+ * exact and the floats are combined with the same multiply-adds (fused where the portable code
+ * fuses), in the same order, as quant.c's portable tiles, so the results are theirs bit for bit.
+ */
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#include <string.h>
+
+#include "quant.h"
+
+/* Rows 0-3 of w (4 bytes each) times the same 4 activation bytes: one sum per row. */
+static inline int32x4_t dot4(int8x16_t w, int8x16_t x) {
+  int32x4_t pairs_low = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x)));
+  int32x4_t pairs_high = vpaddlq_s16(vmull_high_s8(w, x));
+  return vpaddq_s32(pairs_low, pairs_high);
+}
+
+/* 4 activation bytes in every lane. */
+static inline int8x16_t broadcast4(const int8_t *x) {
+  uint32_t v;
+  memcpy(&v, x, 4);
+  return vreinterpretq_s8_u32(vdupq_n_u32(v));
+}
+
+/* The 8 rows' half-precision values at p as two float vectors. */
+static inline void halves8(const uint8_t *p, float32x4_t *low, float32x4_t *high) {
+  float16x8_t h = vreinterpretq_f16_u8(vld1q_u8(p));
+  *low = vcvt_f32_f16(vget_low_f16(h));
+  *high = vcvt_high_f32_f16(h);
+}
+
+/* The 8 rows' bytes at p (one per row) as two int32 vectors. */
+static inline void bytes8(const uint8_t *p, int32x4_t *low, int32x4_t *high) {
+  uint16x8_t wide = vmovl_u8(vld1_u8(p));
+  *low = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(wide)));
+  *high = vreinterpretq_s32_u32(vmovl_high_u16(wide));
+}
+
+/* acc + a * b, fused exactly where quant.c's portable code fuses (rk_madd), so both give the same
+ * bits whichever compiler built them. */
+static inline float32x4_t madd4(float32x4_t acc, float32x4_t a, float32x4_t b) {
+  return RK_PORTABLE_FUSED ? vfmaq_f32(acc, a, b) : vaddq_f32(acc, vmulq_f32(a, b));
+}
+
+static void store8(float *out, float32x4_t low, float32x4_t high) {
+  vst1q_f32(out, low);
+  vst1q_f32(out + 4, high);
+}
+
+void rk_neon_tile8_q4_0x8(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out, int64_t out_stride) {
+  int64_t k = a->k;
+  const uint8x16_t low = vdupq_n_u8(0xf);
+  const int8x16_t eight = vdupq_n_s8(8);
+  for (int r = 0; r < xrows; r++) {
+    const int8_t *qx = a->q + (r0 + r) * k;
+    const float *dx = a->d + (r0 + r) * (k / 32);
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0;
+    for (int64_t b = 0; b < k / 32; b++) {
+      const uint8_t *blk = group + 144 * b;
+      int32x4_t s0 = vdupq_n_s32(0), s1 = s0;
+      for (int j = 0; j < 4; j++) {
+        uint8x16_t v0 = vld1q_u8(blk + 16 + 32 * j), v1 = vld1q_u8(blk + 32 + 32 * j);
+        int8x16_t x_low = broadcast4(qx + 32 * b + 4 * j), x_high = broadcast4(qx + 32 * b + 16 + 4 * j);
+        s0 = vaddq_s32(s0, dot4(vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v0, low)), eight), x_low));
+        s1 = vaddq_s32(s1, dot4(vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v1, low)), eight), x_low));
+        s0 = vaddq_s32(s0, dot4(vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v0, 4)), eight), x_high));
+        s1 = vaddq_s32(s1, dot4(vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8(v1, 4)), eight), x_high));
+      }
+      float32x4_t d0, d1;
+      halves8(blk, &d0, &d1);
+      acc0 = madd4(acc0, vmulq_n_f32(d0, dx[b]), vcvtq_f32_s32(s0));
+      acc1 = madd4(acc1, vmulq_n_f32(d1, dx[b]), vcvtq_f32_s32(s1));
+    }
+    store8(out + r * out_stride, acc0, acc1);
+  }
+}
+
+void rk_neon_tile8_q8_0x8(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out, int64_t out_stride) {
+  int64_t k = a->k;
+  for (int r = 0; r < xrows; r++) {
+    const int8_t *qx = a->q + (r0 + r) * k;
+    const float *dx = a->d + (r0 + r) * (k / 32);
+    float32x4_t acc0 = vdupq_n_f32(0.0f), acc1 = acc0;
+    for (int64_t b = 0; b < k / 32; b++) {
+      const uint8_t *blk = group + 272 * b;
+      int32x4_t s0 = vdupq_n_s32(0), s1 = s0;
+      for (int j = 0; j < 8; j++) {
+        int8x16_t x4 = broadcast4(qx + 32 * b + 4 * j);
+        s0 = vaddq_s32(s0, dot4(vld1q_s8((const int8_t *)blk + 16 + 32 * j), x4));
+        s1 = vaddq_s32(s1, dot4(vld1q_s8((const int8_t *)blk + 32 + 32 * j), x4));
+      }
+      float32x4_t d0, d1;
+      halves8(blk, &d0, &d1);
+      acc0 = madd4(acc0, vmulq_n_f32(d0, dx[b]), vcvtq_f32_s32(s0));
+      acc1 = madd4(acc1, vmulq_n_f32(d1, dx[b]), vcvtq_f32_s32(s1));
+    }
+    store8(out + r * out_stride, acc0, acc1);
+  }
+}
+
+void rk_neon_tile8_q4_Kx8(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out, int64_t out_stride) {
+  int64_t k = a->k;
+  const uint8x16_t low = vdupq_n_u8(0xf);
+  for (int r = 0; r < xrows; r++) {
+    const int8_t *qx = a->q + (r0 + r) * k;
+    const int16_t *sx = a->sum16 + (r0 + r) * (k / 16);
+    float32x4_t sum0 = vdupq_n_f32(0.0f), sum1 = sum0, mins0 = sum0, mins1 = sum0;
+    for (int64_t b = 0; b < k / 256; b++) {
+      const uint8_t *blk = group + 1184 * b;
+      int32x4_t s0 = vdupq_n_s32(0), s1 = s0, m0 = s0, m1 = s0;
+      for (int sub = 0; sub < 8; sub++) {
+        int shift = 4 * (sub & 1);
+        int32x4_t t0 = vdupq_n_s32(0), t1 = t0;
+        for (int j = 0; j < 8; j++) {
+          const uint8_t *v = blk + 160 + 256 * (sub / 2) + 32 * j;
+          uint8x16_t v0 = vld1q_u8(v), v1 = vld1q_u8(v + 16);
+          if (shift) v0 = vshrq_n_u8(v0, 4), v1 = vshrq_n_u8(v1, 4);
+          int8x16_t x4 = broadcast4(qx + 256 * b + 32 * sub + 4 * j);
+          t0 = vaddq_s32(t0, dot4(vreinterpretq_s8_u8(vandq_u8(v0, low)), x4));
+          t1 = vaddq_s32(t1, dot4(vreinterpretq_s8_u8(vandq_u8(v1, low)), x4));
+        }
+        int32x4_t sc0, sc1, mn0, mn1;
+        bytes8(blk + 32 + 8 * sub, &sc0, &sc1);
+        bytes8(blk + 96 + 8 * sub, &mn0, &mn1);
+        int32_t sum32 = sx[16 * b + 2 * sub] + sx[16 * b + 2 * sub + 1];
+        s0 = vmlaq_s32(s0, sc0, t0);
+        s1 = vmlaq_s32(s1, sc1, t1);
+        m0 = vmlaq_n_s32(m0, mn0, sum32);
+        m1 = vmlaq_n_s32(m1, mn1, sum32);
+      }
+      float dxb = a->d[(r0 + r) * (k / 256) + b];
+      float32x4_t d0, d1, dm0, dm1;
+      halves8(blk, &d0, &d1);
+      halves8(blk + 16, &dm0, &dm1);
+      sum0 = madd4(sum0, vmulq_n_f32(d0, dxb), vcvtq_f32_s32(s0));
+      sum1 = madd4(sum1, vmulq_n_f32(d1, dxb), vcvtq_f32_s32(s1));
+      mins0 = madd4(mins0, vmulq_n_f32(dm0, dxb), vcvtq_f32_s32(m0));
+      mins1 = madd4(mins1, vmulq_n_f32(dm1, dxb), vcvtq_f32_s32(m1));
+    }
+    store8(out + r * out_stride, vsubq_f32(sum0, mins0), vsubq_f32(sum1, mins1));
+  }
+}
+#endif
