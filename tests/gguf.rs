@@ -1,5 +1,6 @@
 //! LLMs from GGUF files (fixtures/gguf: a small Llama whose matrices mix f32, f16, q8_0, q4_0,
-//! q4_K and q6_K, built by relaxc.llm): `relaxc generate --weights FILE.gguf` gives TVM's tokens
+//! q4_K and q6_K, and a small Qwen2, built by relaxc.llm): `relaxc generate --weights FILE.gguf`
+//! gives TVM's tokens
 //! and logits bit for bit in both modes, and so does a C host through rvm.h's weights_open;
 //! loading maps the file without copying its matrices; damaged files (truncated, bad offsets,
 //! unknown types, missing tensors, wrong shapes, random bytes) are clear errors from the CLI and
@@ -37,28 +38,37 @@ fn joined(ids: &[i32], sep: &str) -> String {
     ids.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(sep)
 }
 
-/// TVM's greedy generation on the same file, reproduced bit for bit.
+/// TVM's greedy generation on the same file, reproduced bit for bit: the llama mixing every
+/// format, and a qwen2 (biases on Q, K and V; Hugging Face's row order).
 fn generation_gives_tvms_tokens_and_logits() {
-    let want = npz::read_arrays(&fixture().join("generate.npz")).expect("generate.npz");
-    let (prompt, tokens) = (ids(&want["prompt"].2), ids(&want["tokens"].2));
-    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
-        let logits =
-            common::scratch_dir().join(format!("gguf_logits.{}.{}.npz", common::mode_name(mode), std::process::id()));
-        let out = relaxc()
-            .arg("generate")
-            .arg(build(mode))
-            .args(["--prompt", &joined(&prompt, ","), "--max-new-tokens", "16", "--weights"])
-            .arg(gguf_file())
-            .arg("--logits")
-            .arg(&logits)
-            .output()
-            .expect("relaxc generate");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert_eq!(stdout.lines().next(), Some(format!("tokens: {}", joined(&tokens, " ")).as_str()));
-        let got = npz::read_arrays(&logits).expect("logits");
-        assert_eq!(got["logits"].2, want["logits"].2, "logits bit for bit ({})", common::mode_name(mode));
-        let _ = std::fs::remove_file(&logits);
+    for (tar, gguf, recorded) in
+        [("m.tar", "tiny_mixed.gguf", "generate.npz"), ("qwen2.tar", "tiny_qwen2.gguf", "generate_qwen2.npz")]
+    {
+        let want = npz::read_arrays(&fixture().join(recorded)).expect("recorded generation");
+        let (prompt, tokens) = (ids(&want["prompt"].2), ids(&want["tokens"].2));
+        for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+            let so = common::build(&format!("gguf_{gguf}"), &fixture().join(tar), mode).expect("build the GGUF model");
+            let logits = common::scratch_dir().join(format!(
+                "gguf_logits.{gguf}.{}.{}.npz",
+                common::mode_name(mode),
+                std::process::id()
+            ));
+            let out = relaxc()
+                .arg("generate")
+                .arg(&so)
+                .args(["--prompt", &joined(&prompt, ","), "--max-new-tokens", "16", "--weights"])
+                .arg(fixture().join(gguf))
+                .arg("--logits")
+                .arg(&logits)
+                .output()
+                .expect("relaxc generate");
+            assert!(out.status.success(), "{gguf}: {}", String::from_utf8_lossy(&out.stderr));
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert_eq!(stdout.lines().next(), Some(format!("tokens: {}", joined(&tokens, " ")).as_str()), "{gguf}");
+            let got = npz::read_arrays(&logits).expect("logits");
+            assert_eq!(got["logits"].2, want["logits"].2, "{gguf}: logits bit for bit ({})", common::mode_name(mode));
+            let _ = std::fs::remove_file(&logits);
+        }
     }
 }
 

@@ -92,9 +92,10 @@ def test_generation_from_python_gives_tvms_tokens(models, mode):
 
 
 def reference_first_logits(path, prompt):
-    """The model of the GGUF file in numpy (float64), as llama.cpp computes a llama: RMS norms,
-    RoPE rotating adjacent pairs (the file's Q and K rows are in that order), grouped-query
-    causal attention, SiLU-gated MLP."""
+    """The model of the GGUF file in numpy (float64), as llama.cpp computes it: RMS norms, RoPE
+    (llama: adjacent pairs of the file's rows, which are in llama.cpp's order; qwen2: NEOX, the two
+    halves of Hugging Face's rows), biases where the file has them, grouped-query causal
+    attention, SiLU-gated MLP."""
     from gguf.quants import dequantize
 
     reader = gguf.GGUFReader(path)
@@ -104,19 +105,22 @@ def reference_first_logits(path, prompt):
             np.float64
         )
         t[tensor.name] = values.reshape([int(d) for d in reversed(tensor.shape)])
+    t.setdefault("output.weight", t["token_embd.weight"])  # tied embeddings
 
     def field(key):
         f = reader.get_field(key)
         return f.parts[f.data[0]].tolist()[0]
 
-    hidden, layers = field("llama.embedding_length"), field("llama.block_count")
+    arch_field = reader.get_field("general.architecture")
+    arch = bytes(arch_field.parts[arch_field.data[0]]).decode()
+    hidden, layers = field(f"{arch}.embedding_length"), field(f"{arch}.block_count")
     heads, kv_heads = (
-        field("llama.attention.head_count"),
-        field("llama.attention.head_count_kv"),
+        field(f"{arch}.attention.head_count"),
+        field(f"{arch}.attention.head_count_kv"),
     )
     eps, theta = (
-        field("llama.attention.layer_norm_rms_epsilon"),
-        field("llama.rope.freq_base"),
+        field(f"{arch}.attention.layer_norm_rms_epsilon"),
+        field(f"{arch}.rope.freq_base"),
     )
     hd = hidden // heads
     n = len(prompt)
@@ -124,25 +128,30 @@ def reference_first_logits(path, prompt):
     def norm(x, w):
         return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
-    def rope(
-        x,
-    ):  # x [n, heads, hd], pairs (2i, 2i + 1) rotated by pos * theta^(-2i / hd)
+    def rope(x):
         pos = np.arange(n)[:, None, None]
-        freq = theta ** (-np.arange(0, hd, 2) / hd)
-        angle = pos * freq
-        a, b = x[..., 0::2], x[..., 1::2]
+        angle = pos * theta ** (-np.arange(0, hd, 2) / hd)
+        if arch == "qwen2":
+            first, second = slice(0, hd // 2), slice(hd // 2, hd)
+        else:
+            first, second = slice(0, hd, 2), slice(1, hd, 2)
+        a, b = x[..., first], x[..., second]
         out = np.empty_like(x)
-        out[..., 0::2] = a * np.cos(angle) - b * np.sin(angle)
-        out[..., 1::2] = a * np.sin(angle) + b * np.cos(angle)
+        out[..., first] = a * np.cos(angle) - b * np.sin(angle)
+        out[..., second] = a * np.sin(angle) + b * np.cos(angle)
         return out
+
+    def project(h, name):
+        y = h @ t[name + ".weight"].T
+        return y + t[name + ".bias"] if name + ".bias" in t else y
 
     x = t["token_embd.weight"][prompt]
     for i in range(layers):
         p = f"blk.{i}."
         h = norm(x, t[p + "attn_norm.weight"])
-        q = rope((h @ t[p + "attn_q.weight"].T).reshape(n, heads, hd))
-        k = rope((h @ t[p + "attn_k.weight"].T).reshape(n, kv_heads, hd))
-        v = (h @ t[p + "attn_v.weight"].T).reshape(n, kv_heads, hd)
+        q = rope(project(h, p + "attn_q").reshape(n, heads, hd))
+        k = rope(project(h, p + "attn_k").reshape(n, kv_heads, hd))
+        v = project(h, p + "attn_v").reshape(n, kv_heads, hd)
         k, v = (
             np.repeat(k, heads // kv_heads, axis=1),
             np.repeat(v, heads // kv_heads, axis=1),
@@ -159,10 +168,16 @@ def reference_first_logits(path, prompt):
     return norm(x, t["output_norm.weight"])[-1] @ t["output.weight"].T
 
 
-def test_the_model_means_what_llama_cpp_means():
-    want = np.load(os.path.join(FIXTURE, "generate.npz"))
+@pytest.mark.parametrize(
+    "gguf_file,recorded",
+    [("tiny_mixed.gguf", "generate.npz"), ("tiny_qwen2.gguf", "generate_qwen2.npz")],
+)
+def test_the_model_means_what_llama_cpp_means(gguf_file, recorded):
+    """llama (Q and K rows in llama.cpp's order, adjacent pairs rotated) and qwen2 (biases on Q,
+    K and V, NEOX RoPE on Hugging Face's rows)."""
+    want = np.load(os.path.join(FIXTURE, recorded))
     prompt = [int(i) for i in want["prompt"]]
-    reference = reference_first_logits(GGUF, prompt)
+    reference = reference_first_logits(os.path.join(FIXTURE, gguf_file), prompt)
     got = want["logits"][0].astype(
         np.float64
     )  # relaxc's logits (equal to TVM's: the test above)
