@@ -76,6 +76,10 @@ def read_config(path):
             f"{path}: RoPE scaling {scaling!r} is not supported (none or linear)"
         )
     factor = float(meta("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
+    if "rope_freqs.weight" in formats:
+        raise GGUFError(
+            f"{path}: RoPE frequency factors (rope_freqs.weight, llama3's scaling) are not supported"
+        )
     if "token_embd.weight" not in formats:
         raise GGUFError(f"{path}: token_embd.weight is missing")
     for name, fmt in formats.items():
