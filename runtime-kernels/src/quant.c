@@ -21,7 +21,8 @@ static const rk_qinfo formats[RK_Q_COUNT] = {
     [RK_Q_Q8_0] = {"q8_0", 32, 34, 32},   [RK_Q_Q4_0] = {"q4_0", 32, 18, 32},
     [RK_Q_Q4_K] = {"q4_K", 256, 144, 256}, [RK_Q_Q6_K] = {"q6_K", 256, 210, 256},
     [RK_Q_Q4_0X8] = {"q4_0x8", 32, 18, 32},     [RK_Q_Q4_KX8] = {"q4_Kx8", 256, 148, 256},
-    [RK_Q_Q8_0X8] = {"q8_0x8", 32, 34, 32},
+    [RK_Q_Q8_0X8] = {"q8_0x8", 32, 34, 32},   [RK_Q_Q4_1] = {"q4_1", 32, 20, 32},
+    [RK_Q_Q5_0] = {"q5_0", 32, 22, 32},       [RK_Q_Q5_1] = {"q5_1", 32, 24, 32},
 };
 
 const rk_qinfo *rk_qformat_info(rk_qformat f) { return (unsigned)f < RK_Q_COUNT ? &formats[f] : NULL; }
@@ -141,6 +142,50 @@ static float dot_q4_0(const void *w, const float *x, const rk_qact *a, int64_t k
     sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk) * a->d[b], (float)s, sum);
   }
   return sum;
+}
+
+/* The 32 values of a q4_1/q5_0/q5_1 block: low nibbles (values 0-15), then high ones, with a
+ * fifth bit from the 32-bit word qh for the q5 formats. */
+static inline void block_values(const uint8_t *qs, const uint8_t *qh, int *q) {
+  uint32_t high = 0;
+  if (qh) memcpy(&high, qh, 4);
+  for (int i = 0; i < 16; i++) {
+    q[i] = (qs[i] & 0xf) | (qh ? (int)((high >> i) & 1) << 4 : 0);
+    q[i + 16] = (qs[i] >> 4) | (qh ? (int)((high >> (i + 16)) & 1) << 4 : 0);
+  }
+}
+
+/* q4_1 (d, m, 16 bytes), q5_0 (d, qh, 16 bytes) and q5_1 (d, m, qh, 16 bytes): value = d * q + m,
+ * or d * (q - 16) for q5_0. The offset multiplies the activations' sum of the block. */
+static float dot_offset_blocks(const uint8_t *blk, const rk_qact *a, int64_t k, int bytes, bool has_min, bool five) {
+  float sum = 0.0f;
+  for (int64_t b = 0; b < k / 32; b++, blk += bytes) {
+    int q[32];
+    block_values(blk + (has_min ? 4 : 2) + (five ? 4 : 0), five ? blk + (has_min ? 4 : 2) : NULL, q);
+    const int8_t *qx = a->q + b * 32;
+    int32_t s = 0, sx = a->sum16[2 * b] + a->sum16[2 * b + 1];
+    for (int i = 0; i < 32; i++) s += q[i] * qx[i];
+    if (!has_min) s -= 16 * sx;
+    float dx = a->d[b];
+    sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk) * dx, (float)s, sum);
+    if (has_min) sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk + 2) * dx, (float)sx, sum);
+  }
+  return sum;
+}
+
+static float dot_q4_1(const void *w, const float *x, const rk_qact *a, int64_t k) {
+  (void)x;
+  return dot_offset_blocks(w, a, k, 20, true, false);
+}
+
+static float dot_q5_0(const void *w, const float *x, const rk_qact *a, int64_t k) {
+  (void)x;
+  return dot_offset_blocks(w, a, k, 22, false, true);
+}
+
+static float dot_q5_1(const void *w, const float *x, const rk_qact *a, int64_t k) {
+  (void)x;
+  return dot_offset_blocks(w, a, k, 24, true, true);
 }
 
 /* q4_K: a super-block of 256 is d and dmin (f16), 12 bytes of eight 6-bit scales and minimums,
@@ -288,7 +333,8 @@ static float dot_unused(const void *w, const float *x, const rk_qact *a, int64_t
 }
 
 static const rk_qdots portable = {
-    {dot_f32, dot_f16, dot_q8_0, dot_q4_0, dot_q4_K, dot_q6_K, dot_unused, dot_unused, dot_unused},
+    {dot_f32, dot_f16, dot_q8_0, dot_q4_0, dot_q4_K, dot_q6_K, dot_unused, dot_unused, dot_unused, dot_q4_1, dot_q5_0,
+     dot_q5_1},
     {NULL},
     {[RK_Q_Q4_0X8] = tile8_q4_0x8, [RK_Q_Q4_KX8] = tile8_q4_Kx8, [RK_Q_Q8_0X8] = tile8_q8_0x8},
 };
@@ -296,7 +342,8 @@ static const rk_qdots portable = {
 #if defined(__aarch64__)
 /* aarch64: the portable dot products, the regrouped tiles in NEON (quant_neon.c). */
 static const rk_qdots neon = {
-    {dot_f32, dot_f16, dot_q8_0, dot_q4_0, dot_q4_K, dot_q6_K, dot_unused, dot_unused, dot_unused},
+    {dot_f32, dot_f16, dot_q8_0, dot_q4_0, dot_q4_K, dot_q6_K, dot_unused, dot_unused, dot_unused, dot_q4_1, dot_q5_0,
+     dot_q5_1},
     {NULL},
     {[RK_Q_Q4_0X8] = rk_neon_tile8_q4_0x8, [RK_Q_Q4_KX8] = rk_neon_tile8_q4_Kx8, [RK_Q_Q8_0X8] = rk_neon_tile8_q8_0x8},
 };
@@ -342,7 +389,7 @@ static int arg_format(const char *kernel, const TVMFFIAny *args, int32_t num_arg
       *out = (rk_qformat)f;
       return 0;
     }
-  return rvm_raise("ValueError", "%s: unknown weight format \"%.*s\" (known: f32, f16, q8_0, q4_0, q4_K, q6_K, q4_0x8, q4_Kx8, q8_0x8)", kernel,
+  return rvm_raise("ValueError", "%s: unknown weight format \"%.*s\" (known: f32, f16, q8_0, q4_0, q4_K, q6_K, q4_1, q5_0, q5_1, q4_0x8, q4_Kx8, q8_0x8)", kernel,
                    (int)(size > 64 ? 64 : size), name);
 }
 
@@ -464,7 +511,8 @@ int rvm_builtin_kl_dense_q(void *self, const TVMFFIAny *args, int32_t num_args, 
   if (m == 0 || n == 0) return 0;
   const rk_qinfo *q = &formats[f];
   const rk_qdots *dots = qdots();
-  dense_job j = {dots->dot[f], dots->tile[f], dots->tile8[f], w, k / q->block * q->bytes, n, m,
+  /* A format an instruction set has no code for runs on the portable code. */
+  dense_job j = {dots->dot[f] ? dots->dot[f] : portable.dot[f], dots->tile[f], dots->tile8[f], w, k / q->block * q->bytes, n, m,
                  {rk_data(x), NULL, NULL, NULL, k, q->act_block}, bias ? rk_data(bias) : NULL, rk_data(out)};
   if (q->act_block) {
     size_t qbytes = (size_t)(m * k), dbytes = sizeof(float) * (size_t)(m * (k / q->act_block)),
@@ -507,6 +555,19 @@ static void dequantize_row(rk_qformat f, const uint8_t *r, int64_t k, float *y) 
         y[32 * b + i + 16] = rk_load_f16(r) * (float)((r[2 + i] >> 4) - 8);
       }
     break;
+  case RK_Q_Q4_1:
+  case RK_Q_Q5_0:
+  case RK_Q_Q5_1: {
+    bool has_min = f != RK_Q_Q5_0, five = f != RK_Q_Q4_1;
+    int bytes = f == RK_Q_Q4_1 ? 20 : f == RK_Q_Q5_0 ? 22 : 24;
+    for (int64_t b = 0; b < k / 32; b++, r += bytes) {
+      int q[32];
+      block_values(r + (has_min ? 4 : 2) + (five ? 4 : 0), five ? r + (has_min ? 4 : 2) : NULL, q);
+      for (int i = 0; i < 32; i++)
+        y[32 * b + i] = has_min ? rk_load_f16(r) * (float)q[i] + rk_load_f16(r + 2) : rk_load_f16(r) * (float)(q[i] - 16);
+    }
+    break;
+  }
   case RK_Q_Q4_K:
     for (int64_t b = 0; b < k / 256; b++, r += 144) {
       float d = rk_load_f16(r), dmin = rk_load_f16(r + 2);

@@ -26,6 +26,9 @@ typedef enum {
   RK_Q_Q4_0X8,
   RK_Q_Q4_KX8,
   RK_Q_Q8_0X8,
+  RK_Q_Q4_1, /* the blocks llama.cpp's quantizer falls back to where rows are not whole K blocks */
+  RK_Q_Q5_0,
+  RK_Q_Q5_1,
   RK_Q_COUNT
 } rk_qformat;
 

@@ -36,9 +36,31 @@ FORMATS = {
     "q4_0": T.Q4_0,
     "q4_K": T.Q4_K,
     "q6_K": T.Q6_K,
+    # What llama.cpp's quantizer falls back to where rows are not whole 256-value super-blocks.
+    "q4_1": T.Q4_1,
+    "q5_0": T.Q5_0,
+    "q5_1": T.Q5_1,
 }
-ACT_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_K": 256, "q6_K": 256}
-BLOCK = {"f32": 1, "f16": 1, "q8_0": 32, "q4_0": 32, "q4_K": 256, "q6_K": 256}
+ACT_BLOCK = {
+    "q8_0": 32,
+    "q4_0": 32,
+    "q4_K": 256,
+    "q6_K": 256,
+    "q4_1": 32,
+    "q5_0": 32,
+    "q5_1": 32,
+}
+BLOCK = {
+    "f32": 1,
+    "f16": 1,
+    "q8_0": 32,
+    "q4_0": 32,
+    "q4_K": 256,
+    "q6_K": 256,
+    "q4_1": 32,
+    "q5_0": 32,
+    "q5_1": 32,
+}
 
 
 def random_k_blocks(rng, rows, k, fmt):
@@ -238,7 +260,7 @@ dense = tvm_ffi.load_module(path)[names["relaxc.dense_q"]]
 rng = np.random.default_rng(17)
 t = lambda a: tvm_ffi.from_dlpack(np.ascontiguousarray(a))
 res = {}
-for fmt, kind in [("f32", T.F32), ("f16", T.F16), ("q8_0", T.Q8_0), ("q4_0", T.Q4_0), ("q4_K", None), ("q6_K", None)]:
+for fmt, kind in [("f32", T.F32), ("f16", T.F16), ("q8_0", T.Q8_0), ("q4_0", T.Q4_0), ("q4_K", None), ("q6_K", None), ("q5_1", T.Q5_1)]:
     k, n = 768, 400
     if kind is None:
         w = rng.integers(0, 256, (n, k // 256 * (144 if fmt == "q4_K" else 210)), dtype=np.uint8)

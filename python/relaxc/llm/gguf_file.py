@@ -8,7 +8,17 @@ import numpy as np
 from .model import BLOCKS, Config
 
 ARCHITECTURES = ("llama", "mistral", "qwen2")
-_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 8: "q8_0", 12: "q4_K", 14: "q6_K"}
+_TYPES = {
+    0: "f32",
+    1: "f16",
+    2: "q4_0",
+    3: "q4_1",
+    6: "q5_0",
+    7: "q5_1",
+    8: "q8_0",
+    12: "q4_K",
+    14: "q6_K",
+}
 
 
 class GGUFError(ValueError):

@@ -21,7 +21,15 @@ import tvm
 from tvm import relax, te, tirx
 
 # GGUF's block formats: values per block and bytes per block.
-BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_K": (256, 144), "q6_K": (256, 210)}
+BLOCKS = {
+    "q8_0": (32, 34),
+    "q4_0": (32, 18),
+    "q4_K": (256, 144),
+    "q6_K": (256, 210),
+    "q4_1": (32, 20),
+    "q5_0": (32, 22),
+    "q5_1": (32, 24),
+}
 FORMATS = ["f32", "f16", *BLOCKS]
 
 
