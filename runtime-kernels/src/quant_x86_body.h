@@ -5,8 +5,9 @@
  *
  * Each format has a tile: up to 4 weight rows against up to 4 activation rows, every weight
  * block unpacked once for all the activation rows and every activation block loaded once for all
- * the weight rows. Each output has its own accumulator, summed in an order fixed by k alone, so a
- * tile's shape never changes a bit; the one-row dot product is the 1 x 1 tile.
+ * the weight rows. Each output has its own accumulator, summed in an order fixed by k alone: for
+ * the integer formats a tile's shape never changes a bit; f32 and f16 decode (one activation row)
+ * through a row function of their own, whose sums are grouped differently.
  */
 #define QX_FN static __attribute__((target(QX_TARGET)))
 
@@ -40,37 +41,27 @@ QX_FN inline float QX(half)(const uint8_t *p) {
       for (int i = 0; i < QX_WIDE; i++) xr[i] = r0 + r + (i < take ? i : take - 1);                                  \
       if (take == QX_WIDE) QX(format##_wide)(wr, a, xr, 4 * row_bytes, res);                                        \
       else if (take == 2) QX(format##_pair)(wr, a, xr, 4 * row_bytes, res);                                         \
-      else QX(format##_one)(wr, a, xr, 4 * row_bytes, res);                                                         \
+      else QX(format##_one)(wr, a, xr, res);                                                         \
       for (int c = 0; c < rows; c++)                                                                                 \
         for (int i = 0; i < take; i++) out[(r + i) * out_stride + c] = res[c][i];                                    \
       r += take;                                                                                                     \
     }                                                                                                                \
   }
 
-/* How one activation row (decoding) reads the weights, measured per format: a row at a time
- * through the kernel (integer formats), a row at a time through a row function with four sums
- * in flight (f32 and f16: memory-bound), or four rows side by side (measured slower for both; kept
- * for the next format that prefers it). */
-#ifndef QX_ROW_KERNEL
-#define QX_ROW_KERNEL 0
-#define QX_ROW_FUNCTION 1
-#define QX_SIDE_BY_SIDE 2
-#endif
-#define QX_KERNEL_PAIR(format, DECODE, ...)                                                                  \
+/* One activation row (decoding) reads each weight row alone, one sequential stream the hardware
+ * prefetches: through ROW, a row function with four sums in flight (f32 and f16: memory-bound;
+ * reading four rows side by side measured slower), or through the kernel where ROW is NULL (the
+ * integer formats). */
+#define QX_KERNEL_PAIR(format, ROW, ...)                                                                     \
   QX_FN inline __attribute__((always_inline)) void QX(format##_kernel)(                                    \
       const uint8_t *const *wr, const rk_qrows *a, const int64_t *xr, int C, int X, int64_t ahead,         \
       float res[4][QX_WIDE]) __VA_ARGS__                                                                    \
   QX_FN void QX(format##_one)(const uint8_t *const *wr, const rk_qrows *a, const int64_t *xr,             \
-                              int64_t ahead, float res[4][QX_WIDE]) {                                       \
-    if (DECODE == QX_SIDE_BY_SIDE) {                                                                        \
-      /* Four rows side by side: four sums in flight, the streams fetched ahead. */                        \
-      QX(format##_kernel)(wr, a, xr, 4, 1, ahead, res);                                                     \
-      return;                                                                                               \
-    }                                                                                                       \
-    /* Each weight row alone: one sequential stream the hardware prefetches. */                            \
+                              float res[4][QX_WIDE]) {                                                      \
+    float (*const row)(const uint8_t *, const float *, int64_t) = ROW;                                      \
     for (int c = 0; c < 4; c++) {                                                                           \
       float one[4][QX_WIDE];                                                                                \
-      if (DECODE == QX_ROW_FUNCTION) one[0][0] = QX(format##_row)(wr[c], a->x + xr[0] * a->k, a->k);        \
+      if (row) one[0][0] = row(wr[c], a->x + xr[0] * a->k, a->k);                                           \
       else QX(format##_kernel)(wr + c, a, xr, 1, 1, 0, one);                                                \
       res[c][0] = one[0][0];                                                                                \
     }                                                                                                       \
@@ -136,19 +127,8 @@ QX_FN inline float QX(half)(const uint8_t *p) {
   }
 QX_FLOAT_ROW(f32_row, QX_LOAD_F32, QX_TAIL_F32, 4, 0)
 QX_FLOAT_ROW(f16_row, QX_LOAD_F16, QX_TAIL_F16, 2, 2048)
-/* The other formats decode through their kernels; these are never called. */
-#define QX_NO_ROW(format)                                                                                \
-  QX_FN float QX(format##_row)(const uint8_t *row, const float *x, int64_t k) {                          \
-    (void)row, (void)x, (void)k;                                                                         \
-    return 0.0f;                                                                                         \
-  }
-QX_NO_ROW(q8_0)
-QX_NO_ROW(q4_0)
-QX_NO_ROW(q4_K)
-QX_NO_ROW(q6_K)
-
-QX_KERNEL_PAIR(f32, QX_ROW_FUNCTION, QX_FLOAT_KERNEL(QX_LOAD_F32, QX_TAIL_F32, 4))
-QX_KERNEL_PAIR(f16, QX_ROW_FUNCTION, QX_FLOAT_KERNEL(QX_LOAD_F16, QX_TAIL_F16, 2))
+QX_KERNEL_PAIR(f32, QX(f32_row), QX_FLOAT_KERNEL(QX_LOAD_F32, QX_TAIL_F32, 4))
+QX_KERNEL_PAIR(f16, QX(f16_row), QX_FLOAT_KERNEL(QX_LOAD_F16, QX_TAIL_F16, 2))
 
 /* ---- q8_0 and q4_0: blocks of 32 with one f16 scale ----------------------------------------------- */
 
@@ -201,8 +181,8 @@ QX_FN inline __m256i QX(q4_0_unsigned)(const uint8_t *qs) {
     __m256i p = QX_DOT(start[r], magnitude, _mm256_sign_epi8(xb[r], v));                                     \
     acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[r]), _mm256_cvtepi32_ps(p), acc[c][r]);               \
   }
-QX_KERNEL_PAIR(q4_0, QX_ROW_KERNEL, QX_BLOCK32_KERNEL(18, QX_Q4_0_PRODUCT, QX_Q4_0_START))
-QX_KERNEL_PAIR(q8_0, QX_ROW_KERNEL, QX_BLOCK32_KERNEL(34, QX_Q8_0_PRODUCT, QX_Q8_0_START))
+QX_KERNEL_PAIR(q4_0, NULL, QX_BLOCK32_KERNEL(18, QX_Q4_0_PRODUCT, QX_Q4_0_START))
+QX_KERNEL_PAIR(q8_0, NULL, QX_BLOCK32_KERNEL(34, QX_Q8_0_PRODUCT, QX_Q8_0_START))
 
 /* ---- q4_K and q6_K: super-blocks of 256, integer sub-block scales ---------------------------------- */
 
@@ -215,7 +195,7 @@ QX_FN inline int32_t QX(dot16)(__m256i a, __m256i b) {
   return _mm_cvtsi128_si32(q);
 }
 
-QX_KERNEL_PAIR(q4_K, QX_ROW_KERNEL, {
+QX_KERNEL_PAIR(q4_K, NULL, {
   const int64_t k = a->k;
   const __m256i low = _mm256_set1_epi8(0xf);
   /* Each minimum twice: it weighs both sums of 16 in its sub-block of 32. */
@@ -259,7 +239,7 @@ QX_KERNEL_PAIR(q4_K, QX_ROW_KERNEL, {
     for (int r = 0; r < X; r++) res[c][r] = QX(hsum)(acc[c][r]) + extra[c][r];
 })
 
-QX_KERNEL_PAIR(q6_K, QX_ROW_KERNEL, {
+QX_KERNEL_PAIR(q6_K, NULL, {
   const int64_t k = a->k;
   const __m256i low = _mm256_set1_epi8(0xf), high = _mm256_set1_epi8(0x30);
   __m256 acc[4][QX_WIDE];
@@ -466,23 +446,9 @@ QX_TILE8(q4_0x8)
 QX_TILE8(q4_Kx8)
 QX_TILE8(q8_0x8)
 
-/* The one-row dot products: 1 x 1 tiles. */
-#define QX_DOT1(format)                                                                               \
-  QX_FN float QX(dot_##format)(const void *w, const float *x, const rk_qact *a, int64_t k) {          \
-    rk_qrows rows = {x, a->q, a->d, a->sum16, k, 0};                                                  \
-    float out;                                                                                        \
-    QX(tile_##format)(w, 0, 1, &rows, 0, 1, &out, 1);                                                 \
-    return out;                                                                                       \
-  }
-QX_DOT1(f32)
-QX_DOT1(f16)
-QX_DOT1(q8_0)
-QX_DOT1(q4_0)
-QX_DOT1(q4_K)
-QX_DOT1(q6_K)
-
 static const rk_qdots QX(qdots) = {
-    {QX(dot_f32), QX(dot_f16), QX(dot_q8_0), QX(dot_q4_0), QX(dot_q4_K), QX(dot_q6_K), NULL, NULL, NULL},
+    /* No one-row dot products: every format here has a tile, which dense_q always takes. */
+    {NULL},
     {QX(tile_f32), QX(tile_f16), QX(tile_q8_0), QX(tile_q4_0), QX(tile_q4_K), QX(tile_q6_K), NULL, NULL, NULL},
     {[RK_Q_Q4_0X8] = QX(tile_q4_0x8), [RK_Q_Q4_KX8] = QX(tile_q4_Kx8), [RK_Q_Q8_0X8] = QX(tile_q8_0x8)},
 };
@@ -500,10 +466,8 @@ static const rk_qdots QX(qdots) = {
 #undef QX_TAIL_F32
 #undef QX_LOAD_F16
 #undef QX_TAIL_F16
-#undef QX_DOT1
 #undef QX_X8_KERNEL
 #undef QX_KX8_KERNEL
 #undef QX_Q8X8_KERNEL
 #undef QX_FLOAT_ROW
-#undef QX_NO_ROW
 #undef QX_TILE8

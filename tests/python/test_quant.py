@@ -41,6 +41,7 @@ FORMATS = {
     "q5_0": T.Q5_0,
     "q5_1": T.Q5_1,
 }
+# Values per scale of the quantized activations, per format; per block of weights.
 ACT_BLOCK = {
     "q8_0": 32,
     "q4_0": 32,
@@ -50,17 +51,7 @@ ACT_BLOCK = {
     "q5_0": 32,
     "q5_1": 32,
 }
-BLOCK = {
-    "f32": 1,
-    "f16": 1,
-    "q8_0": 32,
-    "q4_0": 32,
-    "q4_K": 256,
-    "q6_K": 256,
-    "q4_1": 32,
-    "q5_0": 32,
-    "q5_1": 32,
-}
+BLOCK = {"f32": 1, "f16": 1, **ACT_BLOCK}
 
 
 def random_k_blocks(rng, rows, k, fmt):

@@ -20,16 +20,11 @@ from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, TIRPagedKVCache
 import tvm
 from tvm import relax, te, tirx
 
+from .quantize import BLOCKS as QUANTIZE_BLOCKS
+
 # GGUF's block formats: values per block and bytes per block.
-BLOCKS = {
-    "q8_0": (32, 34),
-    "q4_0": (32, 18),
-    "q4_K": (256, 144),
-    "q6_K": (256, 210),
-    "q4_1": (32, 20),
-    "q5_0": (32, 22),
-    "q5_1": (32, 24),
-}
+# The formats relaxc.llm.quantize writes, and what llama.cpp's quantizer falls back to.
+BLOCKS = {**QUANTIZE_BLOCKS, "q4_1": (32, 20), "q5_0": (32, 22), "q5_1": (32, 24)}
 FORMATS = ["f32", "f16", *BLOCKS]
 
 
