@@ -618,9 +618,56 @@ fn generate_command_rejects_bad_input_clearly() {
     assert!(err.contains("has no create_paged_kv_cache, embed, prefill, decode"), "{err}");
 }
 
+/// Exports whose decode takes exactly one sequence (a fixed export spec) and exports with MLC's
+/// batch functions: greedy generation gives TVM's tokens, a step of three sequences gives each
+/// sequence the bits it gets alone, and the soak (which decodes two sequences a step) passes.
+fn exports_of_either_batch_kind_decode_many_sequences() {
+    for (name, fixed) in [("tiny_llama_fixed", Some(1)), ("tiny_llama_mlc", None)] {
+        let so = build_named(name, ExecMode::Compiled);
+        let model = Model::load(&so).expect("load");
+        let want = npz::read_arrays(&fixture_named(name).join("generate.npz")).expect("generate.npz");
+        let ids = |b: &[u8]| -> Vec<i32> {
+            b.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+        };
+        let mut llm = Llm::new(&model, &so, CacheConfig::default()).expect("cache");
+        assert_eq!(llm.decode_batch(), fixed, "{name}: decode's batch read from its signature");
+        let prompts = [ids(&want["prompt"].2), vec![4, 8, 15], vec![16, 23, 42, 7]];
+        let mut last = vec![];
+        for (i, p) in prompts.iter().enumerate() {
+            llm.add_sequence(i as i64).expect("add");
+            last.push(llm.prefill(&[i as i64], std::slice::from_ref(p)).expect("prefill").argmax(0));
+        }
+        let together = llm.decode(&[0, 1, 2], &last).expect("a step of three sequences");
+        assert_eq!(together.rows, 3);
+        for (i, p) in prompts.iter().enumerate() {
+            let seq = 10 + i as i64;
+            llm.add_sequence(seq).expect("add");
+            llm.prefill(&[seq], std::slice::from_ref(p)).expect("prefill");
+            let alone = llm.decode(&[seq], &[last[i]]).expect("decode alone");
+            assert!(same_bits(alone.row(0), together.row(i)), "{name}: sequence {i} decoded together vs alone");
+        }
+        let out = relaxc_cli()
+            .arg("generate")
+            .arg(&so)
+            .args(["--prompt", &id_list(&want["prompt"].2), "--max-new-tokens", "16"])
+            .output()
+            .expect("relaxc generate");
+        let tokens = id_list(&want["tokens"].2).replace(',', " ");
+        assert!(String::from_utf8_lossy(&out.stdout).starts_with(&format!("tokens: {tokens}\n")), "{name}: {out:?}");
+        let out = relaxc_cli()
+            .arg("generate")
+            .arg(&so)
+            .args(["--prompt", "1,17,42", "--max-new-tokens", "8", "--soak", "500"])
+            .output()
+            .expect("relaxc generate --soak");
+        assert!(out.status.success(), "{name}: soak: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
 fn main() {
     let args = Arguments::from_args();
-    let plain: [(&str, fn()); 17] = [
+    let plain: [(&str, fn()); 18] = [
+        ("exports_of_either_batch_kind_decode_many_sequences", exports_of_either_batch_kind_decode_many_sequences),
         ("external_weights_give_tvms_tokens_and_logits", external_weights_give_tvms_tokens_and_logits),
         ("broken_weight_files_are_clear_errors", broken_weight_files_are_clear_errors),
         ("soak_of_20000_tokens_leaves_nothing_behind", soak_of_20000_tokens_leaves_nothing_behind),

@@ -76,6 +76,9 @@ struct LlmParts<'m> {
     end: Value<'m>,
     config: CacheConfig,
     hidden: i64,
+    /// How many sequences one decode call takes: None for a symbolic batch (any number), Some(n)
+    /// where the export fixed it (a fixed export spec gives 1); steps of more run n at a time.
+    decode_batch: Option<i64>,
 }
 
 fn int(v: i64) -> Any {
@@ -166,6 +169,7 @@ impl<'m> Llm<'m> {
             end: model.function("vm.builtin.kv_state_end_forward")?,
             kv,
             config,
+            decode_batch: fixed_batch(&exec, "decode"),
         };
         Ok((parts, vocab_size_of(&exec).or(weight_vocab)))
     }
@@ -274,11 +278,57 @@ impl<'m> Llm<'m> {
         self.forward(self.p.prefill, seqs, &lengths, embeds)
     }
 
-    /// One decode step: one token for each sequence; a row of logits each.
+    /// One decode step: one token for each sequence; a row of logits each. Where the export
+    /// fixed decode's batch, the sequences go through it that many at a time.
     pub fn decode(&mut self, seqs: &[i64], tokens: &[i32]) -> Result<Logits, HostError> {
-        let embeds = self.embed_as(tokens, [tokens.len() as i64, 1, self.p.hidden])?;
-        self.forward(self.p.decode, seqs, &vec![1; seqs.len()], embeds)
+        let group = match self.p.decode_batch {
+            Some(n) if n >= 1 && (n as usize) < seqs.len() => n as usize,
+            _ => {
+                let embeds = self.embed_as(tokens, [tokens.len() as i64, 1, self.p.hidden])?;
+                return self.forward(self.p.decode, seqs, &vec![1; seqs.len()], embeds);
+            }
+        };
+        if seqs.len() % group != 0 {
+            return Err(HostError::Value(format!(
+                "decode takes exactly {group} sequences a call (its batch is fixed), and this step has {}",
+                seqs.len()
+            )));
+        }
+        let mut all: Option<Logits> = None;
+        for (ids, toks) in seqs.chunks(group).zip(tokens.chunks(group)) {
+            let embeds = self.embed_as(toks, [toks.len() as i64, 1, self.p.hidden])?;
+            let part = self.forward(self.p.decode, ids, &vec![1; ids.len()], embeds)?;
+            match all.as_mut() {
+                None => all = Some(part),
+                Some(a) => {
+                    a.rows += part.rows;
+                    a.data.extend_from_slice(&part.data);
+                }
+            }
+        }
+        all.ok_or_else(|| HostError::Value("decode: no sequences".into()))
     }
+
+    /// How many sequences one decode call takes, where the export fixed it.
+    pub fn decode_batch(&self) -> Option<i64> {
+        self.p.decode_batch
+    }
+}
+
+/// The first dimension of `function`'s first parameter where the export fixed it to a number,
+/// read from the annotation the executable carries for its argument check (TVM writes each
+/// parameter's `R.Tensor((dims), dtype)` into the match_shape error context); None when it is
+/// symbolic or cannot be read.
+pub fn fixed_batch(exec: &crate::vm::Executable, function: &str) -> Option<i64> {
+    let wanted = format!("ErrorContext(fn={function}, loc=param[0], ");
+    exec.constants.iter().find_map(|c| match c {
+        crate::vm::Constant::Str(s) => {
+            let rest = &s[s.find(&wanted)? + wanted.len()..];
+            let dims = rest[rest.find("annotation=R.Tensor((")? + "annotation=R.Tensor((".len()..].split(')').next()?;
+            dims.split(',').next()?.trim().parse::<i64>().ok()
+        }
+        _ => None,
+    })
 }
 
 /// The embedding width, from embedding one token (0) once.
