@@ -288,7 +288,7 @@ impl<'m> Llm<'m> {
                 return self.forward(self.p.decode, seqs, &vec![1; seqs.len()], embeds);
             }
         };
-        if seqs.len() % group != 0 {
+        if !seqs.len().is_multiple_of(group) {
             return Err(HostError::Value(format!(
                 "decode takes exactly {group} sequences a call (its batch is fixed), and this step has {}",
                 seqs.len()
