@@ -14,9 +14,15 @@ use super::{positive_count, refuse_overwriting};
 pub struct Args {
     /// A model built by `relaxc compile` from an LLM export.
     model: PathBuf,
-    /// The prompt's token ids, comma-separated (e.g. 1,17,42).
-    #[arg(long, value_delimiter = ',', required = true, num_args = 1..)]
-    prompt: Vec<i32>,
+    /// The prompt: token ids, comma-separated (e.g. 1,17,42), or with --tokenizer the text
+    /// itself (e.g. "Once upon a time").
+    #[arg(long, required = true)]
+    prompt: String,
+    /// Hugging Face's tokenizer.json for the model (`python -m relaxc.llm build` writes one
+    /// beside the model): --prompt is text, encoded with the tokenizer's special tokens, and the
+    /// new tokens are printed as text while they are generated.
+    #[arg(long, value_name = "tokenizer.json")]
+    tokenizer: Option<PathBuf>,
     /// How many tokens to generate.
     #[arg(long, default_value_t = 16)]
     max_new_tokens: usize,
@@ -70,7 +76,27 @@ pub fn run(args: Args) -> Result<()> {
         vocab_size,
         soak,
         weights,
+        tokenizer,
     } = args;
+    let tokenizer = tokenizer
+        .map(|path| {
+            tokenizers::Tokenizer::from_file(&path)
+                .map_err(|e| anyhow::anyhow!("--tokenizer {}: not a tokenizer.json that can be read: {e}", path.display()))
+        })
+        .transpose()?;
+    let prompt = match &tokenizer {
+        Some(t) => {
+            let encoding = t.encode(prompt.as_str(), true).map_err(|e| anyhow::anyhow!("--prompt: cannot encode it: {e}"))?;
+            encoding.get_ids().iter().map(|&id| id as i32).collect()
+        }
+        None => prompt
+            .split(',')
+            .map(|t| t.trim().parse::<i32>())
+            .collect::<Result<Vec<i32>, _>>()
+            .map_err(|_| {
+                anyhow::anyhow!("--prompt {prompt:?}: without --tokenizer a prompt is token ids, comma-separated (e.g. 1,17,42)")
+            })?,
+    };
     let config = relaxc::host::llm::CacheConfig { max_batch_size, max_total_seq_len, prefill_chunk_size, page_size };
     if let Some(total) = soak {
         if logits.is_some() || bench.is_some() {
@@ -81,7 +107,7 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(out) = &logits {
         refuse_overwriting("--logits", out, &[&model])?;
     }
-    let opts = GenerateOptions { prompt, max_new_tokens, logits, bench, config, vocab_size, weights };
+    let opts = GenerateOptions { prompt, max_new_tokens, logits, bench, config, vocab_size, weights, tokenizer };
     generate(&model, &opts)
 }
 
@@ -140,6 +166,7 @@ struct GenerateOptions {
     config: relaxc::host::llm::CacheConfig,
     vocab_size: Option<usize>,
     weights: Option<PathBuf>,
+    tokenizer: Option<tokenizers::Tokenizer>,
 }
 
 /// One greedy generation: the new tokens, their logits, the prefill time and the decode time.
@@ -151,11 +178,13 @@ struct Generation {
     decode: std::time::Duration,
 }
 
+/// Calls `on_token` with each new token as it is chosen.
 fn generate_once(
     model: &Model,
     path: &Path,
     opts: &GenerateOptions,
     weights: Option<&relaxc::host::external::Weights>,
+    on_token: &mut dyn FnMut(i32) -> Result<()>,
 ) -> Result<Generation> {
     use relaxc::host::llm::Llm;
     let mut llm = Llm::with_weights(model, path, opts.config, weights)?;
@@ -173,11 +202,13 @@ fn generate_once(
     let prefill = start.elapsed();
     let vocab = first.vocab;
     let mut tokens = vec![first.argmax(0)];
+    on_token(tokens[0])?;
     let mut logits = first.row(0).to_vec();
     let start = Instant::now();
     while tokens.len() < opts.max_new_tokens {
         let step = llm.decode(&[0], &[*tokens.last().context("no token")?]).context("decode")?;
         tokens.push(step.argmax(0));
+        on_token(step.argmax(0))?;
         logits.extend_from_slice(step.row(0));
     }
     Ok(Generation { tokens, logits, vocab, prefill, decode: start.elapsed() })
@@ -201,14 +232,34 @@ fn generate(path: &Path, opts: &GenerateOptions) -> Result<()> {
     }
     let model = Model::load(path)?;
     let weights = opts.weights.as_deref().map(|p| relaxc::host::external::Weights::load(&model, p)).transpose()?;
-    let run = generate_once(&model, path, opts, weights.as_ref())?;
+    let run = match &opts.tokenizer {
+        None => generate_once(&model, path, opts, weights.as_ref(), &mut |_| Ok(()))?,
+        Some(tokenizer) => {
+            let ids: Vec<String> = opts.prompt.iter().map(|t| t.to_string()).collect();
+            println!("prompt tokens: {}", ids.join(" "));
+            // Streamed: a character whose bytes span tokens is printed once it is whole.
+            let mut stream = tokenizer.decode_stream(true);
+            let mut out = std::io::stdout();
+            let run = generate_once(&model, path, opts, weights.as_ref(), &mut |t| {
+                let text = stream.step(t as u32).map_err(|e| anyhow::anyhow!("detokenizing token {t}: {e}"))?;
+                if let Some(text) = text {
+                    use std::io::Write;
+                    out.write_all(text.as_bytes())?;
+                    out.flush()?;
+                }
+                Ok(())
+            })?;
+            println!();
+            run
+        }
+    };
     let tokens: Vec<String> = run.tokens.iter().map(|t| t.to_string()).collect();
     println!("tokens: {}", tokens.join(" "));
     let (mut prefill, mut decode) = (run.prefill, run.decode);
     if let Some(runs) = opts.bench {
         let (mut p, mut d) = (Vec::new(), Vec::new());
         for _ in 0..runs.max(1) {
-            let again = generate_once(&model, path, opts, weights.as_ref())?;
+            let again = generate_once(&model, path, opts, weights.as_ref(), &mut |_| Ok(()))?;
             if again.tokens != run.tokens {
                 bail!("a repeated generation gave different tokens");
             }

@@ -85,7 +85,7 @@ def test_streaming_sends_one_event_per_token(served):
 def test_bad_completions_get_400(served, body, words):
     server, _ = served
     status, reply = server.post("/v1/completions", body)
-    assert status == 400 and words in reply["error"], reply
+    assert status == 400 and words in reply["error"]["message"], reply
 
 
 def stats(server):

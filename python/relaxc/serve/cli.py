@@ -9,6 +9,7 @@ import time
 from .deployment import app
 from .engine import is_llm
 from .inference import signature
+from .text import Tokenizer, TokenizerError
 
 
 def main(argv=None):
@@ -66,6 +67,12 @@ def main(argv=None):
         help="LLMs exported with their weights as parameters: a tensor cache or safetensors "
         "(a path every replica's node can read)",
     )
+    parser.add_argument(
+        "--tokenizer",
+        help="LLMs: the model's tokenizer.json (Hugging Face's format; `python -m relaxc.llm build` "
+        "writes one beside the model) for text prompts and answers; its chat template is read from "
+        "tokenizer_config.json beside it",
+    )
     args = parser.parse_args(argv)
     if not os.path.isfile(args.model):
         parser.error(f"{args.model}: no such file")
@@ -76,9 +83,19 @@ def main(argv=None):
             "--replicas, --threads-per-replica and --max-batch-size must be at least 1"
         )
     try:
-        signature(args.model) if not is_llm(args.model) else None
+        llm = is_llm(args.model)
+        signature(args.model) if not llm else None
     except ValueError as e:
         parser.error(str(e))
+    if args.tokenizer:
+        if not llm:
+            parser.error("--tokenizer is for LLMs, and this model is not one")
+        if not os.path.isfile(args.tokenizer):
+            parser.error(f"--tokenizer {args.tokenizer}: no such file")
+        try:
+            Tokenizer(args.tokenizer)
+        except TokenizerError as e:
+            parser.error(f"--tokenizer: {e}")
 
     import ray
     from ray import serve
@@ -109,6 +126,7 @@ def main(argv=None):
             "max_batch": args.max_batch_size,
             "max_total_seq_len": args.kv_tokens,
             "weights": os.path.abspath(args.weights) if args.weights else None,
+            "tokenizer": args.tokenizer,
         },
     )
     serve.run(application, name=name, route_prefix="/")

@@ -4,11 +4,8 @@ where the model allows it) and LLMs over OpenAI's completions (relaxc.serve.open
 (relaxc.serve.engine); app() binds it for a Ray Serve application."""
 
 import asyncio
-import json
 import os
 import tempfile
-import time
-import uuid
 
 import numpy as np
 
@@ -21,7 +18,8 @@ from .inference import (
     model_metadata,
     parse_infer_request,
 )
-from .openai import completion_chunk, parse_completion_request
+from .openai import Routes, error_body
+from .text import Tokenizer
 
 
 def _json(status, payload):
@@ -57,7 +55,11 @@ class Replica:
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=threads, thread_name_prefix="relaxc"
         )
+        llm_options = dict(llm_options)
+        tokenizer = llm_options.pop("tokenizer", None)
         self.llm = Engine(self.path, **llm_options) if is_llm(self.path) else None
+        if self.llm:
+            self.routes = Routes(self.llm, self._tokenizer(tokenizer), name)
         self.model = None if self.llm else TensorModel(self.path)
         self.batching = (
             bool(self.model) and max_batch_size > 1 and batchable(self.model.signature)
@@ -69,6 +71,19 @@ class Replica:
             self._batched = serve.batch(
                 max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_s
             )(self._infer_batch)
+
+    def _tokenizer(self, files):
+        """The tokenizer from its files' contents ({"tokenizer.json": bytes, maybe
+        "tokenizer_config.json": bytes}), written beside the model."""
+        import ray
+
+        if files is None:
+            return None
+        files = ray.get(files) if isinstance(files, ray.ObjectRef) else files
+        for name, data in files.items():
+            with open(os.path.join(self.dir.name, name), "wb") as f:
+                f.write(data)
+        return Tokenizer(os.path.join(self.dir.name, "tokenizer.json"))
 
     async def _run(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -109,7 +124,7 @@ class Replica:
                 return await self._llm_route(request, path)
             return await self._tensor_route(request, path)
         except BadRequest as e:
-            return _json(400, {"error": str(e)})
+            return _json(400, error_body(str(e)) if self.llm else {"error": str(e)})
 
     async def _tensor_route(self, request, path):
         base = f"/v2/models/{self.name}"
@@ -143,91 +158,12 @@ class Replica:
     async def _llm_route(self, request, path):
         if path == "/v1/relaxc/stats" and request.method == "GET":
             return _json(200, self.llm.stats())
-        if path == "/v1/models" and request.method == "GET":
-            return _json(
-                200,
-                {
-                    "object": "list",
-                    "data": [
-                        {"id": self.name, "object": "model", "owned_by": "relaxc"}
-                    ],
-                },
-            )
-        if path != "/v1/completions" or request.method != "POST":
-            return _json(
-                404,
-                {
-                    "error": f"no route {request.method} {path} (LLM {self.name!r}: POST /v1/completions)"
-                },
-            )
-        body = await request.body()
-        if len(body) > self.max_body:
+        body_size = int(request.headers.get("content-length") or 0)
+        if body_size > self.max_body:
             raise BadRequest(
-                f"request body of {len(body)} bytes is over the server's limit of {self.max_body}"
+                f"request body of {body_size} bytes is over the server's limit of {self.max_body}"
             )
-        try:
-            req = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise BadRequest(f"malformed JSON: {e}") from None
-        fields = parse_completion_request(req)
-        prompt, max_tokens, stream = (
-            fields["prompt"],
-            fields["max_tokens"],
-            fields["stream"],
-        )
-        loop = asyncio.get_running_loop()
-        events = asyncio.Queue()
-
-        def emit(token, error):
-            loop.call_soon_threadsafe(events.put_nowait, (token, error))
-
-        seq = self.llm.submit(
-            prompt,
-            max_tokens,
-            fields["temperature"],
-            fields["top_p"],
-            fields["seed"],
-            emit,
-            stream,
-        )
-        cid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
-
-        def chunk(tokens, finish):
-            return completion_chunk(cid, created, self.name, tokens, finish)
-
-        if stream:
-            from starlette.responses import StreamingResponse
-
-            async def events_out():
-                try:
-                    while True:
-                        token, error = await events.get()
-                        if error:
-                            yield f"data: {json.dumps({'error': error})}\n\n"
-                            return
-                        if token is None:
-                            yield "data: [DONE]\n\n"
-                            return
-                        done = len(seq.tokens) >= max_tokens and events.empty()
-                        yield f"data: {json.dumps(chunk([token], 'length' if done else None))}\n\n"
-                finally:
-                    seq.cancelled = True  # the client went away (or the stream ended): free its pages
-
-            return StreamingResponse(events_out(), media_type="text/event-stream")
-        try:
-            _, error = await events.get()  # the end: the tokens are in seq.tokens
-            if error:
-                return _json(500, {"error": error})
-        finally:
-            seq.cancelled = True
-        tokens = list(seq.tokens)
-        body = chunk(tokens, "length")
-        body["usage"] = {
-            "prompt_tokens": len(prompt),
-            "completion_tokens": len(tokens),
-            "total_tokens": len(prompt) + len(tokens),
-        }
-        return _json(200, body)
+        return await self.routes.handle(request, path)
 
 
 def app(
@@ -248,6 +184,9 @@ def app(
     name = name or os.path.splitext(os.path.basename(model_path))[0]
     with open(model_path, "rb") as f:
         model = ray.put(f.read())
+    llm_options = dict(llm_options or {})
+    if llm_options.get("tokenizer"):
+        llm_options["tokenizer"] = ray.put(tokenizer_files(llm_options["tokenizer"]))
     deployment = serve.deployment(
         Replica,
         name=name,
@@ -264,5 +203,20 @@ def app(
         max_batch_size,
         batch_wait_ms / 1000.0,
         max_body_bytes,
-        llm_options or {},
+        llm_options,
     )
+
+
+def tokenizer_files(path):
+    """The contents of a tokenizer.json and of its tokenizer_config.json (if there is one), to
+    send to the replicas (which may be on other nodes)."""
+    from .text import config_path_for
+
+    files = {}
+    with open(path, "rb") as f:
+        files["tokenizer.json"] = f.read()
+    config = config_path_for(path)
+    if config:
+        with open(config, "rb") as f:
+            files["tokenizer_config.json"] = f.read()
+    return files
