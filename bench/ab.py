@@ -7,6 +7,7 @@ what a runtime change costs (e.g. host allocators against the commit before them
 
 usage: python3 bench/ab.py A_RELAXC B_RELAXC [--model chain_1000] [--rounds 7] [--calls 20000]
 """
+
 import argparse
 import os
 import platform
@@ -29,8 +30,9 @@ def cpu_name():
 
 
 def per_call_us(relaxc, so, inputs, calls):
-    out = subprocess.run([relaxc, "run", so, "--inputs", inputs, "--bench", str(calls)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [relaxc, "run", so, "--inputs", inputs, "--bench", str(calls)], capture_output=True, text=True, check=True
+    )
     m = re.search(r"median ([0-9.]+) (us|µs)", out.stdout + out.stderr)
     if not m:
         raise SystemExit(f"no timing in: {out.stdout}{out.stderr}")
@@ -53,11 +55,12 @@ def main():
         for name, relaxc in (("A", args.a), ("B", args.b)):
             for mode in ("bytecode", "compiled"):
                 so = os.path.join(tmp, f"{name}.{mode}.so")
-                subprocess.run([relaxc, "compile", os.path.join(fixture, "m.tar"), "--exec-mode", mode, "-o", so],
-                               check=True)
+                subprocess.run(
+                    [relaxc, "compile", os.path.join(fixture, "m.tar"), "--exec-mode", mode, "-o", so], check=True
+                )
                 builds[(name, mode)] = (args.b, so)
         times = {k: [] for k in builds}
-        for r in range(args.rounds):
+        for _ in range(args.rounds):
             for key, (relaxc, so) in builds.items():
                 times[key].append(per_call_us(relaxc, so, inputs, args.calls))
     print(f"\n{args.model}, per call (us), medians of {args.rounds} interleaved rounds of {args.calls} calls:\n")

@@ -24,6 +24,7 @@ its VirtualMachine driven the way fixtures/tvm/llm.py drives it. Both produce th
 usage: python3 bench/big_llm.py [--work /tmp/relaxc-big-llm] [--tokens 32] [--runs 5]
 needs: pip install apache-tvm==0.27.0.post1 numpy; GNU time; cargo build --release
 """
+
 import argparse
 import os
 import re
@@ -34,10 +35,10 @@ import time
 
 os.environ.setdefault("TVM_NUM_THREADS", "1")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llm_midsize import llm_module  # noqa: E402  (fixtures/tvm/llm.py, loaded by path)
+from llm_midsize import llm_module
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RELAXC = os.path.join(ROOT, "target/release/relaxc")
@@ -61,9 +62,9 @@ def timed(args):
 
 def build(work):
     """Exports (bound and external), TVM's .so of each, the tensor cache; cached in work."""
-    import tvm
-    from tvm import relax
     from tvm.contrib import tvmjs
+
+    from tvm import relax
 
     llm = llm_module()
     shape = llm.Shape(**MID)
@@ -85,8 +86,17 @@ def build(work):
 
 
 def relaxc_generate(so, tokens, runs, weights):
-    cmd = [RELAXC, "generate", so, "--prompt", ",".join(map(str, PROMPT)), "--max-new-tokens", str(tokens),
-           "--bench", str(runs)]
+    cmd = [
+        RELAXC,
+        "generate",
+        so,
+        "--prompt",
+        ",".join(map(str, PROMPT)),
+        "--max-new-tokens",
+        str(tokens),
+        "--bench",
+        str(runs),
+    ]
     if weights:
         cmd += ["--weights", weights]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
@@ -111,10 +121,11 @@ def relaxc_load(so, weights):
 
 def tvm_run(llm, path, weights, tokens, runs, shape):
     """TVM: load time, then greedy generation timed: (load s, tokens, prefill ms, decode tok/s)."""
-    import tvm
     import tvm_ffi
-    from tvm import relax
     from tvm.contrib import tvmjs
+
+    import tvm
+    from tvm import relax
 
     start = time.perf_counter()
     ex = tvm.runtime.load_module(path)
@@ -125,14 +136,17 @@ def tvm_run(llm, path, weights, tokens, runs, shape):
         extra = [params[n] for n in weights_names]
     load = time.perf_counter() - start
     g = tvm.get_global_func
-    begin, end, add, remove = (g("vm.builtin." + f) for f in
-                               ["kv_state_begin_forward", "kv_state_end_forward", "kv_state_add_sequence",
-                                "kv_state_remove_sequence"])
+    begin, end, add, remove = (
+        g("vm.builtin." + f)
+        for f in ["kv_state_begin_forward", "kv_state_end_forward", "kv_state_add_sequence", "kv_state_remove_sequence"]
+    )
     sizes = [4, 2048, 256, 16]
     kv = vm["create_paged_kv_cache"](*[tvm_ffi.Shape([v]) for v in sizes], tvm_ffi.Shape([0]))
 
     def forward(fn, ids, rows, cols):
-        embeds = vm["embed"](tvm.runtime.tensor(np.array(ids, "int32")), *extra).numpy().reshape(rows, cols, shape.hidden)
+        embeds = (
+            vm["embed"](tvm.runtime.tensor(np.array(ids, "int32")), *extra).numpy().reshape(rows, cols, shape.hidden)
+        )
         begin(kv, tvm_ffi.Shape([0]), tvm_ffi.Shape([len(ids)]))
         out, _ = vm[fn](tvm.runtime.tensor(embeds), kv, *extra)
         end(kv)
@@ -180,10 +194,15 @@ def main():
         if toks != ttoks:
             sys.exit(f"{kind}: relaxc's tokens {toks} differ from TVM's {ttoks}")
         where = "in the .so" if kind == "bound" else "tensor cache"
-        print(f"| {where} | relaxc | {seconds:.1f} s | {mib(peak):.0f} MiB | {mib(os.path.getsize(so)):.0f} MiB | "
-              f"{load * 1e3:.0f} ms | {prefill:.1f} ms | {decode:.1f} tok/s |")
-        print(f"| {where} | TVM | (TVM's build) | | {mib(os.path.getsize(tvm_so)):.0f} MiB | {tload * 1e3:.0f} ms | "
-              f"{tprefill:.1f} ms | {tdecode:.1f} tok/s |", flush=True)
+        print(
+            f"| {where} | relaxc | {seconds:.1f} s | {mib(peak):.0f} MiB | {mib(os.path.getsize(so)):.0f} MiB | "
+            f"{load * 1e3:.0f} ms | {prefill:.1f} ms | {decode:.1f} tok/s |"
+        )
+        print(
+            f"| {where} | TVM | (TVM's build) | | {mib(os.path.getsize(tvm_so)):.0f} MiB | {tload * 1e3:.0f} ms | "
+            f"{tprefill:.1f} ms | {tdecode:.1f} tok/s |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

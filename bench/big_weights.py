@@ -11,8 +11,8 @@ resident memory of the relaxc process, from GNU time).
 usage: python3 bench/big_weights.py [MB ...]   (default: 64 256 1024; cargo build --release first)
 needs: pip install apache-tvm==0.27.0.post1 numpy
 """
+
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -37,7 +37,7 @@ def build(folder, megabytes):
         with bb.dataflow():
             h = x
             for _ in range(layers):
-                w = relax.const((rng.standard_normal((D, D), dtype=np.float32) * (1.0 / D ** 0.5)).astype("float32"))
+                w = relax.const((rng.standard_normal((D, D), dtype=np.float32) * (1.0 / D**0.5)).astype("float32"))
                 h = bb.emit(relax.op.nn.relu(relax.op.matmul(h, w)))
             out = bb.emit_output(h)
         bb.emit_func_output(out)
@@ -75,12 +75,25 @@ def main():
             weights = build(folder, mb)
             so = os.path.join(folder, "relaxc.so")
             seconds, peak = timed_child([RELAXC, "compile", os.path.join(folder, "m.tar"), "-o", so])
-            subprocess.run([RELAXC, "run", so, "--inputs", os.path.join(folder, "in.npz"), "--expect",
-                            os.path.join(folder, "out.npz")], check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [
+                    RELAXC,
+                    "run",
+                    so,
+                    "--inputs",
+                    os.path.join(folder, "in.npz"),
+                    "--expect",
+                    os.path.join(folder, "out.npz"),
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
             tvm_size, ours = os.path.getsize(os.path.join(folder, "m.so")), os.path.getsize(so)
-            print(f"| {weights / (1 << 20):.0f} MiB | {tvm_size / (1 << 20):.1f} MiB | {ours / (1 << 20):.1f} MiB | "
-                  f"{ours / tvm_size:.3f}x | {seconds:.2f} s | {peak / (1 << 20):.0f} MiB | {peak / weights:.2f}x |",
-                  flush=True)
+            print(
+                f"| {weights / (1 << 20):.0f} MiB | {tvm_size / (1 << 20):.1f} MiB | {ours / (1 << 20):.1f} MiB | "
+                f"{ours / tvm_size:.3f}x | {seconds:.2f} s | {peak / (1 << 20):.0f} MiB | {peak / weights:.2f}x |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

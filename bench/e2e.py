@@ -14,6 +14,7 @@ rounds of each process's median, and relaxc / ORT per round, median of those rat
 
 usage: python3 bench/e2e.py [--relaxc target/release/relaxc] [--rounds 5] [--only NAME...]
 """
+
 import argparse
 import math
 import os
@@ -88,9 +89,8 @@ def microseconds(text):
 def prepare(work, relaxc_bin, models):
     import numpy as np
     import onnx
-    from tvm.relax.frontend.onnx import from_onnx
-
     import relaxc.tvm
+    from tvm.relax.frontend.onnx import from_onnx
 
     built = []
     for label, model, args in models:
@@ -124,11 +124,23 @@ def main():
         for label, onnx_path, so, inputs in built:
             for threads in [1, 2]:
                 ref = os.path.join(work, f"{label}.ort.npy")
-                ort_us = float(subprocess.run([sys.executable, "-c", ORT_TIMER, onnx_path, inputs, str(threads), str(args.calls), ref],
-                                              env=env, check=True, capture_output=True, text=True).stdout.split()[-1])
+                ort_us = float(
+                    subprocess.run(
+                        [sys.executable, "-c", ORT_TIMER, onnx_path, inputs, str(threads), str(args.calls), ref],
+                        env=env,
+                        check=True,
+                        capture_output=True,
+                        text=True,
+                    ).stdout.split()[-1]
+                )
                 out = os.path.join(work, f"{label}.out.npz")
-                run = subprocess.run([relaxc, "run", so, "--inputs", inputs, "--outputs", out, "--bench", str(args.calls)],
-                                     env=dict(env, TVM_NUM_THREADS=str(threads)), check=True, capture_output=True, text=True)
+                run = subprocess.run(
+                    [relaxc, "run", so, "--inputs", inputs, "--outputs", out, "--bench", str(args.calls)],
+                    env=dict(env, TVM_NUM_THREADS=str(threads)),
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
                 ours = microseconds(run.stdout)
                 got, want = np.load(out)["out0"], np.load(ref)
                 err = float(np.abs(got.astype(np.float64) - want).max() / max(1.0, np.abs(want).max()))
@@ -147,8 +159,11 @@ def main():
             data = rows[(label, threads)]
             ratio = statistics.median(d[2] for d in data)
             ratios[threads].append(ratio)
-            cells += [f"{statistics.median(d[0] for d in data):.0f}", f"{statistics.median(d[1] for d in data):.0f}",
-                      f"{ratio:.2f}x"]
+            cells += [
+                f"{statistics.median(d[0] for d in data):.0f}",
+                f"{statistics.median(d[1] for d in data):.0f}",
+                f"{ratio:.2f}x",
+            ]
         print(f"| {label} | " + " | ".join(cells) + " |")
     geo = {t: math.exp(sum(map(math.log, v)) / len(v)) for t, v in ratios.items()}
     print(f"| geometric mean | | | {geo[1]:.2f}x | | | {geo[2]:.2f}x |")

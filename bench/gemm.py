@@ -10,6 +10,7 @@ own process, interleaved rounds, medians; the peak is a register-only FMA loop b
 
 usage: python3 bench/gemm.py [--relaxc target/release/relaxc] [--threads 1] [--rounds 5]
 """
+
 import argparse
 import os
 import statistics
@@ -18,8 +19,17 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHAPES = [(7, 768, 768), (7, 3072, 768), (7, 768, 3072), (5, 2304, 768), (48, 768, 3072), (1, 4096, 1024),
-          (256, 256, 256), (512, 512, 512), (1024, 1024, 1024)]
+SHAPES = [
+    (7, 768, 768),
+    (7, 3072, 768),
+    (7, 768, 3072),
+    (5, 2304, 768),
+    (48, 768, 3072),
+    (1, 4096, 1024),
+    (256, 256, 256),
+    (512, 512, 512),
+    (1024, 1024, 1024),
+]
 
 PEAK_C = r"""
 #include <immintrin.h>
@@ -108,25 +118,41 @@ def main():
         f.write(PEAK_C)
     subprocess.run(["cc", "-O3", "-mavx2", "-mfma", peak_c, "-o", peak], check=True)
     lib = os.path.join(work, "kernels.so")
-    names = subprocess.run([args.relaxc, "kernel-library", "-o", lib], check=True, capture_output=True, text=True).stdout
+    names = subprocess.run(
+        [args.relaxc, "kernel-library", "-o", lib], check=True, capture_output=True, text=True
+    ).stdout
     with open(lib + ".tsv", "w") as f:
         f.write(names)
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(args.threads), TVM_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
+    env = dict(
+        os.environ,
+        OPENBLAS_NUM_THREADS=str(args.threads),
+        TVM_NUM_THREADS=str(args.threads),
+        OMP_NUM_THREADS=str(args.threads),
+    )
     shapes = json.dumps(SHAPES)
     results, peaks = {}, []
     for _ in range(args.rounds):
         peaks.append(float(subprocess.run([peak], capture_output=True, text=True, check=True).stdout.split()[0]))
         for kind in ["relaxc", "ort", "numpy"]:
-            out = subprocess.run([sys.executable, "-c", RUNNER, kind, str(args.threads), shapes, lib, os.path.join(ROOT, "python")],
-                                 env=env, check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(
+                [sys.executable, "-c", RUNNER, kind, str(args.threads), shapes, lib, os.path.join(ROOT, "python")],
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             for shape, (us, err) in json.loads(out.strip().splitlines()[-1]).items():
                 if err > 1e-4:
                     sys.exit(f"{kind} {shape}: {err:.1e} from float64")
                 results.setdefault((kind, shape), []).append(us)
     fma_peak = statistics.median(peaks) * args.threads
     cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    print(f"{cpu}; {args.threads} thread(s); FMA peak {fma_peak:.1f} GFLOP/s (measured); medians of {args.rounds} rounds")
-    print("| M x N x K | relaxc (µs) | GFLOP/s | % of peak | ORT (µs) | numpy (µs) | relaxc / best of ORT and numpy (time) |")
+    print(
+        f"{cpu}; {args.threads} thread(s); FMA peak {fma_peak:.1f} GFLOP/s (measured); medians of {args.rounds} rounds"
+    )
+    print(
+        "| M x N x K | relaxc (µs) | GFLOP/s | % of peak | ORT (µs) | numpy (µs) | relaxc / best of ORT and numpy (time) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for m, n, k in SHAPES:
         key = f"{m}x{n}x{k}"

@@ -10,6 +10,7 @@ instrumentation (and its interpreter loop is a separate copy without the check).
 
 usage: python3 bench/instrument.py [--relaxc target/release/relaxc] [--rounds 7] [--calls 3000]
 """
+
 import argparse
 import os
 import platform
@@ -40,8 +41,12 @@ def main():
             sos[(mode, inst)] = so
         for _ in range(args.rounds):
             for c in configs:
-                out = subprocess.run([args.relaxc, "run", sos[c], "--inputs", inputs, "--bench", str(args.calls)],
-                                     check=True, capture_output=True, text=True).stdout
+                out = subprocess.run(
+                    [args.relaxc, "run", sos[c], "--inputs", inputs, "--bench", str(args.calls)],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                ).stdout
                 times[c].append(float(re.search(r"median ([0-9.]+) us", out).group(1)))
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
     print(f"chain_1000, medians of {args.rounds} interleaved rounds of {args.calls} calls")

@@ -4,6 +4,7 @@ that the model's .so holds from relaxc's kernel archive (librvm_kernels.a), read
 
 usage: python3 bench/library_bytes.py MODEL.so [MODEL.so...]   (cargo build --release first)
 """
+
 import glob
 import os
 import subprocess
@@ -13,8 +14,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def archive_symbols():
-    archives = sorted(glob.glob(os.path.join(ROOT, "target/release/build/relaxc-*/out/librvm_kernels.a")),
-                      key=os.path.getmtime)
+    archives = sorted(
+        glob.glob(os.path.join(ROOT, "target/release/build/relaxc-*/out/librvm_kernels.a")), key=os.path.getmtime
+    )
     if not archives:
         sys.exit("no librvm_kernels.a under target/release: run cargo build --release first")
     out = subprocess.run(["nm", "--defined-only", archives[-1]], capture_output=True, text=True, check=True).stdout

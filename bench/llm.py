@@ -16,6 +16,7 @@ the table gives the median over rounds of each round's medians: these VMs are no
 
 usage: python3 bench/llm.py [--relaxc target/release/relaxc] [--runs 20] [--rounds 5] [--tokens 64]
 """
+
 import argparse
 import os
 import platform
@@ -34,7 +35,17 @@ CACHE = [1, 2048, 256, 16, 0]
 
 def relaxc_run(relaxc, so, runs, tokens):
     out = subprocess.run(
-        [relaxc, "generate", so, "--prompt", ",".join(map(str, PROMPT)), "--max-new-tokens", str(tokens), "--bench", str(runs)],
+        [
+            relaxc,
+            "generate",
+            so,
+            "--prompt",
+            ",".join(map(str, PROMPT)),
+            "--max-new-tokens",
+            str(tokens),
+            "--bench",
+            str(runs),
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -47,8 +58,9 @@ def relaxc_run(relaxc, so, runs, tokens):
 
 def tvm_run(runs, tokens):
     import numpy as np
-    import tvm
     import tvm_ffi
+
+    import tvm
     from tvm import relax
 
     with tempfile.TemporaryDirectory() as work:
@@ -58,7 +70,11 @@ def tvm_run(runs, tokens):
             dst.write(src.read())
         vm = relax.VirtualMachine(tvm.runtime.load_module(tar), tvm.cpu())
     g = tvm.get_global_func
-    add, begin, end = g("vm.builtin.kv_state_add_sequence"), g("vm.builtin.kv_state_begin_forward"), g("vm.builtin.kv_state_end_forward")
+    add, begin, end = (
+        g("vm.builtin.kv_state_add_sequence"),
+        g("vm.builtin.kv_state_begin_forward"),
+        g("vm.builtin.kv_state_end_forward"),
+    )
     embed, prefill, decode = vm["embed"], vm["prefill"], vm["decode"]
     seq0, one = tvm_ffi.Shape([0]), tvm_ffi.Shape([1])
     prompt_len = tvm_ffi.Shape([len(PROMPT)])
@@ -111,7 +127,10 @@ def main():
         sos = {}
         for mode in ["bytecode", "compiled"]:
             sos[mode] = os.path.join(work, f"tiny_llama.{mode}.so")
-            subprocess.run([args.relaxc, "compile", os.path.join(FIXTURE, "m.tar"), "--exec-mode", mode, "-o", sos[mode]], check=True)
+            subprocess.run(
+                [args.relaxc, "compile", os.path.join(FIXTURE, "m.tar"), "--exec-mode", mode, "-o", sos[mode]],
+                check=True,
+            )
         for r in range(args.rounds):
             for mode in ["bytecode", "compiled"]:
                 samples[f"relaxc {mode}"].append(relaxc_run(args.relaxc, sos[mode], args.runs, args.tokens))
@@ -125,7 +144,9 @@ def main():
     if len({r[1] for r in rows}) != 1:
         print("WARNING: the runtimes generated different tokens", file=sys.stderr)
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
-    print(f"tiny_llama, {len(PROMPT)}-token prompt, {args.tokens} new tokens, medians of {args.rounds} rounds of {args.runs} runs")
+    print(
+        f"tiny_llama, {len(PROMPT)}-token prompt, {args.tokens} new tokens, medians of {args.rounds} rounds of {args.runs} runs"
+    )
     print("| runtime | prefill (ms) | decode (tokens/s) | decode vs TVM |")
     print("|---|---|---|---|")
     tvm_tps = rows[-1][3] if have_tvm else None

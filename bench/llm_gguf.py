@@ -70,9 +70,7 @@ def quantized_file(work, fmt):
 
         params = llama_cpp.llama_model_quantize_default_params()
         params.ftype = getattr(llama_cpp, FTYPES[fmt])
-        rc = llama_cpp.llama_model_quantize(
-            f32_file(work).encode(), path.encode(), params
-        )
+        rc = llama_cpp.llama_model_quantize(f32_file(work).encode(), path.encode(), params)
         if rc != 0:
             sys.exit(f"llama.cpp's quantizer failed on {fmt} ({rc})")
     return path
@@ -123,9 +121,7 @@ def relaxc_run(relaxc, so, gguf_path, threads, tokens, runs, logits=None):
     if logits:
         cmd += ["--logits", logits]
     env = dict(os.environ, TVM_NUM_THREADS=str(threads))
-    out = subprocess.run(
-        cmd, check=True, capture_output=True, text=True, env=env
-    ).stdout
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
     new = [int(t) for t in out.splitlines()[0].split(":")[1].split()]
     import re
 
@@ -159,9 +155,7 @@ def load_cost(so, gguf_path):
 
 
 def main():
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--relaxc", default=os.path.join(ROOT, "target/release/relaxc"))
     ap.add_argument("--work", default="/tmp/relaxc-llm-gguf")
     ap.add_argument("--formats", default="f32,f16,q8_0,q4_0,q4_k_m")
@@ -207,40 +201,26 @@ def main():
         }
         print(
             f"{f}: first prefill logits within {diff:.2e} of llama.cpp's largest; argmax {a.argmax()} / {b.argmax()}"
-            + (
-                ""
-                if agree
-                else f"; from the exact answer: relaxc {exact_a:.2e}, llama.cpp {exact_b:.2e}"
-            ),
+            + ("" if agree else f"; from the exact answer: relaxc {exact_a:.2e}, llama.cpp {exact_b:.2e}"),
             flush=True,
         )
         ok = a.argmax() == b.argmax() and (agree or exact_a <= exact_b * 1.25)
         if not ok and not args.time_anyway:
-            sys.exit(
-                f"{f}: relaxc disagrees with llama.cpp: not timing (--time-anyway times it all the same)"
-            )
+            sys.exit(f"{f}: relaxc disagrees with llama.cpp: not timing (--time-anyway times it all the same)")
 
     results = {}
     for r in range(args.rounds):
         for f in formats:
             for threads in [1, 2]:
-                _, p, t = relaxc_run(
-                    relaxc, models[f], files[f], threads, args.tokens, args.runs
-                )
+                _, p, t = relaxc_run(relaxc, models[f], files[f], threads, args.tokens, args.runs)
                 results.setdefault((f, "relaxc", threads), []).append((p, t))
-                _, p, t = llm_midsize.llama_cpp(
-                    files[f], threads, args.tokens, args.runs, theirs
-                )
+                _, p, t = llm_midsize.llama_cpp(files[f], threads, args.tokens, args.runs, theirs)
                 results.setdefault((f, "llama.cpp", threads), []).append((p, t))
         print(f"round {r + 1} of {args.rounds} done", flush=True)
 
     with open("/proc/cpuinfo") as info:
         cpu = next(
-            (
-                line.split(":", 1)[1].strip()
-                for line in info
-                if line.startswith("model name")
-            ),
+            (line.split(":", 1)[1].strip() for line in info if line.startswith("model name")),
             platform.processor(),
         )
     print(
@@ -259,9 +239,7 @@ def main():
         for threads in [1, 2]:
             runs = {who: results[(f, who, threads)] for who in ("relaxc", "llama.cpp")}
             rp, rt = (statistics.median(x[i] for x in runs["relaxc"]) for i in (0, 1))
-            lp, lt = (
-                statistics.median(x[i] for x in runs["llama.cpp"]) for i in (0, 1)
-            )
+            lp, lt = (statistics.median(x[i] for x in runs["llama.cpp"]) for i in (0, 1))
             summary[f"{f}/{threads}"] = {
                 "relaxc_prefill_ms": rp,
                 "llama_prefill_ms": lp,

@@ -19,6 +19,7 @@ Needs TVM 0.27, llama-cpp-python, gguf and numpy; builds are cached in --work (d
 
 usage: python3 bench/llm_midsize.py [--size mid|tiny] [--relaxc target/release/relaxc] [--tokens 32] [--rounds 3]
 """
+
 import argparse
 import importlib.util
 import os
@@ -52,9 +53,9 @@ def build(work, relaxc_bin, size):
     os.makedirs(work, exist_ok=True)
     sys.path.insert(0, os.path.join(ROOT, "python"))
     os.environ.setdefault("RELAXC", relaxc_bin)
-    from tvm import relax
-
     import relaxc.tvm
+
+    from tvm import relax
 
     llm = llm_module()
     shape = llm.Shape(**SIZES[size])
@@ -83,13 +84,18 @@ def build(work, relaxc_bin, size):
 
 def tvm_greedy(ex, n, hidden):
     """TVM's own VM and KV cache, greedy, as fixtures/tvm/llm.py drives it."""
-    import tvm
     import tvm_ffi
+
+    import tvm
     from tvm import relax
 
     vm = relax.VirtualMachine(ex, tvm.cpu())
     g = tvm.get_global_func
-    add, begin, end = g("vm.builtin.kv_state_add_sequence"), g("vm.builtin.kv_state_begin_forward"), g("vm.builtin.kv_state_end_forward")
+    add, begin, end = (
+        g("vm.builtin.kv_state_add_sequence"),
+        g("vm.builtin.kv_state_begin_forward"),
+        g("vm.builtin.kv_state_end_forward"),
+    )
     kv = vm["create_paged_kv_cache"](*[tvm_ffi.Shape([v]) for v in [1, 512, 64, 16]], tvm_ffi.Shape([0]))
     add(kv, 0)
 
@@ -140,7 +146,7 @@ def write_gguf(path, w, c):
     for i in range(c.layers):
         p = f"layers.{i}."
         qkv = w[p + "attn.qkv_proj.weight"]
-        q, k, v = qkv[:q_rows], qkv[q_rows:q_rows + kv_rows], qkv[q_rows + kv_rows:]
+        q, k, v = qkv[:q_rows], qkv[q_rows : q_rows + kv_rows], qkv[q_rows + kv_rows :]
         gate_up = w[p + "mlp.gate_up.weight"]
         for name, tensor in [
             ("attn_norm", w[p + "attn_norm.weight"]),
@@ -150,7 +156,7 @@ def write_gguf(path, w, c):
             ("attn_output", w[p + "attn.o_proj.weight"]),
             ("ffn_norm", w[p + "mlp_norm.weight"]),
             ("ffn_gate", gate_up[: c.ffn]),
-            ("ffn_up", gate_up[c.ffn:]),
+            ("ffn_up", gate_up[c.ffn :]),
             ("ffn_down", w[p + "mlp.down.weight"]),
         ]:
             out.add_tensor(f"blk.{i}.{name}.weight", np.ascontiguousarray(tensor, np.float32))
@@ -163,8 +169,19 @@ def write_gguf(path, w, c):
 
 
 def relaxc_generate(relaxc, so, threads, tokens, runs, logits=None):
-    cmd = [relaxc, "generate", so, "--prompt", ",".join(map(str, PROMPT)), "--max-new-tokens", str(tokens),
-           "--max-total-seq-len", "512", "--prefill-chunk-size", "64"]
+    cmd = [
+        relaxc,
+        "generate",
+        so,
+        "--prompt",
+        ",".join(map(str, PROMPT)),
+        "--max-new-tokens",
+        str(tokens),
+        "--max-total-seq-len",
+        "512",
+        "--prefill-chunk-size",
+        "64",
+    ]
     if runs:
         cmd += ["--bench", str(runs)]
     if logits:
@@ -212,8 +229,22 @@ print(json.dumps({"tokens": generated, "prefill_ms": float(np.median(prefills)),
 def llama_cpp(gguf_path, threads, tokens, runs, logits_path):
     import json
 
-    out = subprocess.run([sys.executable, "-c", LLAMA_CPP, gguf_path, str(threads), str(tokens), str(runs), json.dumps(PROMPT),
-                          logits_path], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            LLAMA_CPP,
+            gguf_path,
+            str(threads),
+            str(tokens),
+            str(runs),
+            json.dumps(PROMPT),
+            logits_path,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     r = json.loads(out.strip().splitlines()[-1])
     return r["tokens"], r["prefill_ms"], r["tps"]
 
@@ -238,7 +269,9 @@ def main():
     cpp_tokens, _, _ = llama_cpp(gguf_path, 2, 8, 0, theirs)
     a, b = np.load(ours)["logits"][0], np.load(theirs)
     diff = float(np.abs(a - b).max() / np.abs(b).max())
-    print(f"first prefill logits: relaxc vs llama.cpp max |diff| {diff:.2e} of the largest logit; argmax {a.argmax()} / {b.argmax()}")
+    print(
+        f"first prefill logits: relaxc vs llama.cpp max |diff| {diff:.2e} of the largest logit; argmax {a.argmax()} / {b.argmax()}"
+    )
     print(f"greedy tokens: TVM default {[int(t) for t in tvm_tokens]}, relaxc {new}, llama.cpp {cpp_tokens}")
     if diff > 1e-3 or [int(t) for t in tvm_tokens] != new[:8]:
         sys.exit("relaxc disagrees with llama.cpp or TVM: not timing")
@@ -251,10 +284,16 @@ def main():
             _, p, t = llama_cpp(gguf_path, threads, args.tokens, args.runs, theirs)
             results.setdefault(("llama.cpp", threads), []).append((p, t))
         print(f"round {r + 1} of {args.rounds} done", flush=True)
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor())
-    print(f"\n{cpu}, {os.cpu_count()} cores; {len(PROMPT)}-token prompt, {args.tokens} new tokens; medians of {args.rounds} "
-          f"rounds of {args.runs} runs")
-    print("| threads | relaxc prefill (ms) | llama.cpp prefill (ms) | relaxc decode (tok/s) | llama.cpp decode (tok/s) | decode relaxc / llama.cpp |")
+    cpu = next(
+        (l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), platform.processor()
+    )
+    print(
+        f"\n{cpu}, {os.cpu_count()} cores; {len(PROMPT)}-token prompt, {args.tokens} new tokens; medians of {args.rounds} "
+        f"rounds of {args.runs} runs"
+    )
+    print(
+        "| threads | relaxc prefill (ms) | llama.cpp prefill (ms) | relaxc decode (tok/s) | llama.cpp decode (tok/s) | decode relaxc / llama.cpp |"
+    )
     print("|---|---|---|---|---|---|")
     for threads in [1, 2]:
         rp = statistics.median(p for p, _ in results[("relaxc", threads)])

@@ -16,6 +16,7 @@ Each builder takes the batch (and sequence length) and returns (onnx.ModelProto,
 can be scaled down (the fixtures in fixtures/tvm/lib_* are small versions), and `batch=None`
 makes the batch dim symbolic ("n"; the inputs then have batch 2).
 """
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -45,12 +46,16 @@ class _Graph:
         return out
 
     def model(self, inputs, output, out_shape, batch=1):
-        symbolic = lambda shape: ["n" if d is None else d for d in shape]  # noqa: E731
+        symbolic = lambda shape: ["n" if d is None else d for d in shape]
         inputs = [(n, symbolic(s)) for n, s in inputs]
         out_shape = symbolic(out_shape)
         graph = helper.make_graph(
-            self.nodes, "g", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
-            [helper.make_tensor_value_info(output, TensorProto.FLOAT, out_shape)], self.inits)
+            self.nodes,
+            "g",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+            [helper.make_tensor_value_info(output, TensorProto.FLOAT, out_shape)],
+            self.inits,
+        )
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
         model.ir_version = 8
         onnx.checker.check_model(model)
@@ -170,10 +175,20 @@ def gpt(batch, seq, seed=4, d=768, heads=12, ffn=3072):
     x1 = g.node("Add", ["x", g.linear(a, d, d)])
     f = g.linear(g.layer_norm(x1, d), d, ffn)
     cube = g.node("Mul", [g.node("Mul", [f, f]), f])
-    inner = g.node("Mul", [g.node("Add", [f, g.node("Mul", [cube, g.const(np.float32(0.044715))])]),
-                           g.const(np.float32(np.sqrt(2.0 / np.pi)))])
-    gelu = g.node("Mul", [g.node("Mul", [f, g.const(np.float32(0.5))]),
-                          g.node("Add", [g.node("Tanh", [inner]), g.const(np.float32(1.0))])])
+    inner = g.node(
+        "Mul",
+        [
+            g.node("Add", [f, g.node("Mul", [cube, g.const(np.float32(0.044715))])]),
+            g.const(np.float32(np.sqrt(2.0 / np.pi))),
+        ],
+    )
+    gelu = g.node(
+        "Mul",
+        [
+            g.node("Mul", [f, g.const(np.float32(0.5))]),
+            g.node("Add", [g.node("Tanh", [inner]), g.const(np.float32(1.0))]),
+        ],
+    )
     out = g.node("Add", [x1, g.linear(gelu, ffn, d)])
     model = g.model([("x", [batch, seq, d])], out, [batch, seq, d])
     return model, _input(seed, batch, (seq, d))

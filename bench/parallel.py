@@ -13,6 +13,7 @@ TVM:    vm.time_evaluator("main", number=20, repeat=CALLS/20), median of the rep
 usage: python3 bench/parallel.py [--relaxc target/release/relaxc] [--rounds 5] [--calls 400]
 TVM's column appears when `import tvm` works (pip install apache-tvm==0.27.0.post1).
 """
+
 import argparse
 import os
 import platform
@@ -93,7 +94,9 @@ def main():
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     med = {k: statistics.median(v) for k, v in results.items() if v}
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.platform()}")
-    print(f"parallel_matmul (128x128, T.parallel), relaxc {args.mode} mode, medians of {args.rounds} interleaved rounds")
+    print(
+        f"parallel_matmul (128x128, T.parallel), relaxc {args.mode} mode, medians of {args.rounds} interleaved rounds"
+    )
     header = ["relaxc 1 thread (us)", "relaxc 2 threads (us)", "relaxc 2 / relaxc 1"]
     row = [f"{med['relaxc1']:.1f}", f"{med['relaxc2']:.1f}", f"{med['relaxc2'] / med['relaxc1']:.2f}x"]
     if have_tvm:

@@ -10,6 +10,7 @@ Each runtime in its own process, interleaved rounds, medians of per-call latency
 
 usage: python3 bench/pool.py [--relaxc target/release/relaxc] [--rounds 5] [--calls 300] [--threads 2]
 """
+
 import argparse
 import os
 import re
@@ -42,7 +43,7 @@ def module():
             T.func_attr({"tir.noalias": True})
             for i in range(N):
                 y[i] = x[i] * T.float32(0.5)
-                for r in range(SERIAL):
+                for _r in range(SERIAL):
                     y[i] = y[i] * T.float32(0.999) + T.float32(0.001) * x[i]
 
     from tvm import relax
@@ -83,6 +84,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     import numpy as np
+
     from tvm import relax
 
     work = tempfile.mkdtemp()
@@ -92,20 +94,34 @@ def main():
     subprocess.run([args.relaxc, "compile", tar, "--exec-mode", "compiled", "-o", so], check=True)
     rng = np.random.default_rng(0)
     inputs = os.path.join(work, "in.npz")
-    np.savez(inputs, arg0=rng.standard_normal(N).astype("float32"), arg1=(rng.standard_normal((N, N)) / N).astype("float32"))
+    np.savez(
+        inputs, arg0=rng.standard_normal(N).astype("float32"), arg1=(rng.standard_normal((N, N)) / N).astype("float32")
+    )
     env = dict(os.environ, TVM_NUM_THREADS=str(args.threads))
     times = {"relaxc": [], "TVM": []}
     for _ in range(args.rounds):
-        out = subprocess.run([args.relaxc, "run", so, "--inputs", inputs, "--bench", str(args.calls)], env=env, check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [args.relaxc, "run", so, "--inputs", inputs, "--bench", str(args.calls)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         value, unit = re.search(r"median ([0-9.]+) (µs|us|ms)", out).groups()
         times["relaxc"].append(float(value) * (1000 if unit == "ms" else 1))
-        out = subprocess.run([sys.executable, "-c", TVM_TIMER, tar, inputs, str(args.calls)], env=env, check=True,
-                             capture_output=True, text=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", TVM_TIMER, tar, inputs, str(args.calls)],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         times["TVM"].append(float(out.split()[-1]))
     r, t = statistics.median(times["relaxc"]), statistics.median(times["TVM"])
-    print(f"{BLOCKS} x (parallel GEMV {N}x{N} + serial kernel), {args.threads} threads, medians of {args.rounds} rounds of "
-          f"{args.calls} calls")
+    print(
+        f"{BLOCKS} x (parallel GEMV {N}x{N} + serial kernel), {args.threads} threads, medians of {args.rounds} rounds of "
+        f"{args.calls} calls"
+    )
     print("| relaxc (µs) | TVM (µs) | relaxc / TVM |")
     print("|---|---|---|")
     print(f"| {r:.1f} | {t:.1f} | {r / t:.2f}x |")

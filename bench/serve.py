@@ -16,18 +16,15 @@ request's answer alone.
 
 import argparse
 import concurrent.futures
-import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python_serve"))
-from conftest import Server, build  # noqa: E402
+from conftest import Server, build
 
 
 def complete(server, prompt, n):
@@ -79,7 +76,10 @@ def main():
         concurrent(server, "batched, 1 replica")
     finally:
         server.stop()
-    for name, replicas, batch in [("one at a time, 1 replica", "1", "1"), ("batched, 2 replicas", "2", str(args.requests))]:
+    for name, replicas, batch in [
+        ("one at a time, 1 replica", "1", "1"),
+        ("batched, 2 replicas", "2", str(args.requests)),
+    ]:
         server = Server(model, "--replicas", replicas, "--max-batch-size", batch, "--name", "run", *kv)
         try:
             concurrent(server, name)
@@ -91,8 +91,10 @@ def main():
     print(f"{args.model}, {n} concurrent requests of {args.tokens} tokens, medians of {args.repeat}:")
     for name, seconds in results.items():
         print(f"  {name:28s} {seconds * 1000:8.1f} ms   {seconds / one:5.2f}x one request")
-    print(f"  continuous batching: {n} requests in {results['batched, 1 replica'] / one:.2f}x one request's time "
-          f"(one at a time: {results['one at a time, 1 replica'] / one:.2f}x)")
+    print(
+        f"  continuous batching: {n} requests in {results['batched, 1 replica'] / one:.2f}x one request's time "
+        f"(one at a time: {results['one at a time, 1 replica'] / one:.2f}x)"
+    )
     print(f"  2 replicas vs 1: {results['batched, 1 replica'] / results['batched, 2 replicas']:.2f}x the throughput")
     for batch, ms in decode_step_ms(model, [1, n]).items():
         print(f"  one decode step of the model alone (no server), {batch} sequence(s): {ms:.3f} ms")

@@ -10,6 +10,7 @@ line of microseconds per call, so the caller can interleave TVM's rounds with it
 
 usage: python3 bench/tvm_chain.py N [N ...] [--compiled-max 1000] [--number 200]
 """
+
 import argparse
 import json
 import os
@@ -28,6 +29,7 @@ def main():
     args = ap.parse_args()
 
     import numpy as np
+
     import tvm
     from tvm import relax
 

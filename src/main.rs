@@ -30,7 +30,9 @@ enum Command {
     ///
     /// The model must have create_paged_kv_cache, embed, prefill and decode functions. Decoding
     /// is greedy (argmax): the first new token comes from prefill, the others from decode steps.
-    /// Prints the new token ids, the prefill latency and the decode speed.
+    /// A decode whose batch the export fixed runs its sequences that many at a time. Prints the
+    /// new token ids (with --tokenizer, first the text as it is generated), the prefill latency
+    /// and the decode speed.
     Generate(cli::generate::Args),
     /// Build relaxc's kernel library as a shared object for TVM's own process.
     ///

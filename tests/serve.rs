@@ -1,5 +1,5 @@
 //! Serving on Ray (tests/python_serve, pytest): `python -m relaxc.serve` with a TVM export over
-//! the Open Inference Protocol and the tiny Llama over the completions API, two replicas each, on
+//! the Open Inference Protocol and the tiny Llama over OpenAI's API (the official client), on
 //! 127.0.0.1, in a network namespace with only loopback when the system allows one. Where
 //! python3 lacks ray[serve] (or numpy, pytest, tvm_ffi) the test is reported as
 //! ignored with the reason; CI installs them (.ci/run), and there a missing one is a failure.
@@ -11,11 +11,13 @@ use std::process::Command;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 fn ray_serve_on_loopback() -> Result<Completion, Failed> {
-    let probe = Command::new("python3").args(["-c", "import numpy, pytest, tvm_ffi, ray.serve, starlette"]).output();
+    let probe = Command::new("python3")
+        .args(["-c", "import numpy, pytest, tvm_ffi, ray.serve, starlette, tokenizers, jinja2, openai"])
+        .output();
     let missing = match probe {
         Err(e) => Some(format!("python3 cannot run: {e}")),
         Ok(out) if !out.status.success() => Some(format!(
-            "python3 lacks ray[serve] (or numpy, pytest, apache-tvm-ffi): pip install 'ray[serve]': {}",
+            "python3 lacks ray[serve] (or numpy, pytest, apache-tvm-ffi, tokenizers, jinja2, openai): pip install 'ray[serve]' tokenizers jinja2 openai: {}",
             String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
         )),
         Ok(_) => None,

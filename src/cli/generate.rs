@@ -80,22 +80,22 @@ pub fn run(args: Args) -> Result<()> {
     } = args;
     let tokenizer = tokenizer
         .map(|path| {
-            tokenizers::Tokenizer::from_file(&path)
-                .map_err(|e| anyhow::anyhow!("--tokenizer {}: not a tokenizer.json that can be read: {e}", path.display()))
+            tokenizers::Tokenizer::from_file(&path).map_err(|e| {
+                anyhow::anyhow!("--tokenizer {}: not a tokenizer.json that can be read: {e}", path.display())
+            })
         })
         .transpose()?;
     let prompt = match &tokenizer {
         Some(t) => {
-            let encoding = t.encode(prompt.as_str(), true).map_err(|e| anyhow::anyhow!("--prompt: cannot encode it: {e}"))?;
+            let encoding =
+                t.encode(prompt.as_str(), true).map_err(|e| anyhow::anyhow!("--prompt: cannot encode it: {e}"))?;
             encoding.get_ids().iter().map(|&id| id as i32).collect()
         }
-        None => prompt
-            .split(',')
-            .map(|t| t.trim().parse::<i32>())
-            .collect::<Result<Vec<i32>, _>>()
-            .map_err(|_| {
-                anyhow::anyhow!("--prompt {prompt:?}: without --tokenizer a prompt is token ids, comma-separated (e.g. 1,17,42)")
-            })?,
+        None => prompt.split(',').map(|t| t.trim().parse::<i32>()).collect::<Result<Vec<i32>, _>>().map_err(|_| {
+            anyhow::anyhow!(
+                "--prompt {prompt:?}: without --tokenizer a prompt is token ids, comma-separated (e.g. 1,17,42)"
+            )
+        })?,
     };
     let config = relaxc::host::llm::CacheConfig { max_batch_size, max_total_seq_len, prefill_chunk_size, page_size };
     if let Some(total) = soak {

@@ -1,5 +1,6 @@
 # A model whose kernels call functions the host registers by name (tests/c/registry_test.c).
-from tvm.script import ir as I, relax as R
+from tvm.script import ir as I
+from tvm.script import relax as R
 
 
 @I.ir_module

@@ -50,17 +50,12 @@ def models(tmp_path_factory):
 
 def generate(m, prompt, n):
     call = m["relaxc_call"]
-    w = {
-        fn: m["relaxc_weights"](GGUF, fn, k)
-        for fn, k in [("embed", 1), ("prefill", 2), ("decode", 2)]
-    }
+    w = {fn: m["relaxc_weights"](GGUF, fn, k) for fn, k in [("embed", 1), ("prefill", 2), ("decode", 2)]}
     kv = m["create_paged_kv_cache"](*[tvm_ffi.Shape([v]) for v in [1, 128, 32, 16, 0]])
     call("vm.builtin.kv_state_add_sequence", kv, 0)
 
     def step(fn, ids):
-        embeds = np.from_dlpack(
-            m["embed"](tvm_ffi.from_dlpack(np.array(ids, "int32")), *w["embed"])
-        )
+        embeds = np.from_dlpack(m["embed"](tvm_ffi.from_dlpack(np.array(ids, "int32")), *w["embed"]))
         embeds = np.ascontiguousarray(embeds.reshape(1, len(ids), -1))
         call(
             "vm.builtin.kv_state_begin_forward",
@@ -101,9 +96,7 @@ def reference_first_logits(path, prompt):
     reader = gguf.GGUFReader(path)
     t = {}
     for tensor in reader.tensors:
-        values = dequantize(np.array(tensor.data), tensor.tensor_type).astype(
-            np.float64
-        )
+        values = dequantize(np.array(tensor.data), tensor.tensor_type).astype(np.float64)
         t[tensor.name] = values.reshape([int(d) for d in reversed(tensor.shape)])
     t.setdefault("output.weight", t["token_embd.weight"])  # tied embeddings
 
@@ -178,9 +171,7 @@ def test_the_model_means_what_llama_cpp_means(gguf_file, recorded):
     want = np.load(os.path.join(FIXTURE, recorded))
     prompt = [int(i) for i in want["prompt"]]
     reference = reference_first_logits(os.path.join(FIXTURE, gguf_file), prompt)
-    got = want["logits"][0].astype(
-        np.float64
-    )  # relaxc's logits (equal to TVM's: the test above)
+    got = want["logits"][0].astype(np.float64)  # relaxc's logits (equal to TVM's: the test above)
     err = np.abs(got - reference).max() / np.abs(reference).max()
     assert err < 2e-2, f"first logits {err:.2e} of the largest from the numpy reference"
     assert int(got.argmax()) == int(reference.argmax())

@@ -7,14 +7,15 @@ parameters, errors; and the same bits at 1, 2 and 3 threads at sizes the pool sp
 Needs numpy, pytest and apache-tvm-ffi (no TVM). Weights are packed by relaxc's Python package
 (python/relaxc/tvm/pack.py), as relaxc.tvm packs them.
 """
+
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from conftest import assert_each_raises
 import tvm_ffi
+from conftest import assert_each_raises
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -62,6 +63,7 @@ def epilogue(x, act, alpha=1.0, bias=None, residual=None):
 
 # ---- dense and matmul ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("m", [1, 2, 5, 7, 13, 19, 64, 101])
 @pytest.mark.parametrize("n,k", [(1, 1), (15, 7), (16, 256), (17, 300), (33, 513), (100, 40)])
 def test_dense_shapes(library, m, n, k):
@@ -84,8 +86,9 @@ def test_dense_epilogues(library, act):
 def test_dense_empty_reduction_is_the_epilogue_of_zero(library):
     b = np.arange(5, dtype=np.float32)
     out = np.full((3, 5), 9.0, np.float32)
-    library["relaxc.dense"](t(np.zeros((3, 0), np.float32)), t(np.zeros((1, 0, 16), np.float32)), t(b), None, "relu",
-                            scalars(), t(out))
+    library["relaxc.dense"](
+        t(np.zeros((3, 0), np.float32)), t(np.zeros((1, 0, 16), np.float32)), t(b), None, "relu", scalars(), t(out)
+    )
     close(out, np.tile(b, (3, 1)))
 
 
@@ -97,12 +100,17 @@ def matmul(library, a, b, a_perm=None, b_perm=None, out_perm=None, bias=None, re
     if out_perm is not None:
         want = np.transpose(want, out_perm)
     if residual is not None:
-        want = ACTS[act](np.transpose(epilogue(np.matmul(la.astype(np.float64), lb), "none", alpha, bias),
-                                      out_perm or range(want.ndim)) + residual)
+        want = ACTS[act](
+            np.transpose(
+                epilogue(np.matmul(la.astype(np.float64), lb), "none", alpha, bias), out_perm or range(want.ndim)
+            )
+            + residual
+        )
     out = np.zeros(want.shape, np.float32)
     shape = lambda p: None if p is None else tvm_ffi.Shape(list(p))
-    library["relaxc.matmul"](t(a), t(b), t(bias), t(residual), shape(a_perm), shape(b_perm), shape(out_perm), act,
-                             scalars(alpha), t(out))
+    library["relaxc.matmul"](
+        t(a), t(b), t(bias), t(residual), shape(a_perm), shape(b_perm), shape(out_perm), act, scalars(alpha), t(out)
+    )
     return out, want
 
 
@@ -118,8 +126,10 @@ def test_matmul_attention_patterns(library):
     close(got, want)
 
 
-@pytest.mark.parametrize("sa,sb", [((5, 3, 8), (8, 11)), ((3, 1, 6, 5), (2, 5, 17)), ((1, 9, 33), (4, 33, 2)),
-                                   ((2, 3, 7, 20), (2, 3, 20, 31))])
+@pytest.mark.parametrize(
+    "sa,sb",
+    [((5, 3, 8), (8, 11)), ((3, 1, 6, 5), (2, 5, 17)), ((1, 9, 33), (4, 33, 2)), ((2, 3, 7, 20), (2, 3, 20, 31))],
+)
 def test_matmul_broadcast_batches(library, sa, sb):
     rng = np.random.default_rng(len(sa) * 7 + sb[-1])
     a, b = rand(rng, *sa), rand(rng, *sb)
@@ -137,6 +147,7 @@ def test_matmul_residual_in_the_output_layout(library):
 
 # ---- convolution -----------------------------------------------------------------------------------
 
+
 def conv_reference(x, w, stride, pad, dil, groups):
     n, c, h, wd = x.shape
     oc, cg, kh, kw = w.shape
@@ -148,9 +159,15 @@ def conv_reference(x, w, stride, pad, dil, groups):
     for g in range(groups):
         for r in range(kh):
             for s in range(kw):
-                patch = xp[:, g * cg:(g + 1) * cg, r * dil[0]: r * dil[0] + stride[0] * (oh - 1) + 1: stride[0],
-                           s * dil[1]: s * dil[1] + stride[1] * (ow - 1) + 1: stride[1]]
-                out[:, g * per:(g + 1) * per] += np.einsum("nchw,oc->nohw", patch, w[g * per:(g + 1) * per, :, r, s])
+                patch = xp[
+                    :,
+                    g * cg : (g + 1) * cg,
+                    r * dil[0] : r * dil[0] + stride[0] * (oh - 1) + 1 : stride[0],
+                    s * dil[1] : s * dil[1] + stride[1] * (ow - 1) + 1 : stride[1],
+                ]
+                out[:, g * per : (g + 1) * per] += np.einsum(
+                    "nchw,oc->nohw", patch, w[g * per : (g + 1) * per, :, r, s]
+                )
     return out
 
 
@@ -183,9 +200,16 @@ def test_conv2d(library, case):
     np.testing.assert_array_equal(columns, out)
 
 
-@pytest.mark.parametrize("stride,pad,k,dil", [((1, 1), (1, 1, 1, 1), 3, 1), ((2, 2), (1, 1, 1, 1), 3, 1),
-                                              ((2, 1), (0, 2, 1, 0), 5, 1), ((1, 1), (2, 2, 2, 2), 3, 2),
-                                              ((3, 3), (0, 0, 0, 0), 3, 1)])
+@pytest.mark.parametrize(
+    "stride,pad,k,dil",
+    [
+        ((1, 1), (1, 1, 1, 1), 3, 1),
+        ((2, 2), (1, 1, 1, 1), 3, 1),
+        ((2, 1), (0, 2, 1, 0), 5, 1),
+        ((1, 1), (2, 2, 2, 2), 3, 2),
+        ((3, 3), (0, 0, 0, 0), 3, 1),
+    ],
+)
 def test_depthwise(library, stride, pad, k, dil):
     rng = np.random.default_rng(k * 10 + stride[0])
     x, w, b = rand(rng, 2, 6, 19, 23), rand(rng, 6, 1, k, k), rand(rng, 6)
@@ -197,6 +221,7 @@ def test_depthwise(library, stride, pad, k, dil):
 
 
 # ---- pooling, softmax, norms -------------------------------------------------------------------------
+
 
 def pool_reference(x, k, stride, pad, kind, include_pad):
     n, c, h, w = x.shape
@@ -211,14 +236,25 @@ def pool_reference(x, k, stride, pad, kind, include_pad):
             if kind == "max":
                 out[:, :, y, z] = window.max(axis=(2, 3))
             else:
-                count = (min(y0 + k[0], h + pad[2]) - max(y0, -pad[0])) * (min(z0 + k[1], w + pad[3]) - max(z0, -pad[1]))
-                out[:, :, y, z] = window.sum(axis=(2, 3)) / (count if include_pad else window.shape[2] * window.shape[3])
+                count = (min(y0 + k[0], h + pad[2]) - max(y0, -pad[0])) * (
+                    min(z0 + k[1], w + pad[3]) - max(z0, -pad[1])
+                )
+                out[:, :, y, z] = window.sum(axis=(2, 3)) / (
+                    count if include_pad else window.shape[2] * window.shape[3]
+                )
     return out
 
 
 @pytest.mark.parametrize("kind,include_pad", [("max", 0), ("avg", 0), ("avg", 1)])
-@pytest.mark.parametrize("k,stride,pad", [((3, 3), (2, 2), (1, 1, 1, 1)), ((2, 2), (2, 2), (0, 0, 0, 0)),
-                                          ((3, 2), (1, 2), (1, 0, 1, 1)), ((2, 3), (1, 1), (0, 0, 0, 0))])
+@pytest.mark.parametrize(
+    "k,stride,pad",
+    [
+        ((3, 3), (2, 2), (1, 1, 1, 1)),
+        ((2, 2), (2, 2), (0, 0, 0, 0)),
+        ((3, 2), (1, 2), (1, 0, 1, 1)),
+        ((2, 3), (1, 1), (0, 0, 0, 0)),
+    ],
+)
 def test_pooling(library, kind, include_pad, k, stride, pad):
     rng = np.random.default_rng(k[0] + stride[1])
     x = rand(rng, 2, 3, 11, 10)
@@ -265,29 +301,70 @@ def test_softmax_of_masked_rows(library):
 
 # ---- errors --------------------------------------------------------------------------------------------
 
+
 def test_errors_name_the_kernel_and_the_argument(library):
     x = np.zeros((2, 4), np.float32)
     w = pack_columns(np.zeros((4, 3), np.float32))
     out = np.zeros((2, 3), np.float32)
     dense = library["relaxc.dense"]
     cases = [
-        (lambda: dense(t(x.astype(np.float64)), t(w), None, None, "none", scalars(), t(out)), TypeError,
-         "relaxc.dense: argument 0 (x) must be float32, got float64"),
-        (lambda: dense(t(x), t(w), None, None, "none", scalars(), t(np.zeros((2, 40), np.float32))), ValueError,
-         "w_packed has the wrong number of panels"),
-        (lambda: dense(t(x), t(w), None, None, "swish", scalars(), t(out)), ValueError, "unknown activation \"swish\""),
-        (lambda: dense(t(x), t(w), t(np.zeros(4, np.float32)), None, "none", scalars(), t(out)), ValueError,
-         "bias must have shape [3]"),
+        (
+            lambda: dense(t(x.astype(np.float64)), t(w), None, None, "none", scalars(), t(out)),
+            TypeError,
+            "relaxc.dense: argument 0 (x) must be float32, got float64",
+        ),
+        (
+            lambda: dense(t(x), t(w), None, None, "none", scalars(), t(np.zeros((2, 40), np.float32))),
+            ValueError,
+            "w_packed has the wrong number of panels",
+        ),
+        (lambda: dense(t(x), t(w), None, None, "swish", scalars(), t(out)), ValueError, 'unknown activation "swish"'),
+        (
+            lambda: dense(t(x), t(w), t(np.zeros(4, np.float32)), None, "none", scalars(), t(out)),
+            ValueError,
+            "bias must have shape [3]",
+        ),
         (lambda: dense(t(x), t(w), None, None, "none", t(out)), TypeError, "relaxc.dense expects 7 arguments, got 6"),
-        (lambda: dense(t(x), 3, None, None, "none", scalars(), t(out)), TypeError,
-         "argument 1 (w_packed) must be a tensor"),
-        (lambda: library["relaxc.conv2d"](t(np.zeros((1, 2, 4, 4), np.float32)), t(pack_conv(np.zeros((2, 2, 3, 3), np.float32), 1)),
-                                          None, None, tvm_ffi.Shape([3, 3, 0, 1, 1, 1, 1, 1, 1, 1, 1]), "none", scalars(),
-                                          t(np.zeros((1, 2, 4, 4), np.float32))), ValueError, "relaxc.conv2d: invalid params"),
-        (lambda: library["relaxc.matmul"](t(x), t(x), None, None, None, None, None, "none", scalars(), t(out)), ValueError,
-         "the reduction lengths differ: [2, 4] times [2, 4]"),
-        (lambda: library["relaxc.matmul"](t(x), t(x), None, None, None, tvm_ffi.Shape([0, 0]), None, "none", scalars(),
-                                          t(np.zeros((2, 2), np.float32))), ValueError, "b_perm is not a permutation"),
+        (
+            lambda: dense(t(x), 3, None, None, "none", scalars(), t(out)),
+            TypeError,
+            "argument 1 (w_packed) must be a tensor",
+        ),
+        (
+            lambda: library["relaxc.conv2d"](
+                t(np.zeros((1, 2, 4, 4), np.float32)),
+                t(pack_conv(np.zeros((2, 2, 3, 3), np.float32), 1)),
+                None,
+                None,
+                tvm_ffi.Shape([3, 3, 0, 1, 1, 1, 1, 1, 1, 1, 1]),
+                "none",
+                scalars(),
+                t(np.zeros((1, 2, 4, 4), np.float32)),
+            ),
+            ValueError,
+            "relaxc.conv2d: invalid params",
+        ),
+        (
+            lambda: library["relaxc.matmul"](t(x), t(x), None, None, None, None, None, "none", scalars(), t(out)),
+            ValueError,
+            "the reduction lengths differ: [2, 4] times [2, 4]",
+        ),
+        (
+            lambda: library["relaxc.matmul"](
+                t(x),
+                t(x),
+                None,
+                None,
+                None,
+                tvm_ffi.Shape([0, 0]),
+                None,
+                "none",
+                scalars(),
+                t(np.zeros((2, 2), np.float32)),
+            ),
+            ValueError,
+            "b_perm is not a permutation",
+        ),
     ]
     assert_each_raises(cases)
 
@@ -344,5 +421,6 @@ def test_same_bits_at_any_thread_count(library, tmp_path):
         results[threads] = np.load(dest)
     for name in results[1].files:
         for threads in [2, 3]:
-            assert np.array_equal(results[1][name].view(np.uint32), results[threads][name].view(np.uint32)), \
+            assert np.array_equal(results[1][name].view(np.uint32), results[threads][name].view(np.uint32)), (
                 f"{name}: {threads} threads give other bits than 1"
+            )

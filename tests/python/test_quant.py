@@ -59,12 +59,7 @@ def random_k_blocks(rng, rows, k, fmt):
     these): random bits everywhere, then the f16 scales set to small positive values."""
     size = {"q4_K": 144, "q6_K": 210}[fmt]
     raw = rng.integers(0, 256, (rows, k // 256, size), dtype=np.uint8)
-    d = (
-        (rng.uniform(0.5, 1.5, (rows, k // 256)) * 1e-2)
-        .astype(np.float16)
-        .view(np.uint8)
-        .reshape(rows, k // 256, 2)
-    )
+    d = (rng.uniform(0.5, 1.5, (rows, k // 256)) * 1e-2).astype(np.float16).view(np.uint8).reshape(rows, k // 256, 2)
     if fmt == "q4_K":
         raw[:, :, 0:2] = d
         dmin = (
@@ -84,9 +79,7 @@ def weights(rng, n, k, fmt):
     if fmt in ("q4_K", "q6_K"):
         w = random_k_blocks(rng, n, k, fmt)
     else:
-        w = quantize(
-            rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), FORMATS[fmt]
-        )
+        w = quantize(rng.standard_normal((n, k)).astype(np.float32) / np.sqrt(k), FORMATS[fmt])
     return w, dequantize(w, FORMATS[fmt]).astype(np.float64)
 
 
@@ -103,12 +96,8 @@ def quantized_activations(x, block):
         inverse = np.where(amax > 0, np.float32(127) / safe, 0).astype(np.float32)
         scale = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
     else:
-        inverse = np.where(
-            amax > 0, np.float32(-127) / np.where(amax > 0, signed_max, 1), 0
-        ).astype(np.float32)
-        scale = np.where(
-            amax > 0, np.float32(1) / np.where(amax > 0, inverse, 1), 0
-        ).astype(np.float32)
+        inverse = np.where(amax > 0, np.float32(-127) / np.where(amax > 0, signed_max, 1), 0).astype(np.float32)
+        scale = np.where(amax > 0, np.float32(1) / np.where(amax > 0, inverse, 1), 0).astype(np.float32)
     q = np.minimum(np.rint(rows * inverse), 127)
     return (q.astype(np.float64) * scale.astype(np.float64)).reshape(x.shape)
 
@@ -155,9 +144,7 @@ def test_regrouped_rows(library, m, fmt):
     x = rng.standard_normal((m, k)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     out = np.zeros((m, n), np.float32)
-    library["relaxc.dense_q"](
-        t(x), t(REGROUPINGS[f"#{fmt}x8"](w)), fmt + "x8", t(bias), t(out)
-    )
+    library["relaxc.dense_q"](t(x), t(REGROUPINGS[f"#{fmt}x8"](w)), fmt + "x8", t(bias), t(out))
     assert_close(out, dense_reference(x, exact, fmt, bias), 2e-5)
     plain = np.zeros((m, n), np.float32)
     library["relaxc.dense_q"](t(x), t(w), fmt, t(bias), t(plain))
@@ -314,23 +301,19 @@ def test_every_instruction_set_agrees(tmp_path):
     for name in best.files:
         if name.startswith(("f32", "f16")):
             want = best[name].astype(np.float64)
-            assert np.abs(avx2[name] - want).max() <= 1e-5 * max(
-                1.0, np.abs(want).max()
-            ), f"{name}: AVX2 disagrees"
+            assert np.abs(avx2[name] - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), f"{name}: AVX2 disagrees"
             continue
-        assert np.array_equal(best[name].view(np.uint32), avx2[name].view(np.uint32)), (
-            f"{name}: VNNI and AVX2 differ"
-        )
+        assert np.array_equal(best[name].view(np.uint32), avx2[name].view(np.uint32)), f"{name}: VNNI and AVX2 differ"
         want = best[name].astype(np.float64)
-        assert np.abs(portable[name] - want).max() <= 1e-4 * max(
-            1.0, np.abs(want).max()
-        ), f"{name}: portable code disagrees"
+        assert np.abs(portable[name] - want).max() <= 1e-4 * max(1.0, np.abs(want).max()), (
+            f"{name}: portable code disagrees"
+        )
 
 
 def test_same_bits_at_any_thread_count(tmp_path):
     results = {threads: run_script(tmp_path, threads) for threads in [1, 2, 3]}
     for name in results[1].files:
         for threads in [2, 3]:
-            assert np.array_equal(
-                results[1][name].view(np.uint32), results[threads][name].view(np.uint32)
-            ), f"{name}: {threads} threads give other bits than 1"
+            assert np.array_equal(results[1][name].view(np.uint32), results[threads][name].view(np.uint32)), (
+                f"{name}: {threads} threads give other bits than 1"
+            )

@@ -25,9 +25,7 @@ PROMPT = [1, 17, 42, 5, 9, 33]
 
 
 def llm_module():
-    spec = importlib.util.spec_from_file_location(
-        "tiny_llm", os.path.join(ROOT, "fixtures/tvm/llm.py")
-    )
+    spec = importlib.util.spec_from_file_location("tiny_llm", os.path.join(ROOT, "fixtures/tvm/llm.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -44,18 +42,14 @@ def test_quantized_build_runs_alike_in_tvm_and_relaxc(fmt, tmp_path):
     tvm_tokens, tvm_logits = llm.greedy(ex, PROMPT, 8)
     tar = str(tmp_path / "m.tar")
     ex.export_library(tar)
-    listing = subprocess.run(
-        [relaxc_binary(), "inspect", tar], capture_output=True, text=True, check=True
-    ).stdout
+    listing = subprocess.run([relaxc_binary(), "inspect", tar], capture_output=True, text=True, check=True).stdout
     assert "relaxc.dense_q" in listing
     for mode in ["bytecode", "compiled"]:
         so, logits = (
             str(tmp_path / f"m.{mode}.so"),
             str(tmp_path / f"logits.{mode}.npz"),
         )
-        subprocess.run(
-            [relaxc_binary(), "compile", tar, "--exec-mode", mode, "-o", so], check=True
-        )
+        subprocess.run([relaxc_binary(), "compile", tar, "--exec-mode", mode, "-o", so], check=True)
         out = subprocess.run(
             [
                 relaxc_binary(),
@@ -73,17 +67,11 @@ def test_quantized_build_runs_alike_in_tvm_and_relaxc(fmt, tmp_path):
             check=True,
         ).stdout
         assert out.splitlines()[0] == "tokens: " + " ".join(map(str, tvm_tokens)), mode
-        assert (
-            np.load(logits)["logits"].tobytes()
-            == np.asarray(tvm_logits, np.float32).tobytes()
-        ), mode
+        assert np.load(logits)["logits"].tobytes() == np.asarray(tvm_logits, np.float32).tobytes(), mode
     # Quantization moves the logits a little from the float32 model's, no more.
     _, exact = llm.greedy(relaxc.tvm.build(mod, target="llvm"), PROMPT, 1)
     scale = np.abs(exact[0]).max()
-    assert (
-        np.abs(tvm_logits[0] - exact[0]).max()
-        <= {"f16": 1e-3, "q8_0": 3e-2, "q4_0": 2e-1}[fmt] * scale
-    )
+    assert np.abs(tvm_logits[0] - exact[0]).max() <= {"f16": 1e-3, "q8_0": 3e-2, "q4_0": 2e-1}[fmt] * scale
 
 
 def test_unknown_format_is_refused():

@@ -65,19 +65,13 @@ def run(engine, prompt, n, **options):
 
 @pytest.mark.parametrize("name", KINDS)
 def test_32_concurrent_requests_give_their_single_answers(models, name):
-    engine = Engine(
-        models[name], max_batch=32, max_total_seq_len=4096, prefill_chunk=32
-    )
+    engine = Engine(models[name], max_batch=32, max_total_seq_len=4096, prefill_chunk=32)
     try:
         want = np.load(os.path.join(FIXTURES, name, "generate.npz"))
         seq, error = run(engine, [int(t) for t in want["prompt"]], 16)
-        assert error is None and seq.tokens == [int(t) for t in want["tokens"]], (
-            "TVM's greedy tokens"
-        )
+        assert error is None and seq.tokens == [int(t) for t in want["tokens"]], "TVM's greedy tokens"
         rng = random.Random(0)
-        prompts = [
-            [rng.randrange(64) for _ in range(rng.randrange(1, 70))] for _ in range(32)
-        ]
+        prompts = [[rng.randrange(64) for _ in range(rng.randrange(1, 70))] for _ in range(32)]
         alone = [run(engine, p, 12)[0].tokens for p in prompts]
         calls = dict(engine.stats()["calls"])
         with concurrent.futures.ThreadPoolExecutor(32) as pool:
@@ -87,16 +81,12 @@ def test_32_concurrent_requests_give_their_single_answers(models, name):
         stats = engine.stats()
         decodes = stats["calls"]["decode"] - calls["decode"]
         if name == "tiny_llama_fixed":
-            assert stats["decode_batch"] == 1 and decodes == 32 * 11, (
-                "one decode call per sequence and step"
-            )
+            assert stats["decode_batch"] == 1 and decodes == 32 * 11, "one decode call per sequence and step"
         else:
             assert decodes < 32 * 11, "sequences decoded together"
         if name == "tiny_llama_mlc":
             prefills = stats["calls"]["batch_prefill"] - calls["batch_prefill"]
-            assert stats["calls"]["prefill"] == 0 and prefills < 32 + sum(
-                len(p) > 32 for p in prompts
-            ), prefills
+            assert stats["calls"]["prefill"] == 0 and prefills < 32 + sum(len(p) > 32 for p in prompts), prefills
         assert stats["failed"] == 0 and stats["reserved_tokens"] == 0
     finally:
         engine.stop()
@@ -113,9 +103,7 @@ def test_batch_prefill_gives_tvms_logits(models):
         run=False,
     )
     prompts = [[int(t) for t in want[f"prompt{i}"]] for i in range(3)]
-    seqs = [
-        engine.submit(p, 4, 0.0, 1.0, None, lambda *_: None, False) for p in prompts
-    ]
+    seqs = [engine.submit(p, 4, 0.0, 1.0, None, lambda *_: None, False) for p in prompts]
     for i, seq in enumerate(seqs):
         seq.slot = i
         engine._state("kv_state_add_sequence", i)
@@ -159,9 +147,7 @@ class Poisoned:
 
 @pytest.mark.parametrize("name", KINDS)
 def test_a_failing_step_fails_its_own_request_alone(models, name):
-    engine = Engine(
-        models[name], max_batch=16, max_total_seq_len=2048, prefill_chunk=32
-    )
+    engine = Engine(models[name], max_batch=16, max_total_seq_len=2048, prefill_chunk=32)
     try:
         pages = engine.stats()["available_pages"]
         prompts = [[(5 * i + k) % 64 for k in range(3 + i)] for i in range(8)]
@@ -186,27 +172,15 @@ def test_a_failing_step_fails_its_own_request_alone(models, name):
                 victim_error.append(error)
                 victim_done.set()
 
-        holder["victim"] = engine.submit(
-            [7, 7, 7], 10, 0.0, 1.0, None, victim_emit, False
-        )
+        holder["victim"] = engine.submit([7, 7, 7], 10, 0.0, 1.0, None, victim_emit, False)
         for t in threads:
             t.join(120)
-        assert (
-            victim_done.wait(120)
-            and victim_error[0]
-            and "poisoned sequence" in victim_error[0]
-        ), victim_error
-        assert [out[i][0].tokens for i in range(8)] == alone and all(
-            out[i][1] is None for i in range(8)
-        )
+        assert victim_done.wait(120) and victim_error[0] and "poisoned sequence" in victim_error[0], victim_error
+        assert [out[i][0].tokens for i in range(8)] == alone and all(out[i][1] is None for i in range(8))
         holder.clear()
         assert run(engine, prompts[0], 10)[0].tokens == alone[0]
         stats = engine.stats()
-        assert (
-            stats["failed"] == 1
-            and stats["available_pages"] == pages
-            and stats["reserved_tokens"] == 0
-        ), stats
+        assert stats["failed"] == 1 and stats["available_pages"] == pages and stats["reserved_tokens"] == 0, stats
     finally:
         engine.stop()
 
@@ -251,9 +225,7 @@ def test_the_trained_tokenizer_and_its_chat_template():
     assert tokenizer.eos_ids == {2} and tokenizer.bos_token == "<s>"
     ids = tokenizer.encode("the cat sat on the mat.")
     assert ids[0] == 1 and tokenizer.decode(ids) == "the cat sat on the mat."
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "tell me a story"}]
-    )
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "tell me a story"}])
     assert prompt == "<s>user: tell me a story\nassistant:"
     with pytest.raises(Exception, match="roles are system, user and assistant"):
         tokenizer.apply_chat_template([{"role": "robot", "content": "hi"}])
@@ -280,19 +252,10 @@ def test_generate_prints_the_text_of_its_tokens(models):
         text=True,
     ).stdout.splitlines()
     prompt = [int(t) for t in out[0].split(":")[1].split()]
-    assert out[0].startswith("prompt tokens:") and prompt == tokenizer.encode(
-        "the cat sat"
-    )
-    tokens = [
-        int(t)
-        for t in next(line for line in out if line.startswith("tokens:"))
-        .split(":")[1]
-        .split()
-    ]
+    assert out[0].startswith("prompt tokens:") and prompt == tokenizer.encode("the cat sat")
+    tokens = [int(t) for t in next(line for line in out if line.startswith("tokens:")).split(":")[1].split()]
     assert out[1] == tokenizer.decode(tokens)
-    engine = Engine(
-        models["tiny_llama"], max_batch=2, max_total_seq_len=256, prefill_chunk=32
-    )
+    engine = Engine(models["tiny_llama"], max_batch=2, max_total_seq_len=256, prefill_chunk=32)
     try:
         assert run(engine, prompt, 12)[0].tokens == tokens
     finally:

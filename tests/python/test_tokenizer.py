@@ -15,9 +15,7 @@ import pytest
 from test_tvm_ffi import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "python"))
-pytest.importorskip(
-    "gguf", reason="the gguf package reads the vocabulary (pip install gguf)"
-)
+pytest.importorskip("gguf", reason="the gguf package reads the vocabulary (pip install gguf)")
 pytest.importorskip(
     "tokenizers",
     reason="the tokenizers package builds tokenizer.json (pip install tokenizers)",
@@ -38,14 +36,10 @@ def test_llama_cpps_ids_and_text(vocab, tmp_path):
     tokenizer.write(os.path.join(FIXTURE, vocab), tok_path, config_path)
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(
-        tok_path
-    )  # what a user loads: the written file, not the object
+    tok = Tokenizer.from_file(tok_path)  # what a user loads: the written file, not the object
     for case in RECORDED[vocab]:
         assert tok.encode(case["text"]).ids == case["ids"], case["text"]
-        assert tok.decode(case["ids"], skip_special_tokens=True) == case["back"], case[
-            "text"
-        ]
+        assert tok.decode(case["ids"], skip_special_tokens=True) == case["back"], case["text"]
     with open(config_path) as f:
         config = json.load(f)
     assert config["eos_token"] and "add_bos_token" in config

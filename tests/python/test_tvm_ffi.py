@@ -5,6 +5,7 @@ errors, threads, two models in one process, torch tensors when torch is importab
 Needs numpy, pytest and apache-tvm-ffi (no TVM). The relaxc binary comes from $RELAXC
 (tests/python.rs sets it), else target/release/relaxc or target/debug/relaxc.
 """
+
 import glob
 import os
 import shutil
@@ -21,7 +22,11 @@ MODES = ["bytecode", "compiled"]
 
 
 def relaxc_binary():
-    for candidate in [os.environ.get("RELAXC"), os.path.join(ROOT, "target/release/relaxc"), os.path.join(ROOT, "target/debug/relaxc")]:
+    for candidate in [
+        os.environ.get("RELAXC"),
+        os.path.join(ROOT, "target/release/relaxc"),
+        os.path.join(ROOT, "target/debug/relaxc"),
+    ]:
         if candidate and os.path.exists(candidate):
             return candidate
     pytest.skip("no relaxc binary: set RELAXC or cargo build")
@@ -54,7 +59,10 @@ def build(name, mode, build_dir, copy=None):
     key = (name, mode)
     if key not in _built:
         so = os.path.join(build_dir, f"{name}.{mode}.so")
-        subprocess.run([relaxc_binary(), "compile", os.path.join(FIXTURES, name, "m.tar"), "--exec-mode", mode, "-o", so], check=True)
+        subprocess.run(
+            [relaxc_binary(), "compile", os.path.join(FIXTURES, name, "m.tar"), "--exec-mode", mode, "-o", so],
+            check=True,
+        )
         _built[key] = so
     if copy is None:
         return _built[key]
@@ -104,7 +112,9 @@ def assert_bitwise(outs, expected_path):
     assert len(outs) == len(want.files)
     for i, got in enumerate(outs):
         ref = want[f"out{i}"]
-        assert got.dtype == ref.dtype and got.shape == ref.shape, f"out{i}: {got.dtype}{got.shape} vs {ref.dtype}{ref.shape}"
+        assert got.dtype == ref.dtype and got.shape == ref.shape, (
+            f"out{i}: {got.dtype}{got.shape} vs {ref.dtype}{ref.shape}"
+        )
         assert got.tobytes() == ref.tobytes(), f"out{i}: bytes differ from TVM's"
 
 
@@ -130,8 +140,14 @@ def test_fixture_matches_tvm(name, case, mode, build_dir):
 
 
 # TVM's error kinds as tvm-ffi raises them in Python.
-PYTHON_KIND = {"InternalError": RuntimeError, "ValueError": ValueError, "TypeError": TypeError, "RuntimeError": RuntimeError,
-               "AssertionError": AssertionError, "IndexError": IndexError}
+PYTHON_KIND = {
+    "InternalError": RuntimeError,
+    "ValueError": ValueError,
+    "TypeError": TypeError,
+    "RuntimeError": RuntimeError,
+    "AssertionError": AssertionError,
+    "IndexError": IndexError,
+}
 
 
 @pytest.mark.parametrize("name,case,mode", fail_params())
@@ -142,7 +158,9 @@ def test_fixture_errors_match_tvm(name, case, mode, build_dir):
     main = tvm_ffi.load_module(build(name, mode, build_dir))["main"]
     with pytest.raises(Exception) as info:
         main(*load_args(os.path.join(folder, f"fail_{case}.in.npz")))
-    expected_class = PYTHON_KIND.get(kind, RuntimeError) if kind != "InternalError" else (RuntimeError, ValueError, TypeError)
+    expected_class = (
+        PYTHON_KIND.get(kind, RuntimeError) if kind != "InternalError" else (RuntimeError, ValueError, TypeError)
+    )
     assert isinstance(info.value, expected_class), f"{type(info.value).__name__} for TVM's {kind}"
     ours = str(info.value)
     if ours.startswith("in ") and "): " in ours:
@@ -152,7 +170,9 @@ def test_fixture_errors_match_tvm(name, case, mode, build_dir):
 
 def test_wrong_arity_and_types_raise_the_c_api_errors(build_dir):
     main = tvm_ffi.load_module(build("mlp_static", "compiled", build_dir))["main"]
-    with pytest.raises(TypeError, match=r"^Invoking function main expects 1 arguments \(x\), but 0 arguments were provided\.$"):
+    with pytest.raises(
+        TypeError, match=r"^Invoking function main expects 1 arguments \(x\), but 0 arguments were provided\.$"
+    ):
         main()
     with pytest.raises(TypeError, match="expect a Tensor but get int"):
         main(3)
@@ -194,7 +214,7 @@ def test_two_threads_share_a_module(build_dir):
         try:
             for _ in range(200):
                 assert np.from_dlpack(main(x)).tobytes() == want
-        except Exception as e:  # noqa: BLE001 - reported below
+        except Exception as e:
             errors.append(e)
 
     threads = [threading.Thread(target=work) for _ in range(2)]
@@ -211,8 +231,14 @@ def test_two_different_models_in_one_process(build_dir):
     xa = np.load(os.path.join(FIXTURES, "mlp_static", "ok_basic.in.npz"))["arg0"]
     xb = np.load(os.path.join(FIXTURES, "dyn_batch", "ok_n1.in.npz"))["arg0"]
     for _ in range(3):
-        assert np.from_dlpack(a["main"](xa)).tobytes() == np.load(os.path.join(FIXTURES, "mlp_static", "ok_basic.out.npz"))["out0"].tobytes()
-        assert np.from_dlpack(b["main"](xb)).tobytes() == np.load(os.path.join(FIXTURES, "dyn_batch", "ok_n1.out.npz"))["out0"].tobytes()
+        assert (
+            np.from_dlpack(a["main"](xa)).tobytes()
+            == np.load(os.path.join(FIXTURES, "mlp_static", "ok_basic.out.npz"))["out0"].tobytes()
+        )
+        assert (
+            np.from_dlpack(b["main"](xb)).tobytes()
+            == np.load(os.path.join(FIXTURES, "dyn_batch", "ok_n1.out.npz"))["out0"].tobytes()
+        )
 
 
 def test_torch_tensors(build_dir):
@@ -250,7 +276,9 @@ def test_external_weights_from_python(mode, build_dir):
     shutil.copytree(os.path.join(params, "tensor-cache"), broken, dirs_exist_ok=True)
     shard = os.path.join(broken, "params_shard_0.bin")
     os.truncate(shard, os.path.getsize(shard) - 100)
-    with pytest.raises(Exception, match=r"weight lm_head\.weight in .*params_shard_0\.bin: .*past the end of the shard"):
+    with pytest.raises(
+        Exception, match=r"weight lm_head\.weight in .*params_shard_0\.bin: .*past the end of the shard"
+    ):
         external["relaxc_weights"](broken, "embed", 1)
 
 
@@ -268,9 +296,11 @@ def test_generation_with_external_weights_from_python(mode, build_dir):
         kv = m["create_paged_kv_cache"](*[tvm_ffi.Shape([v]) for v in [1, 128, 32, 16, 0]])
         call("vm.builtin.kv_state_add_sequence", kv, 0)
 
-        def step(fn, ids):
+        def step(fn, ids, w=w, kv=kv):
             embeds = np.from_dlpack(m["embed"](tvm_ffi.from_dlpack(np.array(ids, "int32")), *w["embed"]))
-            embeds = np.ascontiguousarray(embeds.reshape(1, len(ids), -1) if fn == "prefill" else embeds.reshape(len(ids), 1, -1))
+            embeds = np.ascontiguousarray(
+                embeds.reshape(1, len(ids), -1) if fn == "prefill" else embeds.reshape(len(ids), 1, -1)
+            )
             call("vm.builtin.kv_state_begin_forward", kv, tvm_ffi.Shape([0]), tvm_ffi.Shape([len(ids)]))
             out = m[fn](tvm_ffi.from_dlpack(embeds), kv, *w[fn])
             call("vm.builtin.kv_state_end_forward", kv)

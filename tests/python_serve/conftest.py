@@ -12,8 +12,6 @@ import time
 import urllib.error
 import urllib.request
 
-import pytest
-
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FIXTURES = os.path.join(ROOT, "fixtures", "tvm")
 
@@ -30,18 +28,25 @@ def free_port():
 
 def build(name, tmp_dir, mode="compiled"):
     out = os.path.join(tmp_dir, f"{name}.{mode}.so")
-    subprocess.run([relaxc(), "compile", os.path.join(FIXTURES, name, "m.tar"), "--exec-mode", mode, "-o", out], check=True)
+    subprocess.run(
+        [relaxc(), "compile", os.path.join(FIXTURES, name, "m.tar"), "--exec-mode", mode, "-o", out], check=True
+    )
     return out
 
 
 class Server:
-    def __init__(self, model, *options):
+    def __init__(self, model, *options, env=None):
         self.port = free_port()
-        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        env = dict(env or os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
         env.pop("LD_PRELOAD", None)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "relaxc.serve", model, "--port", str(self.port), *options],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
         self.log = []
         deadline = time.time() + 300
         while time.time() < deadline:
@@ -62,7 +67,9 @@ class Server:
 
     def post(self, path, body, raw=False):
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
-        request = urllib.request.Request(self.base + path, data=data, method="POST", headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            self.base + path, data=data, method="POST", headers={"Content-Type": "application/json"}
+        )
         try:
             r = urllib.request.urlopen(request, timeout=120)
             if raw:

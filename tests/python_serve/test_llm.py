@@ -13,7 +13,6 @@ import time
 import urllib.error
 
 import pytest
-
 from conftest import Server, build, relaxc
 
 PROMPT = [1, 17, 42, 5, 33, 8]
@@ -29,8 +28,12 @@ def served(tmp_path_factory):
 
 
 def generate(model, prompt, n):
-    out = subprocess.run([relaxc(), "generate", model, "--prompt", ",".join(map(str, prompt)), "--max-new-tokens", str(n)],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [relaxc(), "generate", model, "--prompt", ",".join(map(str, prompt)), "--max-new-tokens", str(n)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     line = next(l for l in out.splitlines() if l.startswith("tokens:"))
     return [int(t) for t in line.split(":")[1].split()]
 
@@ -38,7 +41,9 @@ def generate(model, prompt, n):
 def complete(server, prompt, n, retries=0, **extra):
     for attempt in range(retries + 1):
         try:
-            status, reply = server.post("/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0, **extra})
+            status, reply = server.post(
+                "/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0, **extra}
+            )
         except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
             status, reply = 0, str(e)
         if status == 200:
@@ -65,23 +70,28 @@ def test_32_concurrent_requests_equal_their_single_answers(served):
 
 def test_streaming_sends_one_event_per_token(served):
     server, model = served
-    status, response = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 9, "temperature": 0, "stream": True}, raw=True)
+    status, response = server.post(
+        "/v1/completions", {"prompt": PROMPT, "max_tokens": 9, "temperature": 0, "stream": True}, raw=True
+    )
     assert status == 200
     events = [line.decode().strip() for line in response if line.strip()]
     assert events[-1] == "data: [DONE]"
-    tokens = [json.loads(e[len("data: "):])["choices"][0]["token_ids"] for e in events[:-1]]
+    tokens = [json.loads(e[len("data: ") :])["choices"][0]["token_ids"] for e in events[:-1]]
     assert all(len(t) == 1 for t in tokens)
     assert [t[0] for t in tokens] == generate(model, PROMPT, 9)
 
 
-@pytest.mark.parametrize("body, words", [
-    ({"prompt": "hello", "max_tokens": 4}, "no tokenizer"),
-    ({"prompt": [1, 2, 999], "max_tokens": 4}, "outside the model's vocabulary"),
-    ({"prompt": [], "max_tokens": 4}, "non-empty list"),
-    ({"prompt": [1], "max_tokens": 0}, "max_tokens"),
-    ({"prompt": [1], "max_tokens": 80000}, "exceed the KV cache"),
-    (b"[1, 2", "malformed JSON"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({"prompt": "hello", "max_tokens": 4}, "no tokenizer"),
+        ({"prompt": [1, 2, 999], "max_tokens": 4}, "outside the model's vocabulary"),
+        ({"prompt": [], "max_tokens": 4}, "non-empty list"),
+        ({"prompt": [1], "max_tokens": 0}, "max_tokens"),
+        ({"prompt": [1], "max_tokens": 80000}, "exceed the KV cache"),
+        (b"[1, 2", "malformed JSON"),
+    ],
+)
 def test_bad_completions_get_400(served, body, words):
     server, _ = served
     status, reply = server.post("/v1/completions", body)
@@ -96,7 +106,9 @@ def test_a_client_that_disconnects_frees_its_sequence(served):
     server, _ = served
     before = stats(server)
     pages = max(s["available_pages"] for s in before)
-    status, response = server.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 60000, "temperature": 0, "stream": True}, raw=True)
+    status, response = server.post(
+        "/v1/completions", {"prompt": PROMPT, "max_tokens": 60000, "temperature": 0, "stream": True}, raw=True
+    )
     assert status == 200
     for _ in range(3):
         response.readline()
@@ -104,7 +116,10 @@ def test_a_client_that_disconnects_frees_its_sequence(served):
     deadline = time.time() + 60
     while time.time() < deadline:
         now = stats(server)
-        if all(s["running"] == 0 and s["available_pages"] == pages for s in now) and sum(s["cancelled"] for s in now) >= 1:
+        if (
+            all(s["running"] == 0 and s["available_pages"] == pages for s in now)
+            and sum(s["cancelled"] for s in now) >= 1
+        ):
             return
         time.sleep(0.5)
     raise AssertionError(f"after the disconnect: {stats(server)}")
@@ -112,7 +127,9 @@ def test_a_client_that_disconnects_frees_its_sequence(served):
 
 def replica_pids(server):
     """The replicas of this server's Ray cluster (its processes share the server's session)."""
-    out = subprocess.run(["pgrep", "-s", str(server.proc.pid), "-f", f"ServeReplica:{server.name}"], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["pgrep", "-s", str(server.proc.pid), "-f", f"ServeReplica:{server.name}"], capture_output=True, text=True
+    ).stdout
     return [int(p) for p in out.split()]
 
 
@@ -138,7 +155,6 @@ def test_weights_outside_the_model(tmp_path):
     """The tiny Llama exported with its weights as parameters, served with --weights: the tokens
     TVM generated (fixtures/tiny_llama_params/generate.npz)."""
     import numpy as np
-
     from conftest import FIXTURES
 
     params = os.path.join(FIXTURES, "tiny_llama_params")

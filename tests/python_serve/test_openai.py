@@ -15,9 +15,7 @@ import sys
 import pytest
 from conftest import ROOT, Server, build, relaxc
 
-openai = pytest.importorskip(
-    "openai", reason="pip install openai (the official client)"
-)
+openai = pytest.importorskip("openai", reason="pip install openai (the official client)")
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from relaxc.serve.text import Tokenizer
 
@@ -47,9 +45,7 @@ def served(tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(served):
     server, _ = served
-    return openai.OpenAI(
-        base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120
-    )
+    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +54,7 @@ def tokenizer():
 
 
 def generate(model, *args):
-    out = subprocess.run(
-        [relaxc(), "generate", model, *args], check=True, capture_output=True, text=True
-    ).stdout
+    out = subprocess.run([relaxc(), "generate", model, *args], check=True, capture_output=True, text=True).stdout
     line = next(x for x in out.splitlines() if x.startswith("tokens:"))
     return [int(t) for t in line.split(":")[1].split()]
 
@@ -68,9 +62,7 @@ def generate(model, *args):
 def test_32_concurrent_requests_equal_their_single_answers(served):
     server, _ = served
     rng = random.Random(1)
-    prompts = [
-        [rng.randrange(64) for _ in range(rng.randrange(1, 20))] for _ in range(32)
-    ]
+    prompts = [[rng.randrange(64) for _ in range(rng.randrange(1, 20))] for _ in range(32)]
 
     def complete(p):
         status, reply = server.post(
@@ -107,26 +99,18 @@ def test_text_and_token_prompts_give_relaxc_generates_tokens(served, client, tok
         extra_body=NO_EOS,
     )
     choice = reply.choices[0]
-    assert (
-        choice.token_ids == want
-        and choice.text == tokenizer.decode(want)
-        and choice.finish_reason == "length"
-    )
+    assert choice.token_ids == want and choice.text == tokenizer.decode(want) and choice.finish_reason == "length"
     ids = tokenizer.encode("the cat sat")
     assert (
         reply.usage.prompt_tokens == len(ids)
         and reply.usage.completion_tokens == 12
         and reply.usage.total_tokens == len(ids) + 12
     )
-    by_ids = client.completions.create(
-        model="tiny", prompt=ids, max_tokens=12, temperature=0, extra_body=NO_EOS
-    )
+    by_ids = client.completions.create(model="tiny", prompt=ids, max_tokens=12, temperature=0, extra_body=NO_EOS)
     assert (
         by_ids.choices[0].token_ids
         == want
-        == generate(
-            model, "--prompt", ",".join(map(str, ids)), "--max-new-tokens", "12"
-        )
+        == generate(model, "--prompt", ",".join(map(str, ids)), "--max-new-tokens", "12")
     )
 
 
@@ -162,11 +146,7 @@ def test_a_stop_string_ends_the_text_before_it(client):
     ).choices[0]
     text = whole.text
     # A stop string that first appears after the start: two characters from the text's middle.
-    k = next(
-        i
-        for i in range(len(text) // 2, len(text) - 2)
-        if text.find(text[i : i + 2]) == i
-    )
+    k = next(i for i in range(len(text) // 2, len(text) - 2) if text.find(text[i : i + 2]) == i)
     stop = text[k : k + 2]
     for stream in (False, True):
         reply = client.completions.create(
@@ -208,10 +188,7 @@ def test_a_stop_token_ends_generation(client):
         temperature=0,
         extra_body={**NO_EOS, "stop_token_ids": [stop]},
     )
-    assert (
-        reply.choices[0].token_ids == whole.token_ids[: first + 1]
-        and reply.choices[0].finish_reason == "stop"
-    )
+    assert reply.choices[0].token_ids == whole.token_ids[: first + 1] and reply.choices[0].finish_reason == "stop"
 
 
 def test_chat_completions_apply_the_chat_template(served, client, tokenizer):
@@ -224,14 +201,10 @@ def test_chat_completions_apply_the_chat_template(served, client, tokenizer):
         model="tiny", messages=messages, max_tokens=10, temperature=0, extra_body=NO_EOS
     )
     prompt = tokenizer.encode(tokenizer.apply_chat_template(messages), special=False)
-    want = generate(
-        model, "--prompt", ",".join(map(str, prompt)), "--max-new-tokens", "10"
-    )
+    want = generate(model, "--prompt", ",".join(map(str, prompt)), "--max-new-tokens", "10")
     message = reply.choices[0].message
     assert message.role == "assistant" and message.content == tokenizer.decode(want)
-    assert (
-        reply.usage.prompt_tokens == len(prompt) and reply.usage.completion_tokens == 10
-    )
+    assert reply.usage.prompt_tokens == len(prompt) and reply.usage.completion_tokens == 10
     chunks = list(
         client.chat.completions.create(
             model="tiny",
@@ -259,12 +232,8 @@ def test_sampling_n_seed_and_logprobs(client):
         extra_body=NO_EOS,
     )
     a, b = client.completions.create(**args), client.completions.create(**args)
-    assert [c.token_ids for c in a.choices] == [c.token_ids for c in b.choices], (
-        "the same seed, the same choices"
-    )
-    assert len({tuple(c.token_ids) for c in a.choices}) > 1, (
-        "each choice samples on its own"
-    )
+    assert [c.token_ids for c in a.choices] == [c.token_ids for c in b.choices], "the same seed, the same choices"
+    assert len({tuple(c.token_ids) for c in a.choices}) > 1, "each choice samples on its own"
     assert a.usage.completion_tokens == 36
     greedy = client.completions.create(
         model="tiny",
@@ -277,10 +246,9 @@ def test_sampling_n_seed_and_logprobs(client):
     lp = greedy.choices[0].logprobs
     assert len(lp.token_logprobs) == 4 and all(len(t) == 3 for t in lp.top_logprobs)
     assert all(x <= 0 for x in lp.token_logprobs)
-    assert all(
-        max(t.values()) == pytest.approx(x)
-        for t, x in zip(lp.top_logprobs, lp.token_logprobs)
-    ), "greedy: each token is its step's most likely"
+    assert all(max(t.values()) == pytest.approx(x) for t, x in zip(lp.top_logprobs, lp.token_logprobs)), (
+        "greedy: each token is its step's most likely"
+    )
     chat = client.chat.completions.create(
         model="tiny",
         messages=[{"role": "user", "content": "hi"}],
@@ -315,17 +283,11 @@ def test_sampling_n_seed_and_logprobs(client):
 )
 def test_bad_requests_get_400_with_openais_error_object(served, body, words):
     server, _ = served
-    path = (
-        "/v1/chat/completions"
-        if isinstance(body, dict) and "messages" in body
-        else "/v1/completions"
-    )
+    path = "/v1/chat/completions" if isinstance(body, dict) and "messages" in body else "/v1/completions"
     status, reply = server.post(path, body)
-    assert (
-        status == 400
-        and words in reply["error"]["message"]
-        and reply["error"]["type"] == "invalid_request_error"
-    ), reply
+    assert status == 400 and words in reply["error"]["message"] and reply["error"]["type"] == "invalid_request_error", (
+        reply
+    )
     status, reply = server.post("/v1/completions", {"prompt": [1, 2], "max_tokens": 2})
     assert status == 200, "the server goes on serving"
 
@@ -335,7 +297,4 @@ def test_the_client_sees_its_errors_and_the_model_list(client):
         client.chat.completions.create(model="tiny", messages=[], max_tokens=4)
     assert "messages must be a non-empty list" in str(e.value)
     assert [m.id for m in client.models.list()] == ["tiny"]
-    assert (
-        json.loads(client.models.retrieve("tiny").model_dump_json())["owned_by"]
-        == "relaxc"
-    )
+    assert json.loads(client.models.retrieve("tiny").model_dump_json())["owned_by"] == "relaxc"

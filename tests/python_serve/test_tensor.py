@@ -2,13 +2,11 @@
 `relaxc run` gives, batched or not, and refuses bad requests with 400 and a message."""
 
 import concurrent.futures
-import json
 import os
 import subprocess
 
 import numpy as np
 import pytest
-
 from conftest import FIXTURES, Server, build, relaxc
 
 
@@ -23,7 +21,10 @@ def served(tmp_path_factory):
 
 def relaxc_run(model, case, tmp):
     out = os.path.join(tmp, f"{case}.out.npz")
-    subprocess.run([relaxc(), "run", model, "--inputs", os.path.join(FIXTURES, "dyn_batch", f"{case}.in.npz"), "--outputs", out], check=True)
+    subprocess.run(
+        [relaxc(), "run", model, "--inputs", os.path.join(FIXTURES, "dyn_batch", f"{case}.in.npz"), "--outputs", out],
+        check=True,
+    )
     return np.load(out)["out0"]
 
 
@@ -74,15 +75,30 @@ def test_concurrent_requests_are_batched_and_exact(served):
         assert output_of(reply).tobytes() == np.load(out)["out0"].tobytes()
 
 
-@pytest.mark.parametrize("body, words", [
-    (b"{not json", "malformed JSON"),
-    ({"inputs": []}, "takes 1 inputs"),
-    ({"inputs": [{"name": "y", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}]}, "no input named 'y'"),
-    ({"inputs": [{"name": "x", "shape": [1, 16], "datatype": "INT32", "data": [0] * 16}]}, "datatype INT32, the model takes FP32"),
-    ({"inputs": [{"name": "x", "shape": [1, 15], "datatype": "FP32", "data": [0.0] * 15}]}, "shape [1, 15], the model takes [-1, 16]"),
-    ({"inputs": [{"name": "x", "shape": [2, 16], "datatype": "FP32", "data": [0.0] * 16}]}, "16 values for shape [2, 16]"),
-    ({"inputs": [{"name": "x", "shape": [2000, 16], "datatype": "FP32", "data": [0.0] * 32000}]}, "over the server's limit"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (b"{not json", "malformed JSON"),
+        ({"inputs": []}, "takes 1 inputs"),
+        ({"inputs": [{"name": "y", "shape": [1, 16], "datatype": "FP32", "data": [0.0] * 16}]}, "no input named 'y'"),
+        (
+            {"inputs": [{"name": "x", "shape": [1, 16], "datatype": "INT32", "data": [0] * 16}]},
+            "datatype INT32, the model takes FP32",
+        ),
+        (
+            {"inputs": [{"name": "x", "shape": [1, 15], "datatype": "FP32", "data": [0.0] * 15}]},
+            "shape [1, 15], the model takes [-1, 16]",
+        ),
+        (
+            {"inputs": [{"name": "x", "shape": [2, 16], "datatype": "FP32", "data": [0.0] * 16}]},
+            "16 values for shape [2, 16]",
+        ),
+        (
+            {"inputs": [{"name": "x", "shape": [2000, 16], "datatype": "FP32", "data": [0.0] * 32000}]},
+            "over the server's limit",
+        ),
+    ],
+)
 def test_bad_requests_get_400_with_a_message(served, body, words):
     server, _, _ = served
     status, reply = server.post("/v2/models/dyn/infer", body)

@@ -16,6 +16,7 @@ import os
 import sys
 
 import numpy as np
+
 import tvm
 from tvm import rpc
 
@@ -81,8 +82,10 @@ def main():
             sys.exit(f"{label}: a missing function was found")
         except AttributeError:
             pass
-        print(f"{label}: results bit-identical, time_evaluator mean {timing.mean * 1e6:.1f} us, "
-              f"wrong shape -> RPCError with relaxc's message, session usable after it")
+        print(
+            f"{label}: results bit-identical, time_evaluator mean {timing.mean * 1e6:.1f} us, "
+            f"wrong shape -> RPCError with relaxc's message, session usable after it"
+        )
 
 
 main()

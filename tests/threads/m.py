@@ -1,5 +1,6 @@
 # A model whose one kernel launches parallel work from inside parallel work (tests/c/threads_test.c).
-from tvm.script import ir as I, relax as R
+from tvm.script import ir as I
+from tvm.script import relax as R
 
 
 @I.ir_module

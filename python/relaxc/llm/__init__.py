@@ -43,9 +43,7 @@ def export(gguf_path, tar, target=None, log=print):
     mod, params = model.export_tvm(spec=model.spec())
     missing = [name for name, _ in params if name.split("#")[0] not in config.formats]
     if missing:
-        raise GGUFError(
-            f"{gguf_path}: the model needs tensors the file lacks: {', '.join(missing[:5])}"
-        )
+        raise GGUFError(f"{gguf_path}: the model needs tensors the file lacks: {', '.join(missing[:5])}")
     # TVM checks a function's inputs against their annotations but not its weights (the parameters
     # past the attribute num_input). A weight from a file is input like any other: without the
     # attribute every parameter is checked, so a tensor of the wrong shape or type is an error
@@ -53,11 +51,7 @@ def export(gguf_path, tar, target=None, log=print):
     from tvm import relax
 
     for gvar, func in list(mod.functions.items()):
-        if (
-            isinstance(func, relax.Function)
-            and func.attrs is not None
-            and "num_input" in func.attrs
-        ):
+        if isinstance(func, relax.Function) and func.attrs is not None and "num_input" in func.attrs:
             mod[gvar] = func.without_attr("num_input")
     ex = relaxc.tvm.build(mod, target="llvm" if target is None else _tvm_target(target))
     ex.export_library(tar)
@@ -77,9 +71,7 @@ def build(gguf_path, output, exec_mode="bytecode", target=None, log=print):
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"relaxc compile failed:\n{done.stderr}")
-    log(
-        f"wrote {output} in {time.time() - started:.1f} s; run it with --weights {gguf_path}"
-    )
+    log(f"wrote {output} in {time.time() - started:.1f} s; run it with --weights {gguf_path}")
     return config
 
 

@@ -27,9 +27,7 @@ def main(argv=None):
         default="bytecode",
         help="as relaxc compile's",
     )
-    b.add_argument(
-        "--target", help="a target triple for a board (as relaxc compile's --target)"
-    )
+    b.add_argument("--target", help="a target triple for a board (as relaxc compile's --target)")
     args = parser.parse_args(argv)
     try:
         build(args.gguf, args.output, exec_mode=args.exec_mode, target=args.target)

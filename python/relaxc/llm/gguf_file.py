@@ -82,25 +82,15 @@ def read_config(path):
     head_dim = int(meta("attention.key_length", hidden // heads))
     scaling = _string(reader, f"{arch}.rope.scaling.type") or "none"
     if scaling not in ("none", "linear"):
-        raise GGUFError(
-            f"{path}: RoPE scaling {scaling!r} is not supported (none or linear)"
-        )
+        raise GGUFError(f"{path}: RoPE scaling {scaling!r} is not supported (none or linear)")
     factor = float(meta("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
     if "rope_freqs.weight" in formats:
-        raise GGUFError(
-            f"{path}: RoPE frequency factors (rope_freqs.weight, llama3's scaling) are not supported"
-        )
+        raise GGUFError(f"{path}: RoPE frequency factors (rope_freqs.weight, llama3's scaling) are not supported")
     if "token_embd.weight" not in formats:
         raise GGUFError(f"{path}: token_embd.weight is missing")
     for name, fmt in formats.items():
-        if (
-            fmt in BLOCKS
-            and len(dims[name]) == 2
-            and dims[name][0] % BLOCKS[fmt][0] != 0
-        ):
-            raise GGUFError(
-                f"{path}: tensor {name} has rows of {dims[name][0]} values, not whole {fmt} blocks"
-            )
+        if fmt in BLOCKS and len(dims[name]) == 2 and dims[name][0] % BLOCKS[fmt][0] != 0:
+            raise GGUFError(f"{path}: tensor {name} has rows of {dims[name][0]} values, not whole {fmt} blocks")
     layers = int(meta("block_count"))
     for i in range(layers):
         for part in (

@@ -30,9 +30,7 @@ FORMATS = ["f32", "f16", *BLOCKS]
 
 def regrouped_type(fmt, rows, k):
     """The shape of a [rows, k] matrix regrouped eight rows at a time (q4_0x8, q8_0x8, q4_Kx8)."""
-    values, nbytes = {"q4_0x8": (32, 144), "q8_0x8": (32, 272), "q4_Kx8": (256, 1184)}[
-        fmt
-    ]
+    values, nbytes = {"q4_0x8": (32, 144), "q8_0x8": (32, 272), "q4_Kx8": (256, 1184)}[fmt]
     return (rows // 8, k // values * nbytes)
 
 
@@ -169,18 +167,10 @@ class Block(nn.Module):
         p = f"blk.{i}."
         self.layer, self.c = i, c
         self.attn_norm = RMSNorm(c.hidden, c.rms_eps)
-        self.attn_q = Linear(
-            c.heads * c.head_dim, c.hidden, f[p + "attn_q.weight"], c.qkv_bias
-        )
-        self.attn_k = Linear(
-            c.kv_heads * c.head_dim, c.hidden, f[p + "attn_k.weight"], c.qkv_bias
-        )
-        self.attn_v = Linear(
-            c.kv_heads * c.head_dim, c.hidden, f[p + "attn_v.weight"], c.qkv_bias
-        )
-        self.attn_output = Linear(
-            c.hidden, c.heads * c.head_dim, f[p + "attn_output.weight"]
-        )
+        self.attn_q = Linear(c.heads * c.head_dim, c.hidden, f[p + "attn_q.weight"], c.qkv_bias)
+        self.attn_k = Linear(c.kv_heads * c.head_dim, c.hidden, f[p + "attn_k.weight"], c.qkv_bias)
+        self.attn_v = Linear(c.kv_heads * c.head_dim, c.hidden, f[p + "attn_v.weight"], c.qkv_bias)
+        self.attn_output = Linear(c.hidden, c.heads * c.head_dim, f[p + "attn_output.weight"])
         self.ffn_norm = RMSNorm(c.hidden, c.rms_eps)
         self.ffn_gate = Linear(c.ffn, c.hidden, f[p + "ffn_gate.weight"])
         self.ffn_up = Linear(c.ffn, c.hidden, f[p + "ffn_up.weight"])
@@ -202,12 +192,8 @@ class Block(nn.Module):
         q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
         if c.rope_rows_permuted:
             q, k = self._unpermute(q, c.heads), self._unpermute(k, c.kv_heads)
-        qkv = op.reshape(
-            op.concat([q, k, v], dim=-1), (b, s, c.heads + 2 * c.kv_heads, c.head_dim)
-        )
-        o = cache.attention_with_fused_qkv(
-            self.layer, qkv, c.heads, sm_scale=c.head_dim**-0.5
-        )
+        qkv = op.reshape(op.concat([q, k, v], dim=-1), (b, s, c.heads + 2 * c.kv_heads, c.head_dim))
+        o = cache.attention_with_fused_qkv(self.layer, qkv, c.heads, sm_scale=c.head_dim**-0.5)
         x = x + self.attn_output(op.reshape(o, (b, s, c.heads * c.head_dim)))
         h = self.ffn_norm(x)
         return x + self.ffn_down(op.silu(self.ffn_gate(h)) * self.ffn_up(h))
@@ -216,9 +202,7 @@ class Block(nn.Module):
 class LlamaFamily(nn.Module):
     def __init__(self, c: Config):
         self.c = c
-        self.token_embd = Embedding(
-            c.vocab, c.hidden, c.formats["token_embd.weight"], tied=c.tied_embeddings
-        )
+        self.token_embd = Embedding(c.vocab, c.hidden, c.formats["token_embd.weight"], tied=c.tied_embeddings)
         self.blk = nn.ModuleList([Block(i, c) for i in range(c.layers)])
         self.output_norm = RMSNorm(c.hidden, c.rms_eps)
         if not c.tied_embeddings:

@@ -11,11 +11,7 @@ BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_K": (256, 144), "q6_K": (256, 
 
 
 def _f16_bytes(values):
-    return (
-        np.ascontiguousarray(values.astype(np.float16))
-        .view(np.uint8)
-        .reshape(*values.shape, 2)
-    )
+    return np.ascontiguousarray(values.astype(np.float16)).view(np.uint8).reshape(*values.shape, 2)
 
 
 def _safe_inverse(d):
@@ -38,12 +34,7 @@ def q4_0(w):
     extreme = np.take_along_axis(x, at[..., None], axis=-1)[..., 0]
     d = (extreme / -8.0).astype(np.float16).astype(np.float32)
     q = np.clip(
-        np.rint(
-            x
-            * _safe_inverse(np.abs(d))[..., None]
-            * np.sign(np.where(d == 0, 1, d))[..., None]
-        )
-        + 8,
+        np.rint(x * _safe_inverse(np.abs(d))[..., None] * np.sign(np.where(d == 0, 1, d))[..., None]) + 8,
         0,
         15,
     )
@@ -63,9 +54,7 @@ def q4_K(w):
     mn = np.clip(np.rint(-lo * _safe_inverse(dmin)[..., None]), 0, 63).astype(np.int32)
     step = d[..., None] * sc
     q = np.clip(
-        np.rint(
-            (x + (dmin[..., None] * mn)[..., None]) * _safe_inverse(step)[..., None]
-        ),
+        np.rint((x + (dmin[..., None] * mn)[..., None]) * _safe_inverse(step)[..., None]),
         0,
         15,
     ).astype(np.uint8)
@@ -73,14 +62,10 @@ def q4_K(w):
     for j in range(4):
         s[..., j] = (sc[..., j] | ((sc[..., j + 4] >> 4) << 6)).astype(np.uint8)
         s[..., j + 4] = (mn[..., j] | ((mn[..., j + 4] >> 4) << 6)).astype(np.uint8)
-        s[..., j + 8] = ((sc[..., j + 4] & 0xF) | ((mn[..., j + 4] & 0xF) << 4)).astype(
-            np.uint8
-        )
+        s[..., j + 8] = ((sc[..., j + 4] & 0xF) | ((mn[..., j + 4] & 0xF) << 4)).astype(np.uint8)
     q = q.reshape(rows, k // 256, 4, 2, 32)
     qs = (q[..., 0, :] | (q[..., 1, :] << 4)).reshape(rows, k // 256, 128)
-    return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), s, qs], axis=-1).reshape(
-        rows, -1
-    )
+    return np.concatenate([_f16_bytes(d), _f16_bytes(dmin), s, qs], axis=-1).reshape(rows, -1)
 
 
 def q6_K(w):
@@ -88,9 +73,7 @@ def q6_K(w):
     x = w.reshape(rows, k // 256, 16, 16).astype(np.float32)
     scale = np.abs(x).max(axis=-1) / 31.0
     d = (scale.max(axis=-1) / 127.0).astype(np.float16).astype(np.float32)
-    sc = np.clip(np.rint(scale * _safe_inverse(d)[..., None]), -128, 127).astype(
-        np.int8
-    )
+    sc = np.clip(np.rint(scale * _safe_inverse(d)[..., None]), -128, 127).astype(np.int8)
     step = d[..., None] * sc.astype(np.float32)
     q = (
         (np.clip(np.rint(x * _safe_inverse(step)[..., None]), -32, 31) + 32)
@@ -104,17 +87,10 @@ def q6_K(w):
         ],
         axis=-1,
     )
-    qh = (
-        (q[..., 0, :] >> 4)
-        | ((q[..., 1, :] >> 4) << 2)
-        | ((q[..., 2, :] >> 4) << 4)
-        | ((q[..., 3, :] >> 4) << 6)
-    )
+    qh = (q[..., 0, :] >> 4) | ((q[..., 1, :] >> 4) << 2) | ((q[..., 2, :] >> 4) << 4) | ((q[..., 3, :] >> 4) << 6)
     ql = ql.reshape(rows, k // 256, 128)
     qh = qh.reshape(rows, k // 256, 64)
-    return np.concatenate([ql, qh, sc.view(np.uint8), _f16_bytes(d)], axis=-1).reshape(
-        rows, -1
-    )
+    return np.concatenate([ql, qh, sc.view(np.uint8), _f16_bytes(d)], axis=-1).reshape(rows, -1)
 
 
 def quantize(w, fmt):
@@ -128,9 +104,7 @@ def quantize(w, fmt):
         raise ValueError(f"unknown format {fmt!r} (f32, f16, q8_0, q4_0, q4_K, q6_K)")
     block = BLOCKS[fmt][0]
     if w.ndim != 2 or w.shape[1] % block:
-        raise ValueError(
-            f"{fmt} needs a matrix whose rows are multiples of {block} values, got {w.shape}"
-        )
+        raise ValueError(f"{fmt} needs a matrix whose rows are multiples of {block} values, got {w.shape}")
     return {"q8_0": q8_0, "q4_0": q4_0, "q4_K": q4_K, "q6_K": q6_K}[fmt](w)
 
 
@@ -144,9 +118,7 @@ def _regroup_scaled_blocks(w, block_bytes, name):
     g, nb, groups = rows // 8, row_bytes // block_bytes, (block_bytes - 2) // 4
     blocks = w.reshape(g, 8, nb, block_bytes).transpose(0, 2, 1, 3)  # [g, b, r, bytes]
     scales = blocks[..., :2].reshape(g, nb, 16)
-    values = (
-        blocks[..., 2:].reshape(g, nb, 8, groups, 4).transpose(0, 1, 3, 2, 4)
-    )  # [g, b, j, r, 4]
+    values = blocks[..., 2:].reshape(g, nb, 8, groups, 4).transpose(0, 1, 3, 2, 4)  # [g, b, j, r, 4]
     out = np.concatenate([scales, values.reshape(g, nb, 32 * groups)], axis=-1)
     return np.ascontiguousarray(out.reshape(g, -1))
 
@@ -186,9 +158,7 @@ def repack_q4_Kx8(w):
     scales, mins = _q4k_scales_mins(blocks[..., 4:16])  # [g, b, r, 8]
     scales = scales.transpose(0, 1, 3, 2).reshape(g, sb, 64)
     mins = mins.transpose(0, 1, 3, 2).reshape(g, sb, 64)
-    values = (
-        blocks[..., 16:].reshape(g, sb, 8, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)
-    )  # [g, b, c, j, r, 4]
+    values = blocks[..., 16:].reshape(g, sb, 8, 4, 8, 4).transpose(0, 1, 3, 4, 2, 5)  # [g, b, c, j, r, 4]
     out = np.concatenate([d, dmin, scales, mins, values.reshape(g, sb, 1024)], axis=-1)
     return np.ascontiguousarray(out.reshape(g, -1))
 

@@ -59,11 +59,7 @@ def _spm_merges(vocab, scores):
     merges = []
     for piece, piece_id in vocab.items():
         score = scores[piece_id]
-        local = [
-            (piece[:i], piece[i:])
-            for i in range(1, len(piece))
-            if piece[:i] in vocab and piece[i:] in vocab
-        ]
+        local = [(piece[:i], piece[i:]) for i in range(1, len(piece)) if piece[:i] in vocab and piece[i:] in vocab]
         local.sort(key=lambda pair: (vocab[pair[0]], vocab[pair[1]]))
         merges.extend((score, left, right) for left, right in local)
     merges.sort(key=lambda m: -m[0])
@@ -89,9 +85,7 @@ def build(path):
     kind = _field(reader, "tokenizer.ggml.model")
     tokens = _field(reader, "tokenizer.ggml.tokens")
     if kind is None or tokens is None:
-        raise TokenizerError(
-            f"{path} holds no tokenizer (tokenizer.ggml.model and .tokens)"
-        )
+        raise TokenizerError(f"{path} holds no tokenizer (tokenizer.ggml.model and .tokens)")
     types = _field(reader, "tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
     bos, eos = (
         _field(reader, "tokenizer.ggml.bos_token_id"),
@@ -115,9 +109,7 @@ def build(path):
         )
         tok = Tokenizer(model)
         steps = [normalizers.Replace(" ", "\u2581")]
-        tok.normalizer = normalizers.Sequence(
-            ([normalizers.Prepend("\u2581")] if space_prefix else []) + steps
-        )
+        tok.normalizer = normalizers.Sequence(([normalizers.Prepend("\u2581")] if space_prefix else []) + steps)
         tok.decoder = decoders.Sequence(
             [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
             + ([decoders.Strip(" ", 1, 0)] if space_prefix else [])
@@ -126,14 +118,10 @@ def build(path):
         add_bos = bool(_field(reader, "tokenizer.ggml.add_bos_token") or False)
         merges = _field(reader, "tokenizer.ggml.merges")
         if merges is None:
-            raise TokenizerError(
-                f"{path}: a gpt2 vocabulary without tokenizer.ggml.merges"
-            )
+            raise TokenizerError(f"{path}: a gpt2 vocabulary without tokenizer.ggml.merges")
         pre = _field(reader, "tokenizer.ggml.pre") or "default (none named)"
         if pre not in PRE_TOKENIZERS:
-            raise TokenizerError(
-                f"{path}: pre-tokenizer {pre!r} is not supported ({', '.join(PRE_TOKENIZERS)})"
-            )
+            raise TokenizerError(f"{path}: pre-tokenizer {pre!r} is not supported ({', '.join(PRE_TOKENIZERS)})")
         tok = Tokenizer(
             models.BPE(
                 vocab=vocab,
@@ -143,9 +131,7 @@ def build(path):
         )
         pattern = PRE_TOKENIZERS[pre]
         if pattern is None:
-            tok.pre_tokenizer = pre_tokenizers.ByteLevel(
-                add_prefix_space=False, use_regex=True
-            )
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         else:
             tok.pre_tokenizer = pre_tokenizers.Sequence(
                 [
@@ -155,9 +141,7 @@ def build(path):
             )
         tok.decoder = decoders.ByteLevel()
     else:
-        raise TokenizerError(
-            f"{path}: tokenizer model {kind!r} is not supported (llama, gpt2)"
-        )
+        raise TokenizerError(f"{path}: tokenizer model {kind!r} is not supported (llama, gpt2)")
     special = [
         AddedToken(t, special=True, normalized=False)
         for i, t in enumerate(tokens)

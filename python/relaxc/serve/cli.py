@@ -15,28 +15,18 @@ from .text import Tokenizer, TokenizerError
 def main(argv=None):
     import relaxc.serve as package
 
-    parser = argparse.ArgumentParser(
-        prog="python -m relaxc.serve", description=package.__doc__.split("\n\n")[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m relaxc.serve", description=package.__doc__.split("\n\n")[0])
     parser.add_argument("model", help="a model .so built by relaxc compile")
-    parser.add_argument(
-        "--replicas", type=int, default=1, help="Ray Serve replicas (default 1)"
-    )
+    parser.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (default 1)")
     parser.add_argument(
         "--threads-per-replica",
         type=int,
         default=1,
         help="worker threads (and CPUs) per replica",
     )
-    parser.add_argument(
-        "--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)"
-    )
-    parser.add_argument(
-        "--port", type=int, default=8000, help="HTTP port (default 8000)"
-    )
-    parser.add_argument(
-        "--name", help="model name in the URLs (default: the file name)"
-    )
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    parser.add_argument("--name", help="model name in the URLs (default: the file name)")
     parser.add_argument(
         "--address",
         help="join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting one",
@@ -53,9 +43,7 @@ def main(argv=None):
         default=2.0,
         help="tensor models: how long a batch waits to fill",
     )
-    parser.add_argument(
-        "--max-body", type=int, default=64 << 20, help="largest request body in bytes"
-    )
+    parser.add_argument("--max-body", type=int, default=64 << 20, help="largest request body in bytes")
     parser.add_argument(
         "--kv-tokens",
         type=int,
@@ -79,9 +67,7 @@ def main(argv=None):
     if args.weights and not os.path.exists(args.weights):
         parser.error(f"--weights {args.weights}: no such file or directory")
     if args.replicas < 1 or args.threads_per_replica < 1 or args.max_batch_size < 1:
-        parser.error(
-            "--replicas, --threads-per-replica and --max-batch-size must be at least 1"
-        )
+        parser.error("--replicas, --threads-per-replica and --max-batch-size must be at least 1")
     try:
         llm = is_llm(args.model)
         signature(args.model) if not llm else None

@@ -52,25 +52,21 @@ class Replica:
         with open(self.path, "wb") as f:
             f.write(data)
         self.name, self.max_body = name, max_body_bytes
-        self.pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=threads, thread_name_prefix="relaxc"
-        )
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="relaxc")
         llm_options = dict(llm_options)
         tokenizer = llm_options.pop("tokenizer", None)
         self.llm = Engine(self.path, **llm_options) if is_llm(self.path) else None
         if self.llm:
             self.routes = Routes(self.llm, self._tokenizer(tokenizer), name)
         self.model = None if self.llm else TensorModel(self.path)
-        self.batching = (
-            bool(self.model) and max_batch_size > 1 and batchable(self.model.signature)
-        )
+        self.batching = bool(self.model) and max_batch_size > 1 and batchable(self.model.signature)
         self.batched_requests = 0  # requests that ran in a call together with others
         if self.batching:
             from ray import serve
 
-            self._batched = serve.batch(
-                max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_s
-            )(self._infer_batch)
+            self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_s)(
+                self._infer_batch
+            )
 
     def _tokenizer(self, files):
         """The tokenizer from its files' contents ({"tokenizer.json": bytes, maybe
@@ -96,18 +92,13 @@ class Replica:
             return [await self._infer_one(requests[0])]
         self.batched_requests += len(requests)
         sizes = [r[0].shape[0] for r in requests]
-        joined = [
-            np.concatenate([r[i] for r in requests]) for i in range(len(requests[0]))
-        ]
+        joined = [np.concatenate([r[i] for r in requests]) for i in range(len(requests[0]))]
         try:
             outputs = await self._run(self.model.infer, joined)
         except BadRequest:
             return [await self._infer_one(r) for r in requests]
         bounds = np.cumsum([0] + sizes)
-        return [
-            [o[bounds[k] : bounds[k + 1]] for o in outputs]
-            for k in range(len(requests))
-        ]
+        return [[o[bounds[k] : bounds[k + 1]] for o in outputs] for k in range(len(requests))]
 
     async def _infer_one(self, arrays):
         try:
@@ -137,10 +128,7 @@ class Replica:
             )
         if path == f"{base}/ready" and request.method == "GET":
             return _json(200, {"name": self.name, "ready": True})
-        if (
-            path in (f"{base}/infer", f"{base}/versions/1/infer")
-            and request.method == "POST"
-        ):
+        if path in (f"{base}/infer", f"{base}/versions/1/infer") and request.method == "POST":
             body = await request.body()
             arrays = parse_infer_request(body, self.model.signature, self.max_body)
             first = {a.shape[0] if a.ndim else None for a in arrays}
@@ -151,18 +139,16 @@ class Replica:
             if isinstance(result, BadRequest):
                 raise result
             return _json(200, infer_response(self.name, self.model.signature, result))
-        return _json(
-            404, {"error": f"no route {request.method} {path} (model {self.name!r})"}
-        )
+        return _json(404, {"error": f"no route {request.method} {path} (model {self.name!r})"})
 
     async def _llm_route(self, request, path):
         if path == "/v1/relaxc/stats" and request.method == "GET":
-            return _json(200, self.llm.stats())
+            import ray
+
+            return _json(200, {**self.llm.stats(), "node": ray.get_runtime_context().get_node_id()})
         body_size = int(request.headers.get("content-length") or 0)
         if body_size > self.max_body:
-            raise BadRequest(
-                f"request body of {body_size} bytes is over the server's limit of {self.max_body}"
-            )
+            raise BadRequest(f"request body of {body_size} bytes is over the server's limit of {self.max_body}")
         return await self.routes.handle(request, path)
 
 
@@ -192,9 +178,7 @@ def app(
         name=name,
         num_replicas=replicas,
         max_ongoing_requests=256,
-        ray_actor_options={
-            "num_cpus": threads_per_replica if num_cpus is None else num_cpus
-        },
+        ray_actor_options={"num_cpus": threads_per_replica if num_cpus is None else num_cpus},
     )
     return deployment.bind(
         model,

@@ -42,9 +42,7 @@ class Sequence:
         self.rng = np.random.default_rng(seed)
         self.emit, self.stream = emit, stream
         self.stop_ids = set(stop_ids)
-        self.text_stream = (
-            text  # a relaxc.serve.text.TextStream, or None (token ids only)
-        )
+        self.text_stream = text  # a relaxc.serve.text.TextStream, or None (token ids only)
         self.logprobs = logprobs  # None, or how many alternatives to report per token
         self.tokens, self.text, self.token_logprobs = [], "", []
         self.finish_reason = None
@@ -96,18 +94,12 @@ class Engine:
         m = tvm_ffi.load_module(path)
         self.m = m
         self.call = m["relaxc_call"]
-        names = [
-            n
-            for n in ("prefill", "decode", "batch_prefill", "batch_decode")
-            if _has_function(path, n)
-        ]
+        names = [n for n in ("prefill", "decode", "batch_prefill", "batch_decode") if _has_function(path, n)]
         self.fns = Functions(path, names)
         # A model exported with its weights as parameters takes them after its inputs, by name
         # from a tensor cache, safetensors or GGUF (as `relaxc generate --weights`).
         self.weights = {
-            fn: list(m["relaxc_weights"](weights, fn, self.fns.inputs[fn]))
-            if weights
-            else []
+            fn: list(m["relaxc_weights"](weights, fn, self.fns.inputs[fn])) if weights else []
             for fn in ["embed", *names]
         }
         self.max_batch, self.max_total, self.chunk = (
@@ -117,10 +109,7 @@ class Engine:
         )
         shape = tvm_ffi.Shape
         self.kv = m["create_paged_kv_cache"](
-            *[
-                shape([v])
-                for v in (max_batch, max_total_seq_len, prefill_chunk, page_size, 0)
-            ]
+            *[shape([v]) for v in (max_batch, max_total_seq_len, prefill_chunk, page_size, 0)]
         )
         self.waiting = queue.Queue()
         self.running = []
@@ -132,9 +121,7 @@ class Engine:
         self.vocab = None
         self.vocab = self._probe_vocab()
         self._count_pages()
-        self.thread = threading.Thread(
-            target=self._loop, name="relaxc-llm-engine", daemon=True
-        )
+        self.thread = threading.Thread(target=self._loop, name="relaxc-llm-engine", daemon=True)
         self.stopped = False
         if run:  # run=False: no engine thread, for measuring the model's steps directly
             self.thread.start()
@@ -149,19 +136,11 @@ class Engine:
         call. A call that fails after the cache took the tokens gives them back (popn), so the
         cache is as it was and the step can be retried."""
         tvm_ffi = self.tvm_ffi
-        embeds = np.from_dlpack(
-            self.m["embed"](
-                tvm_ffi.from_dlpack(np.array(ids, "int32")), *self.weights["embed"]
-            )
-        )
+        embeds = np.from_dlpack(self.m["embed"](tvm_ffi.from_dlpack(np.array(ids, "int32")), *self.weights["embed"]))
         embeds = np.ascontiguousarray(embeds.reshape(shape))
-        self._state(
-            "kv_state_begin_forward", tvm_ffi.Shape(slots), tvm_ffi.Shape(lengths)
-        )
+        self._state("kv_state_begin_forward", tvm_ffi.Shape(slots), tvm_ffi.Shape(lengths))
         try:
-            out = self.m[fn](
-                tvm_ffi.from_dlpack(embeds), *extra, self.kv, *self.weights[fn]
-            )
+            out = self.m[fn](tvm_ffi.from_dlpack(embeds), *extra, self.kv, *self.weights[fn])
         except Exception:
             self._state("kv_state_end_forward")
             for slot, n in zip(slots, lengths):
@@ -179,27 +158,19 @@ class Engine:
 
     # ---- requests ---------------------------------------------------------------------------------
 
-    def submit(
-        self, prompt, max_tokens, temperature, top_p, seed, emit, stream=True, **options
-    ):
+    def submit(self, prompt, max_tokens, temperature, top_p, seed, emit, stream=True, **options):
         """Queues a request (checked first: BadRequest for what can never run). `options`:
         stop_ids, text (a TextStream) and logprobs, as Sequence takes them."""
-        if not prompt or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
+        if not prompt or not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             raise BadRequest("prompt must be a non-empty list of token ids")
         bad = [t for t in prompt if not 0 <= t < self.vocab]
         if bad:
-            raise BadRequest(
-                f"token id {bad[0]} is outside the model's vocabulary (ids 0..{self.vocab - 1})"
-            )
+            raise BadRequest(f"token id {bad[0]} is outside the model's vocabulary (ids 0..{self.vocab - 1})")
         if len(prompt) + max_tokens > self.max_total:
             raise BadRequest(
                 f"prompt and max_tokens ({len(prompt)} + {max_tokens}) exceed the KV cache's {self.max_total} tokens"
             )
-        seq = Sequence(
-            prompt, max_tokens, temperature, top_p, seed, emit, stream, **options
-        )
+        seq = Sequence(prompt, max_tokens, temperature, top_p, seed, emit, stream, **options)
         self.waiting.put(seq)
         return seq
 
@@ -263,7 +234,7 @@ class Engine:
         own sequence only. Each call returns the sequences it stepped and their logits."""
         try:
             return together(batch)
-        except Exception as e:  # noqa: BLE001 -- retried one by one below
+        except Exception as e:
             if len(batch) == 1:
                 self._finish(batch[0], f"{type(e).__name__}: {e}")
                 return [], []
@@ -271,7 +242,7 @@ class Engine:
         for seq in batch:
             try:
                 s, r = alone(seq)
-            except Exception as e:  # noqa: BLE001 -- reported to that request
+            except Exception as e:
                 self._finish(seq, f"{type(e).__name__}: {e}")
                 continue
             stepped += s
@@ -285,9 +256,7 @@ class Engine:
         logits = None
         while seq.prefilled < len(seq.prompt):
             part = seq.prompt[seq.prefilled : seq.prefilled + self.chunk]
-            logits = self._forward(
-                "prefill", [seq.slot], [len(part)], part, (1, len(part), -1)
-            )
+            logits = self._forward("prefill", [seq.slot], [len(part)], part, (1, len(part), -1))
             self.calls["prefill"] += 1
             seq.prefilled += len(part)
         return [seq], logits
@@ -336,21 +305,17 @@ class Engine:
                     # sequence starts again from its first token.
                     for s in batch:
                         if s.prefilled > start[id(s)]:
-                            self._state(
-                                "kv_state_popn", s.slot, s.prefilled - start[id(s)]
-                            )
+                            self._state("kv_state_popn", s.slot, s.prefilled - start[id(s)])
                             s.prefilled = start[id(s)]
                     raise
 
-            done, rows = self._isolated(
-                seqs, together, lambda s: self._prefill_together([s])
-            )
+            done, rows = self._isolated(seqs, together, lambda s: self._prefill_together([s]))
         else:
             done, rows = [], []
             for seq in seqs:
                 try:
                     _, logits = self._prefill_one(seq)
-                except Exception as e:  # noqa: BLE001 -- reported to that request
+                except Exception as e:
                     self._finish(seq, f"{type(e).__name__}: {e}")
                     continue
                 done.append(seq)
@@ -416,18 +381,14 @@ class Engine:
                     stepped += s
                     rows += list(r)
             else:
-                stepped, rows = self._isolated(
-                    batch, self._decode, lambda s: self._decode([s])
-                )
+                stepped, rows = self._isolated(batch, self._decode, lambda s: self._decode([s]))
             for seq, row in zip(stepped, rows):
                 self._step_done(seq, row)
 
     def _count_pages(self):
         # On the engine thread (the KV cache is not to be used from two threads at once), when
         # sequences come or go or the engine idles, not on every decode step.
-        self.pages = int(
-            self.call("vm.builtin.attention_kv_cache_get_num_available_pages", self.kv)
-        )
+        self.pages = int(self.call("vm.builtin.attention_kv_cache_get_num_available_pages", self.kv))
 
     def stats(self):
         """Sequences running and waiting, tokens reserved, free pages (as of the last time a
@@ -454,7 +415,4 @@ def _has_function(path, name):
 
 def is_llm(path):
     exec_bytes = _elf_section(path, b".rvm_exec") or b""
-    return all(
-        name.encode() in exec_bytes
-        for name in ("create_paged_kv_cache", "embed", "prefill", "decode")
-    )
+    return all(name.encode() in exec_bytes for name in ("create_paged_kv_cache", "embed", "prefill", "decode"))

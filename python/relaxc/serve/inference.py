@@ -33,16 +33,12 @@ def _elf_section(path, wanted):
     with open(path, "rb") as f:
         head = f.read(64)
         if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
-            raise ValueError(
-                f"{path} is not a 64-bit little-endian ELF file (a relaxc model)"
-            )
+            raise ValueError(f"{path} is not a 64-bit little-endian ELF file (a relaxc model)")
         (shoff,) = struct.unpack_from("<Q", head, 0x28)
         shentsize, shnum, shstrndx = struct.unpack_from("<HHH", head, 0x3A)
         f.seek(shoff)
         table = f.read(shentsize * shnum)
-        sections = [
-            struct.unpack_from("<IIQQQQ", table, i * shentsize) for i in range(shnum)
-        ]
+        sections = [struct.unpack_from("<IIQQQQ", table, i * shentsize) for i in range(shnum)]
         _, _, _, _, str_off, str_size = sections[shstrndx]
         f.seek(str_off)
         names = f.read(str_size)
@@ -79,20 +75,12 @@ def _tensors_of(annotation):
     """The tensors of a Relax annotation, flattened: [(dims, dtype)], a symbolic dim as its name."""
     annotation = annotation.strip()
     if annotation.startswith("R.Tuple(") and annotation.endswith(")"):
-        return [
-            t
-            for part in _split_top(annotation[len("R.Tuple(") : -1])
-            for t in _tensors_of(part)
-        ]
+        return [t for part in _split_top(annotation[len("R.Tuple(") : -1]) for t in _tensors_of(part)]
     match = re.fullmatch(r'R\.Tensor\(\((.*?)\),\s*dtype="(\w+)"\)', annotation)
     if not match:
-        return [
-            None
-        ]  # a shape, a scalar, or a tensor of unknown rank: not an OIP tensor
+        return [None]  # a shape, a scalar, or a tensor of unknown rank: not an OIP tensor
     dims = [d.strip() for d in match.group(1).split(",") if d.strip()]
-    return [
-        ([int(d) if re.fullmatch(r"-?\d+", d) else d for d in dims], match.group(2))
-    ]
+    return [([int(d) if re.fullmatch(r"-?\d+", d) else d for d in dims], match.group(2))]
 
 
 def signature(path, function="main"):
@@ -113,27 +101,15 @@ def signature(path, function="main"):
         elif outputs is None:
             outputs = _tensors_of(annotation)
     return {
-        "inputs": [
-            (n, t[0], t[1]) if t else (n, None, None)
-            for _, (n, t) in sorted(inputs.items())
-        ],
-        "outputs": [
-            (f"out{i}", t[0], t[1]) if t else (f"out{i}", None, None)
-            for i, t in enumerate(outputs or [])
-        ],
+        "inputs": [(n, t[0], t[1]) if t else (n, None, None) for _, (n, t) in sorted(inputs.items())],
+        "outputs": [(f"out{i}", t[0], t[1]) if t else (f"out{i}", None, None) for i, t in enumerate(outputs or [])],
     }
 
 
 def batchable(sig):
     """Whether every input and output has the same symbolic first dimension (a batch)."""
-    firsts = [
-        dims[0] if dims else None for _, dims, _ in sig["inputs"] + sig["outputs"]
-    ]
-    return (
-        bool(firsts)
-        and isinstance(firsts[0], str)
-        and all(f == firsts[0] for f in firsts)
-    )
+    firsts = [dims[0] if dims else None for _, dims, _ in sig["inputs"] + sig["outputs"]]
+    return bool(firsts) and isinstance(firsts[0], str) and all(f == firsts[0] for f in firsts)
 
 
 # ---- Tensor models -----------------------------------------------------------------------------------
@@ -154,9 +130,7 @@ def _flatten(value, out):
     elif isinstance(value, (int, float, bool)):
         out.append(np.array(value))
     else:
-        raise BadRequest(
-            f"the model returned a {type(value).__name__}, which has no tensor form"
-        )
+        raise BadRequest(f"the model returned a {type(value).__name__}, which has no tensor form")
     return out
 
 
@@ -174,10 +148,8 @@ class TensorModel:
         import tvm_ffi
 
         try:
-            result = self.function(
-                *[tvm_ffi.from_dlpack(np.ascontiguousarray(a)) for a in arrays]
-            )
-        except Exception as e:  # noqa: BLE001 (whatever the model raises is the request's fault: shape, dtype, count)
+            result = self.function(*[tvm_ffi.from_dlpack(np.ascontiguousarray(a)) for a in arrays])
+        except Exception as e:
             raise BadRequest(f"{type(e).__name__}: {e}") from None
         return _flatten(result, [])
 
@@ -185,9 +157,7 @@ class TensorModel:
 def parse_infer_request(body, sig, max_bytes):
     """The input arrays of an OIP v2 JSON inference request, in the model's parameter order."""
     if len(body) > max_bytes:
-        raise BadRequest(
-            f"request body of {len(body)} bytes is over the server's limit of {max_bytes}"
-        )
+        raise BadRequest(f"request body of {len(body)} bytes is over the server's limit of {max_bytes}")
     try:
         request = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -197,36 +167,23 @@ def parse_infer_request(body, sig, max_bytes):
     given = request["inputs"]
     names = [n for n, _, _ in sig["inputs"]]
     if len(given) != len(names):
-        raise BadRequest(
-            f"the model takes {len(names)} inputs ({', '.join(names)}), the request has {len(given)}"
-        )
+        raise BadRequest(f"the model takes {len(names)} inputs ({', '.join(names)}), the request has {len(given)}")
     by_name = {}
     for i, tensor in enumerate(given):
         if not isinstance(tensor, dict):
             raise BadRequest(f"inputs[{i}] is not a tensor object")
-        name, shape, datatype, data = (
-            tensor.get(k) for k in ("name", "shape", "datatype", "data")
-        )
+        name, shape, datatype, data = (tensor.get(k) for k in ("name", "shape", "datatype", "data"))
         if name not in names:
-            raise BadRequest(
-                f"inputs[{i}]: the model has no input named {name!r} (it takes {', '.join(names)})"
-            )
+            raise BadRequest(f"inputs[{i}]: the model has no input named {name!r} (it takes {', '.join(names)})")
         if datatype not in _NUMPY_OF:
             raise BadRequest(f"input {name}: unsupported datatype {datatype!r}")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and d >= 0 for d in shape
-        ):
-            raise BadRequest(
-                f"input {name}: shape must be a list of non-negative integers"
-            )
+        if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise BadRequest(f"input {name}: shape must be a list of non-negative integers")
         _, dims, dtype = sig["inputs"][names.index(name)]
         if dtype is not None and _OIP_DATATYPES.get(dtype) != datatype:
-            raise BadRequest(
-                f"input {name}: datatype {datatype}, the model takes {_OIP_DATATYPES.get(dtype, dtype)}"
-            )
+            raise BadRequest(f"input {name}: datatype {datatype}, the model takes {_OIP_DATATYPES.get(dtype, dtype)}")
         if dims is not None and (
-            len(dims) != len(shape)
-            or any(isinstance(d, int) and d != s for d, s in zip(dims, shape))
+            len(dims) != len(shape) or any(isinstance(d, int) and d != s for d, s in zip(dims, shape))
         ):
             raise BadRequest(
                 f"input {name}: shape {shape}, the model takes {[d if isinstance(d, int) else -1 for d in dims]}"
@@ -234,9 +191,7 @@ def parse_infer_request(body, sig, max_bytes):
         try:
             array = np.array(data, dtype=_NUMPY_OF[datatype])
         except (TypeError, ValueError, OverflowError) as e:
-            raise BadRequest(
-                f"input {name}: data does not fit {datatype}: {e}"
-            ) from None
+            raise BadRequest(f"input {name}: data does not fit {datatype}: {e}") from None
         if array.size != int(np.prod(shape)):
             raise BadRequest(f"input {name}: {array.size} values for shape {shape}")
         by_name[name] = array.reshape(shape)
@@ -260,11 +215,7 @@ def infer_response(model_name, sig, outputs):
 
 def model_metadata(model_name, sig):
     def entry(name, dims, dtype):
-        shape = (
-            [d if isinstance(d, int) else -1 for d in dims]
-            if dims is not None
-            else None
-        )
+        shape = [d if isinstance(d, int) else -1 for d in dims] if dims is not None else None
         return {
             "name": name,
             "datatype": _OIP_DATATYPES.get(dtype, dtype),

@@ -25,28 +25,16 @@ def _is_int(v):
 
 def _sampling(req, chat):
     """The fields both endpoints share, checked."""
-    max_tokens = (
-        req.get("max_completion_tokens")
-        if chat and req.get("max_tokens") is None
-        else req.get("max_tokens")
-    )
+    max_tokens = req.get("max_completion_tokens") if chat and req.get("max_tokens") is None else req.get("max_tokens")
     max_tokens = 16 if max_tokens is None else max_tokens
     temperature = 1.0 if req.get("temperature") is None else req.get("temperature")
     top_p = 1.0 if req.get("top_p") is None else req.get("top_p")
     seed, n = req.get("seed"), 1 if req.get("n") is None else req.get("n")
     if not _is_int(max_tokens) or max_tokens < 1:
         raise BadRequest("max_tokens must be a positive integer")
-    if (
-        not isinstance(temperature, (int, float))
-        or isinstance(temperature, bool)
-        or not 0 <= temperature <= 2
-    ):
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not 0 <= temperature <= 2:
         raise BadRequest("temperature must be a number from 0 to 2")
-    if (
-        not isinstance(top_p, (int, float))
-        or isinstance(top_p, bool)
-        or not 0 < top_p <= 1
-    ):
+    if not isinstance(top_p, (int, float)) or isinstance(top_p, bool) or not 0 < top_p <= 1:
         raise BadRequest("top_p must be in (0, 1]")
     if seed is not None and not _is_int(seed):
         raise BadRequest("seed must be an integer")
@@ -64,15 +52,11 @@ def _sampling(req, chat):
         if req.get("logprobs"):
             top = req.get("top_logprobs") or 0
             if not _is_int(top) or not 0 <= top <= MAX_LOGPROBS:
-                raise BadRequest(
-                    f"top_logprobs must be an integer from 0 to {MAX_LOGPROBS}"
-                )
+                raise BadRequest(f"top_logprobs must be an integer from 0 to {MAX_LOGPROBS}")
             logprobs = top
     else:
         logprobs = req.get("logprobs")
-        if logprobs is not None and (
-            not _is_int(logprobs) or not 0 <= logprobs <= MAX_LOGPROBS
-        ):
+        if logprobs is not None and (not _is_int(logprobs) or not 0 <= logprobs <= MAX_LOGPROBS):
             raise BadRequest(f"logprobs must be an integer from 0 to {MAX_LOGPROBS}")
     options = req.get("stream_options") or {}
     if not isinstance(options, dict):
@@ -101,20 +85,12 @@ def _message_text(i, message):
     if isinstance(content, list):  # content parts: only text
         texts = []
         for part in content:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise BadRequest(
-                    f"messages[{i}]: only text content parts are supported"
-                )
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise BadRequest(f"messages[{i}]: only text content parts are supported")
             texts.append(part["text"])
         content = "".join(texts)
     if not isinstance(content, str):
-        raise BadRequest(
-            f"messages[{i}].content must be a string or a list of text parts"
-        )
+        raise BadRequest(f"messages[{i}].content must be a string or a list of text parts")
     return {**message, "content": content}
 
 
@@ -128,17 +104,13 @@ class Routes:
     def models(self):
         return {
             "object": "list",
-            "data": [
-                {"id": self.name, "object": "model", "created": 0, "owned_by": "relaxc"}
-            ],
+            "data": [{"id": self.name, "object": "model", "created": 0, "owned_by": "relaxc"}],
         }
 
     def _check_model(self, req):
         model = req.get("model")
         if model is not None and model != self.name:
-            raise BadRequest(
-                f"model {model!r} is not served here (this server serves {self.name!r})"
-            )
+            raise BadRequest(f"model {model!r} is not served here (this server serves {self.name!r})")
 
     def _prompt(self, req, chat):
         if chat:
@@ -146,23 +118,15 @@ class Routes:
             if not isinstance(messages, list) or not messages:
                 raise BadRequest("messages must be a non-empty list")
             if self.tokenizer is None:
-                raise BadRequest(
-                    "chat needs the model's tokenizer: start the server with --tokenizer"
-                )
+                raise BadRequest("chat needs the model's tokenizer: start the server with --tokenizer")
             messages = [_message_text(i, m) for i, m in enumerate(messages)]
             try:
                 text = self.tokenizer.apply_chat_template(messages)
-            except Exception as e:  # noqa: BLE001 -- a template's own raise_exception, or any error in it
-                raise BadRequest(
-                    f"the chat template failed on these messages: {e}"
-                ) from None
+            except Exception as e:
+                raise BadRequest(f"the chat template failed on these messages: {e}") from None
             return self.tokenizer.encode(text, special=False)
         prompt = req.get("prompt")
-        if (
-            isinstance(prompt, list)
-            and len(prompt) == 1
-            and isinstance(prompt[0], (str, list))
-        ):
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a batch of one
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -172,14 +136,8 @@ class Routes:
             if not prompt:
                 raise BadRequest("prompt is empty")
             return self.tokenizer.encode(prompt)
-        if (
-            not isinstance(prompt, list)
-            or not prompt
-            or not all(_is_int(t) for t in prompt)
-        ):
-            raise BadRequest(
-                "prompt must be a string or a non-empty list of token ids (one prompt per request)"
-            )
+        if not isinstance(prompt, list) or not prompt or not all(_is_int(t) for t in prompt):
+            raise BadRequest("prompt must be a string or a non-empty list of token ids (one prompt per request)")
         return prompt
 
     def _token_text(self, token):
@@ -206,9 +164,7 @@ class Routes:
         return {
             "tokens": [self._token_text(i["token"]) for i in items],
             "token_logprobs": [i["logprob"] for i in items],
-            "top_logprobs": [
-                {self._token_text(t): lp for t, lp in i["top_logprobs"]} for i in items
-            ],
+            "top_logprobs": [{self._token_text(t): lp for t, lp in i["top_logprobs"]} for i in items],
         }
 
     async def handle(self, request, path):
@@ -252,9 +208,7 @@ class Routes:
                 loop.call_soon_threadsafe(events.put_nowait, (index, item, error))
 
             seed = None if f["seed"] is None else f["seed"] + index
-            text = (
-                self.tokenizer.stream(f["stop"]) if self.tokenizer is not None else None
-            )
+            text = self.tokenizer.stream(f["stop"]) if self.tokenizer is not None else None
             try:
                 seqs.append(
                     self.engine.submit(
@@ -308,11 +262,7 @@ class Routes:
                 s.cancelled = True
         choices = []
         for i, s in enumerate(seqs):
-            lp = (
-                self._logprobs(s.token_logprobs, chat)
-                if s.logprobs is not None
-                else None
-            )
+            lp = self._logprobs(s.token_logprobs, chat) if s.logprobs is not None else None
             if chat:
                 choice = {
                     "index": i,
@@ -322,17 +272,13 @@ class Routes:
                 choice = {"index": i, "text": s.text, "token_ids": list(s.tokens)}
             choices.append({**choice, "logprobs": lp, "finish_reason": s.finish_reason})
         kind = "chat.completion" if chat else "text_completion"
-        return _json(
-            200, {**head, "object": kind, "choices": choices, "usage": usage()}
-        )
+        return _json(200, {**head, "object": kind, "choices": choices, "usage": usage()})
 
     async def _stream(self, events, seqs, head, chat, f, usage):
         kind = "chat.completion.chunk" if chat else "text_completion"
 
         def event(choice):
-            return (
-                f"data: {json.dumps({**head, 'object': kind, 'choices': [choice]})}\n\n"
-            )
+            return f"data: {json.dumps({**head, 'object': kind, 'choices': [choice]})}\n\n"
 
         try:
             if chat:
@@ -367,17 +313,13 @@ class Routes:
                         "text": item["text"],
                         "token_ids": [item["token"]],
                     }
-                yield event(
-                    {**choice, "logprobs": lp, "finish_reason": item["finish_reason"]}
-                )
+                yield event({**choice, "logprobs": lp, "finish_reason": item["finish_reason"]})
             if f["include_usage"]:
                 yield f"data: {json.dumps({**head, 'object': kind, 'choices': [], 'usage': usage()})}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             for s in seqs:
-                s.cancelled = (
-                    True  # the client went away (or the stream ended): free the pages
-                )
+                s.cancelled = True  # the client went away (or the stream ended): free the pages
 
 
 def _json(status, payload):

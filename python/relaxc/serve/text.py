@@ -26,11 +26,7 @@ def config_path_for(tokenizer_path):
     folder, base = os.path.split(tokenizer_path)
     candidates = []
     if base.endswith(".tokenizer.json"):
-        candidates.append(
-            os.path.join(
-                folder, base[: -len("tokenizer.json")] + "tokenizer_config.json"
-            )
-        )
+        candidates.append(os.path.join(folder, base[: -len("tokenizer.json")] + "tokenizer_config.json"))
     candidates.append(os.path.join(folder, "tokenizer_config.json"))
     return next((c for c in candidates if os.path.isfile(c)), None)
 
@@ -43,10 +39,8 @@ class Tokenizer:
 
         try:
             self.hf = HuggingFaceTokenizer.from_file(path)
-        except Exception as e:  # noqa: BLE001 -- the library raises plain Exceptions
-            raise TokenizerError(
-                f"{path}: not a tokenizer.json that can be read: {e}"
-            ) from None
+        except Exception as e:
+            raise TokenizerError(f"{path}: not a tokenizer.json that can be read: {e}") from None
         self.path = path
         config_path = config_path or config_path_for(path)
         config = {}
@@ -63,11 +57,7 @@ class Tokenizer:
         self.eos_token = _token_text(config.get("eos_token"))
         template = config.get("chat_template")
         if isinstance(template, list):  # named templates: the default one
-            named = {
-                t.get("name"): t.get("template")
-                for t in template
-                if isinstance(t, dict)
-            }
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default") or next(iter(named.values()), None)
         self.chat_template = template if isinstance(template, str) else None
         eos = self.hf.token_to_id(self.eos_token) if self.eos_token else None
@@ -104,12 +94,8 @@ class Tokenizer:
                 lstrip_blocks=True,
                 extensions=["jinja2.ext.loopcontrols"],
             )
-            env.filters["tojson"] = lambda v, indent=None: json.dumps(
-                v, ensure_ascii=False, indent=indent
-            )
-            env.globals.update(
-                raise_exception=raise_exception, strftime_now=strftime_now
-            )
+            env.filters["tojson"] = lambda v, indent=None: json.dumps(v, ensure_ascii=False, indent=indent)
+            env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
             try:
                 self._template = env.from_string(self.chat_template)
             except jinja2.exceptions.TemplateError as e:

@@ -1,7 +1,6 @@
 """relaxc.tvm's API (re-exported by the package, which imports it only when used): the build,
 the rewrite as a pass of its own, and the kernels' registration in TVM."""
 
-
 import warnings
 
 import tvm
@@ -31,8 +30,16 @@ class RewriteToLibrary:
         return rewrite_module(mod, self.quantize)
 
 
-def build(mod, target="llvm", exec_mode="bytecode", params=None, relax_pipeline="default", tir_pipeline="default",
-          register=True, quantize=None):
+def build(
+    mod,
+    target="llvm",
+    exec_mode="bytecode",
+    params=None,
+    relax_pipeline="default",
+    tir_pipeline="default",
+    register=True,
+    quantize=None,
+):
     """``relax.build`` after RewriteToLibrary: the same executable, with the covered operators
     running on relaxc's kernel library. With ``register`` (the default) the kernels are also
     registered in TVM (this needs the relaxc command), so the result runs in TVM's VM as well.
@@ -44,6 +51,14 @@ def build(mod, target="llvm", exec_mode="bytecode", params=None, relax_pipeline=
         try:
             register_kernels()
         except RelaxcNotFound as e:
-            warnings.warn(f"relaxc's kernels are not registered in TVM, so TVM's VM cannot run this build: {e}")
-    return relax.build(rewritten, target=target, params=params, relax_pipeline=relax_pipeline,
-                       tir_pipeline=tir_pipeline, exec_mode=exec_mode)
+            warnings.warn(
+                f"relaxc's kernels are not registered in TVM, so TVM's VM cannot run this build: {e}", stacklevel=2
+            )
+    return relax.build(
+        rewritten,
+        target=target,
+        params=params,
+        relax_pipeline=relax_pipeline,
+        tir_pipeline=tir_pipeline,
+        exec_mode=exec_mode,
+    )

@@ -79,7 +79,7 @@ class _Planner:
         if start is None:
             return None
         idle = 0
-        for var in order[start + 1:]:
+        for var in order[start + 1 :]:
             # Activations follow their input closely; do not scan the rest of a long function.
             idle += 1
             if idle > 64:
@@ -107,7 +107,9 @@ class _Planner:
                 values = {x: samples}
                 for var in inside:
                     fn, operands = self._elementwise(self.b.value[var])
-                    args = [values[o] if isinstance(o, relax.Var) and o in values else self.b.const(o) for o in operands]
+                    args = [
+                        values[o] if isinstance(o, relax.Var) and o in values else self.b.const(o) for o in operands
+                    ]
                     values[var] = fn(*args)
                 return values[tail]
 
@@ -286,8 +288,17 @@ class _Planner:
         if len(_dims(pa) or []) < 2 or len(_dims(pb) or []) < 2:
             return
         tail, ep = self._absorb("matmul", var, _dims(var))
-        args = [pa, pb, self._bias_arg(ep), self._residual_arg(ep), self._shape(a_perm), self._shape(b_perm),
-                self._shape(ep.out_perm), relax.expr.String(ep.act), ep.scalars()]
+        args = [
+            pa,
+            pb,
+            self._bias_arg(ep),
+            self._residual_arg(ep),
+            self._shape(a_perm),
+            self._shape(b_perm),
+            self._shape(ep.out_perm),
+            relax.expr.String(ep.act),
+            ep.scalars(),
+        ]
         self._finish(tail, "relaxc.matmul", args)
 
     def _quantized(self, var, x, weight):
@@ -312,8 +323,11 @@ class _Planner:
         x, w = call.args[0], call.args[1]
         if not (_is_f32_tensor(x) and _is_f32_tensor(var)):
             return
-        if (_attr(call, "data_layout") != "NCHW" or _attr(call, "kernel_layout") != "OIHW"
-                or _attr(call, "out_layout", "NCHW") != "NCHW"):
+        if (
+            _attr(call, "data_layout") != "NCHW"
+            or _attr(call, "kernel_layout") != "OIHW"
+            or _attr(call, "out_layout", "NCHW") != "NCHW"
+        ):
             return
         weight = self.b.const(w)
         dx, dout = _dims(x), _dims(var)
@@ -334,8 +348,19 @@ class _Planner:
             weight = (weight.astype(np.float64) * scale.reshape(-1, 1, 1, 1)).astype(np.float32)
             base = np.zeros(oc) if bias is None else bias.astype(np.float64)
             bias = ((base - mean) * scale + beta).astype(np.float32)
-        params = [kh, kw, strides[0], strides[1], padding[0], padding[1], padding[2], padding[3], dilation[0],
-                  dilation[1], groups]
+        params = [
+            kh,
+            kw,
+            strides[0],
+            strides[1],
+            padding[0],
+            padding[1],
+            padding[2],
+            padding[3],
+            dilation[0],
+            dilation[1],
+            groups,
+        ]
         depthwise = groups == dx[1] and groups == oc and weight.shape[1] == 1
         kernel = "relaxc.conv2d_depthwise" if depthwise else "relaxc.conv2d"
         # Fewer output pixels than channels and a long reduction (ResNet's last stage: 7 x 7 pixels,
@@ -352,8 +377,15 @@ class _Planner:
         else:
             w_arg = relax.const(pack_conv(weight, groups))
         ep.bias = bias
-        args = [x, w_arg, self._bias_arg(ep), self._residual_arg(ep), relax.ShapeExpr(params),
-                relax.expr.String(ep.act), ep.scalars()]
+        args = [
+            x,
+            w_arg,
+            self._bias_arg(ep),
+            self._residual_arg(ep),
+            relax.ShapeExpr(params),
+            relax.expr.String(ep.act),
+            ep.scalars(),
+        ]
         self._finish(tail, kernel, args)
 
     def pool(self, var, call, name):
