@@ -260,3 +260,29 @@ def test_generate_prints_the_text_of_its_tokens(models):
         assert run(engine, prompt, 12)[0].tokens == tokens
     finally:
         engine.stop()
+
+
+def test_a_gguf_model_prefills_together_with_its_weights_from_the_file(tmp_path):
+    """relaxc.llm's export (batch_prefill too) with its weights read from the GGUF file: TVM's
+    greedy tokens, and 16 concurrent requests prefilled together give their answers alone."""
+    folder = os.path.join(ROOT, "fixtures", "gguf")
+    so = str(tmp_path / "gguf.so")
+    subprocess.run(
+        [relaxc_binary(), "compile", os.path.join(folder, "m.tar"), "--exec-mode", "compiled", "-o", so], check=True
+    )
+    weights = os.path.join(folder, "tiny_mixed.gguf")
+    engine = Engine(so, max_batch=16, max_total_seq_len=2048, prefill_chunk=32, weights=weights)
+    try:
+        want = np.load(os.path.join(folder, "generate.npz"))
+        seq, error = run(engine, [int(t) for t in want["prompt"]], 16)
+        assert error is None and seq.tokens == [int(t) for t in want["tokens"]]
+        rng = random.Random(2)
+        prompts = [[rng.randrange(128) for _ in range(rng.randrange(1, 40))] for _ in range(16)]
+        alone = [run(engine, p, 8)[0].tokens for p in prompts]
+        before = engine.stats()["calls"]["batch_prefill"]
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            together = list(pool.map(lambda p: run(engine, p, 8), prompts))
+        assert [s.tokens for s, _ in together] == alone
+        assert engine.stats()["calls"]["batch_prefill"] - before < 16 + sum(len(p) > 32 for p in prompts)
+    finally:
+        engine.stop()

@@ -237,6 +237,12 @@ class LlamaFamily(nn.Module):
     def decode(self, input_embed: Tensor, paged_kv_cache: PagedKVCache):
         return self._logits(self._body(input_embed, paged_kv_cache)), paged_kv_cache
 
+    def batch_prefill(self, input_embeds: Tensor, logit_positions: Tensor, paged_kv_cache: PagedKVCache):
+        """MLC's batch_prefill: several sequences' prompts concatenated in one pass; the logits of
+        the tokens at logit_positions (each sequence's last), so a server prefills them together."""
+        h = op.take(self._body(input_embeds, paged_kv_cache), logit_positions, axis=1)
+        return self._logits(h), paged_kv_cache
+
     def create_paged_kv_cache(
         self,
         max_batch_size: tirx.Var,
@@ -289,6 +295,12 @@ class LlamaFamily(nn.Module):
                 },
                 "decode": {
                     "input_embed": nn.spec.Tensor(["batch_size", 1, hidden], "float32"),
+                    "paged_kv_cache": cache,
+                    "$": plain,
+                },
+                "batch_prefill": {
+                    "input_embeds": nn.spec.Tensor([1, "seq_len", hidden], "float32"),
+                    "logit_positions": nn.spec.Tensor(["batch_size"], "int32"),
                     "paged_kv_cache": cache,
                     "$": plain,
                 },
