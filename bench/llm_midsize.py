@@ -134,11 +134,23 @@ def write_gguf(path, w, c):
     out.add_layer_norm_rms_eps(1e-5)
     out.add_rope_freq_base(10000.0)
     out.add_file_type(gguf.LlamaFileType.ALL_F32)
-    # A vocabulary only so that llama.cpp loads the model: the benchmark feeds token ids.
+    # A character-level SentencePiece vocabulary, so that text means the same to llama.cpp and to
+    # the tokenizer.json relaxc.llm writes (bench/serve.py sends both servers text): <unk>, <s>,
+    # </s>, the 256 byte-fallback tokens, one token per printable ASCII character (a space is
+    # SentencePiece's U+2581), and unused tokens up to the model's vocabulary size.
+    chars = ["\u2581"] + [chr(i) for i in range(33, 127)]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + chars
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    types += [gguf.TokenType.BYTE] * 256 + [gguf.TokenType.NORMAL] * len(chars)
+    if c.vocab < len(tokens):  # the tiny model: ids only
+        tokens, types = [f"<t{i}>" for i in range(c.vocab)], [gguf.TokenType.NORMAL] * c.vocab
+    types += [gguf.TokenType.UNUSED] * (c.vocab - len(tokens))
+    tokens += [f"<unused{i}>" for i in range(c.vocab - len(tokens))]
     out.add_tokenizer_model("llama")
-    out.add_token_list([f"<t{i}>".encode() for i in range(c.vocab)])
+    out.add_token_list([t.encode() for t in tokens])
     out.add_token_scores([0.0] * c.vocab)
-    out.add_token_types([gguf.TokenType.NORMAL] * c.vocab)
+    out.add_token_types(types)
+    out.add_unk_token_id(0)
     out.add_bos_token_id(1)
     out.add_eos_token_id(2)
     out.add_tensor("token_embd.weight", w["embed_tokens.weight"])

@@ -1,124 +1,215 @@
-"""Serving on Ray: what continuous batching and a second replica buy (python -m relaxc.serve).
+#!/usr/bin/env python3
+"""Serving throughput where it matters: the mid-size Llama of bench/llm_midsize.py (156 M
+parameters, decode bound by reading its weights) from one GGUF file, served by
+`python -m relaxc.serve` and by llama-cpp-python's OpenAI-compatible server, with the same
+requests.
 
-usage: python3 bench/serve.py [--model tiny_llama] [--tokens 512] [--requests 16] [--repeat 3]
+The GGUF file (llama.cpp's quantizer makes --format from the f32 file) has a character-level
+SentencePiece vocabulary, so a text prompt is the same tokens to both servers (each reply's
+usage.prompt_tokens is checked to agree). relaxc serves `python -m relaxc.llm build`'s model
+(compiled mode, batch_prefill) with --weights FILE.gguf and the tokenizer.json it wrote.
 
-Builds the fixture's model with target/release/relaxc, then, each on a fresh local Ray cluster on
-127.0.0.1:
-  1. one replica, continuous batching (--max-batch-size 16): one request alone, then N concurrent
-     requests with different prompts;
-  2. one replica with --max-batch-size 1: N concurrent requests, run one after another (what a
-     server without continuous batching does);
-  3. two replicas, continuous batching: N concurrent requests.
-Prints medians over --repeat rounds and the ratios, then one decode step of the model alone (no
-server) at batch 1 and N. Greedy decoding throughout; every answer is checked against the same
-request's answer alone.
+For 1, 4, 16 and 32 concurrent streams (--streams), each of --tokens new tokens (greedy, EOS
+ignored: relaxc's ignore_eos, llama.cpp's logit_bias against it), both servers get the same
+requests at once; the wall time from the first request to the last answer gives the aggregate
+tokens/s; medians over --rounds. Every relaxc answer is checked against the same request's answer
+alone (token for token), and every llama.cpp answer against its own answer alone (text).
+
+Both servers get the same threads (--threads, default 2). Needs TVM 0.27 (to make the GGUF and
+build the model), llama-cpp-python with its server's packages (sse-starlette, starlette-context,
+pydantic-settings), gguf, ray[serve], tokenizers and numpy. Files are cached in --work.
+
+usage: python3 bench/serve.py [--format q4_k_m] [--streams 1,4,16,32] [--tokens 64] [--rounds 3]
 """
 
 import argparse
 import concurrent.futures
+import json
 import os
+import platform
 import random
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.join(ROOT, "tests", "python_serve"))
-from conftest import Server, build
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import llm_gguf
 
 
-def complete(server, prompt, n):
-    status, reply = server.post("/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0})
-    assert status == 200, reply
-    return reply["choices"][0]["token_ids"]
+def _serve_helpers():
+    """tests/python_serve's server launcher (loaded by path: tests/python has a conftest too)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "serve_conftest", os.path.join(ROOT, "tests", "python_serve", "conftest.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Server, module.free_port
 
 
-def timed_concurrent(server, prompts, n):
+Server, free_port = _serve_helpers()
+
+WORDS = "the cat sat on a mat and the dog ran to the park where birds sang over the sea".split()
+
+
+def post(base, path, body):
+    request = urllib.request.Request(
+        base + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=600) as r:
+        return json.loads(r.read())
+
+
+class LlamaCppServer:
+    """llama-cpp-python's server (python -m llama_cpp.server) on 127.0.0.1."""
+
+    def __init__(self, gguf_path, threads, context):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "llama_cpp.server", "--model", gguf_path, "--host", "127.0.0.1"]
+        args += ["--port", str(self.port), "--n_threads", str(threads), "--n_threads_batch", str(threads)]
+        args += ["--n_ctx", str(context), "--model_alias", "llama"]
+        # Its log goes to a file: llama.cpp says a lot, and a full pipe would stop it.
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="llama-cpp-server-", suffix=".log")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                self.log.seek(0)
+                raise RuntimeError("llama_cpp.server failed to start:\n" + self.log.read()[-3000:])
+            try:
+                urllib.request.urlopen(self.base + "/v1/models", timeout=2).close()
+                return
+            except OSError:
+                time.sleep(0.5)
+        self.stop()
+        raise RuntimeError("llama_cpp.server did not answer in 120 s")
+
+    def stop(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def relaxc_request(prompt, tokens):
+    return {"model": "llama", "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
+
+
+def llama_cpp_request(prompt, tokens):
+    return {"model": "llama", "prompt": prompt, "max_tokens": tokens, "temperature": 0, "logit_bias": {"2": -100.0}}
+
+
+def concurrent_run(base, bodies, answer):
+    """All requests at once: the wall time, the answers and the tokens generated."""
     start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        out = list(pool.map(lambda p: complete(server, p, n), prompts))
-    return time.perf_counter() - start, out
+    with concurrent.futures.ThreadPoolExecutor(len(bodies)) as pool:
+        replies = list(pool.map(lambda b: post(base, "/v1/completions", b), bodies))
+    elapsed = time.perf_counter() - start
+    return elapsed, [answer(r) for r in replies], sum(r["usage"]["completion_tokens"] for r in replies)
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default="tiny_llama")
-    parser.add_argument("--tokens", type=int, default=512)
-    parser.add_argument("--requests", type=int, default=16)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--format", default="q4_k_m", choices=["f32", *llm_gguf.FTYPES])
+    parser.add_argument("--streams", default="1,4,16,32")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--relaxc", default=os.path.join(ROOT, "target", "release", "relaxc"))
+    parser.add_argument("--work", default="/tmp/relaxc-serve-bench")
     args = parser.parse_args()
-    os.environ.setdefault("RELAXC", os.path.join(ROOT, "target", "release", "relaxc"))
-    tmp = os.path.join(ROOT, "target", "bench-serve")
-    os.makedirs(tmp, exist_ok=True)
-    model = build(args.model, tmp)
+    streams = [int(s) for s in args.streams.split(",")]
+    os.makedirs(args.work, exist_ok=True)
+    os.environ["RELAXC"] = args.relaxc
+    gguf_path = llm_gguf.quantized_file(args.work, args.format)
+    so = llm_gguf.build(args.work, args.relaxc, gguf_path)
+    tokenizer = so[: -len(".so")] + ".tokenizer.json"
     rng = random.Random(0)
-    prompts = [[rng.randrange(64) for _ in range(rng.randrange(4, 12))] for _ in range(args.requests)]
-    results = {}
-    kv = ["--kv-tokens", str(args.requests * (args.tokens + 16))]
+    prompts = [f"request {i}: " + " ".join(rng.choice(WORDS) for _ in range(6)) for i in range(max(streams))]
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    print(f"{os.path.basename(gguf_path)}, {args.tokens} new tokens a stream, {args.threads} threads, {cpu}")
 
-    def concurrent(server, name):
-        runs = []
-        for _ in range(args.repeat):
-            elapsed, out = timed_concurrent(server, prompts, args.tokens)
-            assert out == alone_answers
-            runs.append(elapsed)
-        results[name] = statistics.median(runs)
-
-    server = Server(model, "--replicas", "1", "--max-batch-size", str(args.requests), "--name", "one", *kv)
+    env = dict(os.environ, TVM_NUM_THREADS=str(args.threads))
+    kv = max(streams) * (64 + args.tokens + 16)
+    server = Server(
+        so,
+        "--name",
+        "llama",
+        "--weights",
+        gguf_path,
+        "--tokenizer",
+        tokenizer,
+        "--max-batch-size",
+        str(max(streams)),
+        "--kv-tokens",
+        str(kv),
+        "--threads-per-replica",
+        str(args.threads),
+        env=env,
+    )
+    results = {"relaxc": {}, "llama.cpp": {}}
+    prompt_tokens = {}
     try:
-        alone_answers = [complete(server, p, args.tokens) for p in prompts]
-        singles = []
-        for _ in range(args.repeat):
-            start = time.perf_counter()
-            complete(server, prompts[0], args.tokens)
-            singles.append(time.perf_counter() - start)
-        results["one request"] = statistics.median(singles)
-        concurrent(server, "batched, 1 replica")
+        alone = []
+        for p in prompts:
+            reply = post(server.base, "/v1/completions", relaxc_request(p, args.tokens))
+            alone.append(reply["choices"][0]["token_ids"])
+            prompt_tokens[p] = reply["usage"]["prompt_tokens"]
+        for k in streams:
+            runs = []
+            for _ in range(args.rounds):
+                elapsed, answers, generated = concurrent_run(
+                    server.base,
+                    [relaxc_request(p, args.tokens) for p in prompts[:k]],
+                    lambda r: r["choices"][0]["token_ids"],
+                )
+                assert answers == alone[:k], f"relaxc: {k} streams answered differently from each request alone"
+                runs.append(generated / elapsed)
+            results["relaxc"][k] = statistics.median(runs)
+            print(f"  relaxc    {k:3d} streams: {results['relaxc'][k]:8.1f} tokens/s", flush=True)
     finally:
         server.stop()
-    for name, replicas, batch in [
-        ("one at a time, 1 replica", "1", "1"),
-        ("batched, 2 replicas", "2", str(args.requests)),
-    ]:
-        server = Server(model, "--replicas", replicas, "--max-batch-size", batch, "--name", "run", *kv)
-        try:
-            concurrent(server, name)
-        finally:
-            server.stop()
 
-    one = results["one request"]
-    n = args.requests
-    print(f"{args.model}, {n} concurrent requests of {args.tokens} tokens, medians of {args.repeat}:")
-    for name, seconds in results.items():
-        print(f"  {name:28s} {seconds * 1000:8.1f} ms   {seconds / one:5.2f}x one request")
-    print(
-        f"  continuous batching: {n} requests in {results['batched, 1 replica'] / one:.2f}x one request's time "
-        f"(one at a time: {results['one at a time, 1 replica'] / one:.2f}x)"
-    )
-    print(f"  2 replicas vs 1: {results['batched, 1 replica'] / results['batched, 2 replicas']:.2f}x the throughput")
-    for batch, ms in decode_step_ms(model, [1, n]).items():
-        print(f"  one decode step of the model alone (no server), {batch} sequence(s): {ms:.3f} ms")
+    llama = LlamaCppServer(gguf_path, args.threads, 4 * (64 + args.tokens))
+    try:
+        alone = []
+        for p in prompts:
+            reply = post(llama.base, "/v1/completions", llama_cpp_request(p, args.tokens))
+            alone.append(reply["choices"][0]["text"])
+            assert reply["usage"]["prompt_tokens"] == prompt_tokens[p], (
+                f"the servers tokenize {p!r} differently: {reply['usage']['prompt_tokens']} vs {prompt_tokens[p]}"
+            )
+        for k in streams:
+            runs = []
+            for _ in range(args.rounds):
+                elapsed, answers, generated = concurrent_run(
+                    llama.base,
+                    [llama_cpp_request(p, args.tokens) for p in prompts[:k]],
+                    lambda r: r["choices"][0]["text"],
+                )
+                assert answers == alone[:k], f"llama.cpp: {k} streams answered differently from each request alone"
+                runs.append(generated / elapsed)
+            results["llama.cpp"][k] = statistics.median(runs)
+            print(f"  llama.cpp {k:3d} streams: {results['llama.cpp'][k]:8.1f} tokens/s", flush=True)
+    finally:
+        llama.stop()
 
-
-def decode_step_ms(model, batches, steps=200):
-    """The model's decode step alone, through the engine's own forward call, by batch size."""
-    sys.path.insert(0, os.path.join(ROOT, "python"))
-    from relaxc.serve import Engine
-
-    engine = Engine(model, max_batch=max(batches), max_total_seq_len=max(batches) * (steps + 16), run=False)
-    out = {}
-    for batch in batches:
-        slots = list(range(batch))
-        for s in slots:
-            engine._state("kv_state_add_sequence", s)
-            engine._forward("prefill", [s], [4], [1, 2, 3, 4], 1)
-        start = time.perf_counter()
-        for _ in range(steps):
-            engine._forward("decode", slots, [1] * batch, [5] * batch, batch)
-        out[batch] = (time.perf_counter() - start) / steps * 1000
-        for s in slots:
-            engine._state("kv_state_remove_sequence", s)
-    return out
+    one = results["relaxc"][streams[0]]
+    print(f"\naggregate tokens/s, medians of {args.rounds} ({platform.machine()}, {cpu}):")
+    print("| streams | relaxc | vs 1 stream | llama-cpp-python server | relaxc / llama.cpp |")
+    print("| --- | --- | --- | --- | --- |")
+    for k in streams:
+        r, c = results["relaxc"][k], results["llama.cpp"][k]
+        print(f"| {k} | {r:.1f} | {r / one:.2f}x | {c:.1f} | {r / c:.2f}x |")
 
 
 if __name__ == "__main__":

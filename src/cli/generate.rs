@@ -89,6 +89,9 @@ pub fn run(args: Args) -> Result<()> {
         Some(t) => {
             let encoding =
                 t.encode(prompt.as_str(), true).map_err(|e| anyhow::anyhow!("--prompt: cannot encode it: {e}"))?;
+            if encoding.get_ids().is_empty() {
+                bail!("--prompt {prompt:?} encodes to no tokens with this tokenizer");
+            }
             encoding.get_ids().iter().map(|&id| id as i32).collect()
         }
         None => prompt.split(',').map(|t| t.trim().parse::<i32>()).collect::<Result<Vec<i32>, _>>().map_err(|_| {

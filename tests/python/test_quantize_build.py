@@ -79,3 +79,32 @@ def test_unknown_format_is_refused():
 
     with pytest.raises(ValueError, match="quantize='q5_9'"):
         relaxc.tvm.RewriteToLibrary("q5_9")
+
+
+def test_the_llm_command_builds_a_gguf_file_and_writes_its_tokenizer(tmp_path):
+    """python -m relaxc.llm build on the GGUF fixture: the model generates TVM's tokens with its
+    weights from the file, and its tokenizer is written beside it for --tokenizer."""
+    folder = os.path.join(ROOT, "fixtures", "gguf")
+    gguf_path, so = os.path.join(folder, "tiny_mixed.gguf"), str(tmp_path / "tiny.so")
+    env = dict(os.environ, RELAXC=relaxc_binary(), PYTHONPATH=os.path.join(ROOT, "python"))
+    subprocess.run(
+        [sys.executable, "-m", "relaxc.llm", "build", gguf_path, "-o", so, "--exec-mode", "compiled"],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    want = np.load(os.path.join(folder, "generate.npz"))
+    tokenizer = str(tmp_path / "tiny.tokenizer.json")
+    assert os.path.exists(tokenizer) and os.path.exists(str(tmp_path / "tiny.tokenizer_config.json"))
+    prompt = ",".join(str(t) for t in want["prompt"])
+    out = subprocess.run(
+        [relaxc_binary(), "generate", so, "--weights", gguf_path, "--max-new-tokens", "16", "--prompt", prompt],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    assert out[0] == "tokens: " + " ".join(str(t) for t in want["tokens"])
+    from relaxc.serve.text import Tokenizer
+
+    # The fixture's vocabulary is pieces <t0>..<t127>: the text of the tokens is theirs.
+    assert Tokenizer(tokenizer).decode([int(t) for t in want["tokens"]]) == "".join(f"<t{t}>" for t in want["tokens"])

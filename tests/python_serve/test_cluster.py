@@ -91,6 +91,15 @@ def cluster(tmp_path):
     finally:
         for proc in reversed(nodes):
             stop_node(proc)
+        # `ray start` recorded the head's address for later `ray.init()` calls to join; `ray stop`
+        # would remove it, killing the nodes does not.
+        record = "/tmp/ray/ray_current_cluster"
+        try:
+            with open(record) as f:
+                if f.read().strip().endswith(f":{port}"):
+                    os.remove(record)
+        except OSError:
+            pass
 
 
 def test_two_nodes_one_replica_each(cluster, tmp_path):

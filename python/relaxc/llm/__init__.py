@@ -72,7 +72,28 @@ def build(gguf_path, output, exec_mode="bytecode", target=None, log=print):
         if done.returncode != 0:
             raise RuntimeError(f"relaxc compile failed:\n{done.stderr}")
     log(f"wrote {output} in {time.time() - started:.1f} s; run it with --weights {gguf_path}")
+    write_tokenizer(gguf_path, output, log)
     return config
+
+
+def write_tokenizer(gguf_path, output, log=print):
+    """The file's tokenizer beside the model: MODEL.tokenizer.json and
+    MODEL.tokenizer_config.json for MODEL.so (where the file has a vocabulary and the tokenizers
+    package is installed; otherwise a note says why not)."""
+    from . import tokenizer
+
+    stem = output[: -len(".so")] if output.endswith(".so") else output
+    paths = (stem + ".tokenizer.json", stem + ".tokenizer_config.json")
+    try:
+        tokenizer.write(gguf_path, *paths)
+    except ImportError as e:
+        log(f"no tokenizer written: {e} (pip install tokenizers)")
+        return None
+    except tokenizer.TokenizerError as e:
+        log(f"no tokenizer written: {e}")
+        return None
+    log(f"wrote {paths[0]} and {paths[1]} (for --tokenizer)")
+    return paths
 
 
 def _tvm_target(triple):

@@ -90,9 +90,11 @@ def main(argv=None):
         ray.init(address=args.address, logging_level="ERROR")
     else:
         # One machine: room for every replica's threads, whatever the core count; Ray's own
-        # services on loopback too when the HTTP address is.
+        # services on loopback too when the HTTP address is. A cluster of our own ("local"), even
+        # where `ray start` left the address of another (Ray would join that one otherwise).
         loopback = args.host in ("127.0.0.1", "localhost", "::1")
         ray.init(
+            address="local",
             num_cpus=max(os.cpu_count() or 1, args.replicas * args.threads_per_replica),
             include_dashboard=False,
             logging_level="ERROR",
