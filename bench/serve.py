@@ -1,13 +1,18 @@
 #!/usr/bin/env python3
 """Serving throughput where it matters: the mid-size Llama of bench/llm_midsize.py (156 M
-parameters, decode bound by reading its weights) from one GGUF file, served by
-`python -m relaxc.serve` and by llama-cpp-python's OpenAI-compatible server, with the same
+parameters, decode bound by reading its weights), served by `python -m relaxc.serve` and by
+llama-cpp-python's OpenAI-compatible server from a GGUF file of the same weights, with the same
 requests.
 
-The GGUF file (llama.cpp's quantizer makes --format from the f32 file) has a character-level
-SentencePiece vocabulary, so a text prompt is the same tokens to both servers (each reply's
-usage.prompt_tokens is checked to agree). relaxc serves `python -m relaxc.llm build`'s model
-(compiled mode, batch_prefill) with --weights FILE.gguf and the tokenizer.json it wrote.
+--model lib (the default): relaxc serves bench/llm_midsize.py's model built with relaxc.tvm.build
+(float32 weights bound as constants, dense layers on the kernel library, MLC's batch_prefill and
+batch_decode), llama.cpp the f32 GGUF file of the same weights. --model f32|f16|q8_0|q4_0|q4_k_m:
+both serve that GGUF file (llama.cpp's quantizer makes it from the f32 one), relaxc through
+`python -m relaxc.llm build`'s model with --weights FILE.gguf.
+
+The GGUF file has a character-level SentencePiece vocabulary, so a text prompt is the same tokens
+to both servers (each reply's usage.prompt_tokens is checked to agree); relaxc reads it as the
+tokenizer.json relaxc.llm writes from the file.
 
 For 1, 4, 16 and 32 concurrent streams (--streams), each of --tokens new tokens (greedy, EOS
 ignored: relaxc's ignore_eos, llama.cpp's logit_bias against it), both servers get the same
@@ -19,7 +24,7 @@ Both servers get the same threads (--threads, default 2). Needs TVM 0.27 (to mak
 build the model), llama-cpp-python with its server's packages (sse-starlette, starlette-context,
 pydantic-settings), gguf, ray[serve], tokenizers and numpy. Files are cached in --work.
 
-usage: python3 bench/serve.py [--format q4_k_m] [--streams 1,4,16,32] [--tokens 64] [--rounds 3]
+usage: python3 bench/serve.py [--model lib] [--streams 1,4,16,32] [--tokens 128] [--rounds 3]
 """
 
 import argparse
@@ -100,6 +105,34 @@ class LlamaCppServer:
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+def library_build(work, relaxc_bin, gguf_path):
+    """bench/llm_midsize.py's model (the same seeded weights as the GGUF file, bound as constants)
+    exported with MLC's batch functions and built with relaxc.tvm.build, its dense layers on the
+    kernel library's float32 GEMM; with the GGUF file's tokenizer beside it."""
+    so = os.path.join(work, "llama-lib.so")
+    tokenizer = os.path.join(work, "llama-lib.tokenizer.json")
+    if not os.path.exists(so):
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        import relaxc.tvm
+        from relaxc.llm import tokenizer as gguf_tokenizer
+
+        from tvm import relax
+
+        llm = llm_gguf.llm_midsize.llm_module()
+        shape = llm.Shape(**llm_gguf.llm_midsize.SIZES["mid"])
+        mod, values = llm.export_with_weights(shape, llm_gguf.llm_midsize.SEED, batch="mlc")
+        for fn in ["embed", "prefill", "decode", "batch_prefill", "batch_decode"]:
+            mod = relax.transform.BindParams(fn, values)(mod)
+        start = time.time()
+        tar = os.path.join(work, "llama-lib.tar")
+        relaxc.tvm.build(mod, target="llvm").export_library(tar)
+        subprocess.run([relaxc_bin, "compile", tar, "--exec-mode", "compiled", "-o", so], check=True)
+        os.remove(tar)
+        gguf_tokenizer.write(gguf_path, tokenizer, os.path.join(work, "llama-lib.tokenizer_config.json"))
+        print(f"built {so} in {time.time() - start:.0f} s", flush=True)
+    return so, tokenizer
+
+
 def relaxc_request(prompt, tokens):
     return {"model": "llama", "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True}
 
@@ -119,9 +152,9 @@ def concurrent_run(base, bodies, answer):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--format", default="q4_k_m", choices=["f32", *llm_gguf.FTYPES])
+    parser.add_argument("--model", default="lib", choices=["lib", "f32", *llm_gguf.FTYPES])
     parser.add_argument("--streams", default="1,4,16,32")
-    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--relaxc", default=os.path.join(ROOT, "target", "release", "relaxc"))
@@ -130,13 +163,21 @@ def main():
     streams = [int(s) for s in args.streams.split(",")]
     os.makedirs(args.work, exist_ok=True)
     os.environ["RELAXC"] = args.relaxc
-    gguf_path = llm_gguf.quantized_file(args.work, args.format)
-    so = llm_gguf.build(args.work, args.relaxc, gguf_path)
-    tokenizer = so[: -len(".so")] + ".tokenizer.json"
+    if args.model == "lib":
+        gguf_path = llm_gguf.f32_file(args.work)
+        so, tokenizer = library_build(args.work, args.relaxc, gguf_path)
+        weights = []
+    else:
+        gguf_path = llm_gguf.quantized_file(args.work, args.model)
+        so = llm_gguf.build(args.work, args.relaxc, gguf_path)
+        tokenizer = so[: -len(".so")] + ".tokenizer.json"
+        weights = ["--weights", gguf_path]
     rng = random.Random(0)
     prompts = [f"request {i}: " + " ".join(rng.choice(WORDS) for _ in range(6)) for i in range(max(streams))]
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-    print(f"{os.path.basename(gguf_path)}, {args.tokens} new tokens a stream, {args.threads} threads, {cpu}")
+    print(
+        f"relaxc: {os.path.basename(so)}; llama.cpp: {os.path.basename(gguf_path)}; {args.tokens} new tokens a stream, {args.threads} threads, {cpu}"
+    )
 
     env = dict(os.environ, TVM_NUM_THREADS=str(args.threads))
     kv = max(streams) * (64 + args.tokens + 16)
@@ -144,8 +185,7 @@ def main():
         so,
         "--name",
         "llama",
-        "--weights",
-        gguf_path,
+        *weights,
         "--tokenizer",
         tokenizer,
         "--max-batch-size",

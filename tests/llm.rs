@@ -619,8 +619,9 @@ fn generate_command_rejects_bad_input_clearly() {
 }
 
 /// Exports whose decode takes exactly one sequence (a fixed export spec) and exports with MLC's
-/// batch functions: greedy generation gives TVM's tokens, a step of three sequences gives each
-/// sequence the bits it gets alone, and the soak (which decodes two sequences a step) passes.
+/// batch functions: greedy generation gives TVM's tokens, a step of twelve sequences (its paged
+/// attention split across the threads) gives each sequence the bits it gets alone, and the soak
+/// (which decodes two sequences a step) passes.
 fn exports_of_either_batch_kind_decode_many_sequences() {
     for (name, fixed) in [("tiny_llama_fixed", Some(1)), ("tiny_llama_mlc", None)] {
         let so = build_named(name, ExecMode::Compiled);
@@ -629,18 +630,22 @@ fn exports_of_either_batch_kind_decode_many_sequences() {
         let ids = |b: &[u8]| -> Vec<i32> {
             b.chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
         };
-        let mut llm = Llm::new(&model, &so, CacheConfig::default()).expect("cache");
+        let config = CacheConfig { max_batch_size: 32, ..CacheConfig::default() };
+        let mut llm = Llm::new(&model, &so, config).expect("cache");
         assert_eq!(llm.decode_batch(), fixed, "{name}: decode's batch read from its signature");
-        let prompts = [ids(&want["prompt"].2), vec![4, 8, 15], vec![16, 23, 42, 7]];
+        // Twelve sequences: enough for the paged decode attention to be split across threads.
+        let mut prompts = vec![ids(&want["prompt"].2), vec![4, 8, 15], vec![16, 23, 42, 7]];
+        prompts.extend((0..9).map(|i| (0..3 + 2 * i).map(|k| (7 * i + 3 * k + 1) % 64).collect::<Vec<i32>>()));
         let mut last = vec![];
         for (i, p) in prompts.iter().enumerate() {
             llm.add_sequence(i as i64).expect("add");
             last.push(llm.prefill(&[i as i64], std::slice::from_ref(p)).expect("prefill").argmax(0));
         }
-        let together = llm.decode(&[0, 1, 2], &last).expect("a step of three sequences");
-        assert_eq!(together.rows, 3);
+        let seqs: Vec<i64> = (0..prompts.len() as i64).collect();
+        let together = llm.decode(&seqs, &last).expect("a step of twelve sequences");
+        assert_eq!(together.rows, prompts.len());
         for (i, p) in prompts.iter().enumerate() {
-            let seq = 10 + i as i64;
+            let seq = 100 + i as i64;
             llm.add_sequence(seq).expect("add");
             llm.prefill(&[seq], std::slice::from_ref(p)).expect("prefill");
             let alone = llm.decode(&[seq], &[last[i]]).expect("decode alone");

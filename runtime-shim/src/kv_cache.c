@@ -23,6 +23,8 @@
  * outside the CPU/TIR subset (sliding windows, attention sinks, token trees, MLA, KV transfer,
  * FlashInfer) are refused with an error naming them.
  */
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1145,6 +1147,84 @@ static int self_attend(kv_cache *c, DLTensor *q, DLTensor *k, DLTensor *v, DLTen
   return call(c->f_ragged, "ragged prefill attention", a, 14);
 }
 
+/* TVM's paged decode kernel runs its sequences one after another on one thread. Each sequence's
+ * output and lse depend on that sequence's rows alone, so the batch is cut into runs of sequences
+ * and the kernel called on each run in parallel, with views of the per-sequence arrays: the same
+ * bits as one call, at any thread count. A run starts where every view it shifts stays 64-byte
+ * aligned (the kernel's q, output and lse take no element offset). */
+typedef struct decode_split {
+  kv_cache *c;
+  int64_t local, depth, granule;
+  DLTensor *q, *out, *lse;
+  double sm;
+  atomic_int failed;
+  char kind[32], message[512];
+} decode_split;
+
+static DLTensor shifted(const DLTensor *t, int64_t first, int64_t rows, int64_t *shape) {
+  DLTensor v = *t;
+  int64_t row_bytes = (int64_t)(t->dtype.bits / 8) * t->dtype.lanes;
+  for (int32_t i = 1; i < t->ndim; i++) row_bytes *= t->shape[i];
+  for (int32_t i = 0; i < t->ndim; i++) shape[i] = i ? t->shape[i] : rows;
+  v.shape = shape;
+  v.strides = NULL;
+  v.data = (char *)t->data + t->byte_offset + first * row_bytes;
+  v.byte_offset = 0;
+  return v;
+}
+
+static DLTensor sliced(const view *v, int64_t first, int64_t count, int64_t *shape) {
+  DLTensor t = v->t;
+  shape[0] = count;
+  t.shape = shape;
+  t.byte_offset += (uint64_t)first * 4;
+  return t;
+}
+
+static int decode_run(int task, TVMParallelGroupEnv *env, void *cdata) {
+  decode_split *s = cdata;
+  kv_cache *c = s->c;
+  int64_t units = (c->batch + s->granule - 1) / s->granule, per = units / env->num_task, extra = units % env->num_task;
+  int64_t u0 = task * per + (task < extra ? task : extra), u1 = u0 + per + (task < extra ? 1 : 0);
+  int64_t b0 = u0 * s->granule, b1 = u1 * s->granule < c->batch ? u1 * s->granule : c->batch;
+  if (b0 >= b1) return 0;
+  int64_t n = b1 - b0, qs[3], os[3], ls[2], ps[1], li[1], kr[1], qp[1];
+  DLTensor q = shifted(s->q, b0, n, qs), out = shifted(s->out, b0, n, os), lse = shifted(s->lse, b0, n, ls);
+  DLTensor indptr = sliced(&c->v_page_indptr[s->depth], b0, n + 1, ps), length = sliced(&c->v_length_info[s->depth], b0, n, li),
+           k_rope = sliced(&c->v_k_rope[s->depth], b0, n, kr), q_pos = sliced(&c->v_qpos, b0, n, qp);
+  TVMFFIAny a[13] = {dl_value(&q), tensor_value(&c->pages[s->local]), dl_value(&indptr), tensor_value(&c->v_page_indices[s->depth]),
+                     dl_value(&length), dl_value(&k_rope), dl_value(&q_pos), dl_value(&out),
+                     dl_value(&lse), rvm_int(rot(c)), float_value(c->rotary_scale), float_value(c->rotary_theta), float_value(s->sm)};
+  if (call(c->f_decode, "paged decode attention", a, 13) && atomic_exchange(&s->failed, 1) == 0) {
+    snprintf(s->kind, sizeof s->kind, "%s", rvm_error_kind());
+    snprintf(s->message, sizeof s->message, "%s", rvm_error_message());
+  }
+  return 0;
+}
+
+static int decode_attention(kv_cache *c, int64_t local, int d, DLTensor *q, DLTensor *out, DLTensor *lse, double sm) {
+  /* Sequences per unit such that a unit's rows of q/out (heads x dim values) and of lse (heads
+   * floats) are whole multiples of 64 bytes. */
+  int64_t esize = c->dtype.bits / 8, granule = 1;
+  while (granule <= 64 && ((granule * c->num_qo_heads * 4) % 64 || (granule * c->num_qo_heads * c->head_dim * esize) % 64)) granule *= 2;
+  int threads = rvm_parallel_threads();
+  bool split = threads > 1 && granule <= 64 && c->batch >= 2 * granule && q->ndim == 3 && out->ndim == 3 && lse->ndim == 2 &&
+               ((uintptr_t)q->data + q->byte_offset) % 64 == 0 && ((uintptr_t)out->data + out->byte_offset) % 64 == 0 &&
+               ((uintptr_t)lse->data + lse->byte_offset) % 64 == 0;
+  if (!split) {
+    TVMFFIAny a[13] = {dl_value(q), tensor_value(&c->pages[local]), tensor_value(&c->v_page_indptr[d]), tensor_value(&c->v_page_indices[d]),
+                       tensor_value(&c->v_length_info[d]), tensor_value(&c->v_k_rope[d]), tensor_value(&c->v_qpos), dl_value(out),
+                       dl_value(lse), rvm_int(rot(c)), float_value(c->rotary_scale), float_value(c->rotary_theta), float_value(sm)};
+    return call(c->f_decode, "paged decode attention", a, 13);
+  }
+  decode_split s = {.c = c, .local = local, .depth = d, .granule = granule, .q = q, .out = out, .lse = lse, .sm = sm};
+  atomic_init(&s.failed, 0);
+  int64_t units = (c->batch + granule - 1) / granule;
+  TVMBackendParallelLaunch(decode_run, &s, (int)(units < threads ? units : threads));
+  if (atomic_load(&s.failed)) return rvm_raise(s.kind, "%s", s.message);
+  return 0;
+}
+
 /* The paged kernels over each depth, merged into o (TVM's AttentionInternal). */
 static int attend(kv_cache *c, int64_t local, DLTensor *q, DLTensor *k, DLTensor *v, DLTensor *o, double sm) {
   bool first = true;
@@ -1158,10 +1238,7 @@ static int attend(kv_cache *c, int64_t local, DLTensor *q, DLTensor *k, DLTensor
     DLTensor *out = first ? o : &c->v_out.t, *lse = first ? &c->v_merged.t : &c->v_lse.t;
     int rc;
     if (c->use_decode[d]) {
-      TVMFFIAny a[13] = {dl_value(q), tensor_value(&c->pages[local]), tensor_value(&c->v_page_indptr[d]), tensor_value(&c->v_page_indices[d]),
-                         tensor_value(&c->v_length_info[d]), tensor_value(&c->v_k_rope[d]), tensor_value(&c->v_qpos), dl_value(out),
-                         dl_value(lse), rvm_int(rot(c)), float_value(c->rotary_scale), float_value(c->rotary_theta), float_value(sm)};
-      rc = call(c->f_decode, "paged decode attention", a, 13);
+      rc = decode_attention(c, local, d, q, out, lse, sm);
     } else {
       TVMFFIAny a[15] = {dl_value(q), tensor_value(&c->v_qo_indptr[d]), tensor_value(&c->pages[local]), tensor_value(&c->v_page_indptr[d]),
                          tensor_value(&c->v_page_indices[d]), tensor_value(&c->v_length_info[d]), tensor_value(&c->v_k_rope[d]),

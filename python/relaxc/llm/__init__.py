@@ -53,7 +53,7 @@ def export(gguf_path, tar, target=None, log=print):
     for gvar, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and func.attrs is not None and "num_input" in func.attrs:
             mod[gvar] = func.without_attr("num_input")
-    ex = relaxc.tvm.build(mod, target="llvm" if target is None else _tvm_target(target))
+    ex = relaxc.tvm.build(mod, target=relaxc.tvm.target_for(target))
     ex.export_library(tar)
     return config, [name for name, _ in params]
 
@@ -94,21 +94,3 @@ def write_tokenizer(gguf_path, output, log=print):
         return None
     log(f"wrote {paths[0]} and {paths[1]} (for --tokenizer)")
     return paths
-
-
-def _tvm_target(triple):
-    """TVM's LLVM target for the kernels of a board (as the README's board section spells them)."""
-    import tvm
-
-    if triple.startswith("aarch64"):
-        return tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
-    if triple.startswith("riscv64"):
-        return tvm.target.Target(
-            {
-                "kind": "llvm",
-                "mtriple": "riscv64-linux-gnu",
-                "mattr": ["+m", "+a", "+f", "+d", "+c"],
-                "mabi": "lp64d",
-            }
-        )
-    return "llvm"

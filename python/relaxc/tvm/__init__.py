@@ -16,7 +16,7 @@ the same bits. ``build`` registers them for you when the relaxc command can be f
 
 # The API needs TVM, which is imported when first used: relaxc.tvm.pack (numpy alone) stays
 # importable without it.
-__all__ = ["QUANTIZE_FORMATS", "RewriteToLibrary", "build", "build_library", "register_kernels"]
+__all__ = ["QUANTIZE_FORMATS", "RewriteToLibrary", "build", "build_library", "register_kernels", "target_for"]
 
 
 def __getattr__(name):

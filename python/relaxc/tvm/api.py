@@ -10,7 +10,7 @@ from .. import RelaxcNotFound
 from .library import build_library, register_kernels
 from .rewrite import rewrite_module
 
-__all__ = ["RewriteToLibrary", "build", "build_library", "register_kernels"]
+__all__ = ["RewriteToLibrary", "build", "build_library", "register_kernels", "target_for"]
 
 
 QUANTIZE_FORMATS = ("f16", "q8_0", "q4_0", "q4_K", "q6_K")
@@ -62,3 +62,22 @@ def build(
         tir_pipeline=tir_pipeline,
         exec_mode=exec_mode,
     )
+
+
+def target_for(triple=None):
+    """TVM's LLVM target for the kernels of a target triple as relaxc compile takes it (None: this
+    machine), for boards as the README's board section spells them."""
+    if triple is None:
+        return "llvm"
+    if triple.startswith("aarch64"):
+        return tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu"})
+    if triple.startswith("riscv64"):
+        return tvm.target.Target(
+            {
+                "kind": "llvm",
+                "mtriple": "riscv64-linux-gnu",
+                "mattr": ["+m", "+a", "+f", "+d", "+c"],
+                "mabi": "lp64d",
+            }
+        )
+    return "llvm"

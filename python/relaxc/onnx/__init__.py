@@ -1,0 +1,202 @@
+"""relaxc.onnx: an ONNX file as it ships to a relaxc model, in one step.
+
+    python -m relaxc.onnx MODEL.onnx -o MODEL.so [--shape NAME=1,3,640,640 ...]
+                          [--exec-mode compiled] [--target TRIPLE]
+
+``build`` folds the model's shape arithmetic at the given input shapes (onnxsim: exporters
+compute Reshape targets from Shape, Gather and Concat, which TVM's importer cannot take),
+imports it with TVM's ONNX front end, builds it with relaxc.tvm (the operators the kernel library
+covers run on it) and compiles it with relaxc. An input dimension that is symbolic in the file
+(a batch) stays symbolic unless --shape fixes it. It reports what runs where: how many operators
+run on the kernel library and how many on TVM's kernels, the largest of those named. An operator
+TVM cannot import is an error naming the ONNX node and its type. Needs Apache TVM, onnx and
+onnxsim.
+"""
+
+import os
+import subprocess
+import tempfile
+import time
+
+from .. import find_relaxc
+
+__all__ = ["OnnxError", "build", "parse_shape", "placement"]
+
+
+class OnnxError(ValueError):
+    """An ONNX file relaxc.onnx cannot build, with what and where (input, node, operator)."""
+
+
+def parse_shape(text):
+    """NAME=1,3,640,640 as (name, [1, 3, 640, 640])."""
+    name, sep, dims = text.rpartition("=")
+    try:
+        values = [int(d) for d in dims.split(",")]
+    except ValueError:
+        values = None
+    if not sep or not name or not values or any(d <= 0 for d in values):
+        raise OnnxError(f"--shape {text!r}: write NAME=D0,D1,... with positive sizes (e.g. images=1,3,640,640)")
+    return name, values
+
+
+def _graph_inputs(model):
+    """The model's real inputs (not initializers) as {name: [int or str]} (a str: symbolic)."""
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = {}
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        dims = []
+        for i, d in enumerate(value.type.tensor_type.shape.dim):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                dims.append(d.dim_value)
+            else:
+                dims.append(d.dim_param or f"{value.name}_dim{i}")
+        inputs[value.name] = dims
+    return inputs
+
+
+def _fold(model, shapes, log):
+    """The model with its constant and shape arithmetic folded at `shapes` (onnxsim)."""
+    import onnxsim
+
+    try:
+        folded, ok = onnxsim.simplify(model, overwrite_input_shapes=shapes or None, perform_optimization=True)
+    except Exception as e:
+        log(
+            f"note: onnxsim could not fold this model ({type(e).__name__}: {str(e).splitlines()[0]}); importing it as is"
+        )
+        return model
+    if not ok:
+        log("note: onnxsim's folded model did not check out against the original; importing the original")
+        return model
+    return folded
+
+
+def _check_operators(model):
+    """An error naming the first node TVM's ONNX front end has no converter for."""
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+
+    known = _get_convert_map()
+    for i, node in enumerate(model.graph.node):
+        if node.op_type not in known and node.op_type not in ("If",):
+            raise OnnxError(
+                f"ONNX node {node.name or f'#{i}'!r} ({node.op_type}): TVM's ONNX front end has no converter for "
+                f"{node.op_type} (domain {node.domain or 'ai.onnx'})"
+            )
+
+
+def _import(model, shape_dict):
+    """TVM's import, an error in a node's conversion naming that node and its type."""
+    from tvm.relax.frontend.onnx import from_onnx, onnx_frontend
+
+    importer = onnx_frontend.ONNXGraphImporter
+    original = importer._convert_operator
+
+    def convert(self, op_name, inputs, attrs, opset):
+        try:
+            return original(self, op_name, inputs, attrs, opset)
+        except OnnxError:
+            raise
+        except Exception as e:
+            name = attrs.get("tvm_custom", {}).get("name", "?")
+            message = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            raise OnnxError(f"ONNX node {name!r} ({op_name}): TVM cannot import it: {message}") from e
+
+    importer._convert_operator = convert
+    try:
+        return from_onnx(model, shape_dict=shape_dict, keep_params_in_input=False)
+    finally:
+        importer._convert_operator = original
+
+
+def placement(mod):
+    """What runs where in a module rewritten by relaxc.tvm: (library calls, TVM operators,
+    [(operator, output shape, count)] of the TVM operators, largest output first)."""
+    import tvm
+    from tvm import relax
+
+    library, other = 0, {}
+    # Operators that compute nothing (views, shapes, bookkeeping).
+    free = {"relax.reshape", "relax.null_value", "relax.shape_of", "relax.call_pure_packed", "relax.match_cast"}
+
+    def visit(expr):
+        nonlocal library
+        if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)):
+            return
+        name = expr.op.name
+        if name == "relax.call_dps_packed":
+            if getattr(expr.args[0], "global_symbol", "").startswith("relaxc."):
+                library += 1
+                return
+        if name in free:
+            return
+        sinfo = expr.struct_info
+        shape = sinfo.shape.values if isinstance(sinfo, relax.TensorStructInfo) and sinfo.shape is not None else []
+        dims = tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in shape)
+        key = (name[len("relax.") :] if name.startswith("relax.") else name, dims)
+        other[key] = other.get(key, 0) + 1
+
+    for _, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, visit)
+
+    def size(shape):
+        n = 1
+        for d in shape:
+            n *= d if isinstance(d, int) else 1
+        return n
+
+    ranked = sorted(((op, shape, n) for (op, shape), n in other.items()), key=lambda t: -size(t[1]) * t[2])
+    return library, sum(other.values()), ranked
+
+
+def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, log=print):
+    """Builds the ONNX file at model_path into the shared object `output`. `shapes` fixes input
+    shapes ({name: [dims]}); a dimension the file leaves symbolic and `shapes` does not fix stays
+    symbolic. Returns the placement (see `placement`)."""
+    import onnx
+
+    import relaxc.tvm
+
+    started = time.time()
+    try:
+        model = onnx.load(model_path)
+    except Exception as e:
+        raise OnnxError(f"{model_path}: not an ONNX model that can be read: {e}") from None
+    inputs = _graph_inputs(model)
+    shapes = dict(shapes or {})
+    for name, dims in shapes.items():
+        if name not in inputs:
+            raise OnnxError(f"--shape {name}: the model has no input {name!r} (its inputs: {', '.join(inputs)})")
+        if len(dims) != len(inputs[name]):
+            raise OnnxError(f"--shape {name}: {len(dims)} dimensions given, the input has {len(inputs[name])}")
+        fixed = [d for d, want in zip(dims, inputs[name]) if isinstance(want, int) and d != want]
+        if fixed:
+            raise OnnxError(f"--shape {name}={','.join(map(str, dims))}: the model fixes it at {inputs[name]}")
+    symbolic = {n: d for n, d in inputs.items() if n not in shapes and any(isinstance(x, str) for x in d)}
+    if symbolic:
+        log("symbolic dimensions kept: " + "; ".join(f"{n} {d}" for n, d in symbolic.items()))
+    folded = _fold(model, shapes, log)
+    _check_operators(folded)
+    shape_dict = {n: shapes.get(n, d) for n, d in _graph_inputs(folded).items()}
+    mod = _import(folded, shape_dict)
+    from relaxc.tvm.rewrite import rewrite_module
+
+    mod = rewrite_module(mod)
+    on_library, on_tvm, ranked = placement(mod)
+    log(f"{on_library} operators on relaxc's kernel library, {on_tvm} on TVM's kernels")
+    for op, shape, n in ranked[:5]:
+        log(f"  TVM: {op} -> {list(shape)}" + (f" x{n}" if n > 1 else ""))
+    relaxc_bin = find_relaxc()
+    with tempfile.TemporaryDirectory() as work:
+        tar = os.path.join(work, "model.tar")
+        relaxc.tvm.build(mod, target=relaxc.tvm.target_for(target)).export_library(tar)
+        command = [relaxc_bin, "compile", tar, "--exec-mode", exec_mode, "-o", output]
+        if target:
+            command += ["--target", target]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"relaxc compile failed:\n{done.stderr}")
+    log(f"wrote {output} in {time.time() - started:.1f} s")
+    return on_library, on_tvm, ranked

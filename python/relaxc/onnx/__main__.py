@@ -1,0 +1,39 @@
+"""python -m relaxc.onnx MODEL.onnx -o MODEL.so: the command line of relaxc.onnx.build."""
+
+import argparse
+import sys
+
+from . import OnnxError, build, parse_shape
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m relaxc.onnx",
+        description="Build an ONNX file as it ships into a relaxc model (.so): shape arithmetic folded at the given "
+        "shapes, imported with TVM's ONNX front end, the operators relaxc's kernel library covers run on it, "
+        "compiled with relaxc. Prints what runs where.",
+    )
+    parser.add_argument("model", help="the .onnx file")
+    parser.add_argument("-o", "--output", required=True, help="the .so to write")
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="fix an input's shape (repeat for several inputs); a dimension the file leaves symbolic and no --shape "
+        "fixes stays symbolic",
+    )
+    parser.add_argument("--exec-mode", choices=["bytecode", "compiled"], default="bytecode", help="as relaxc compile's")
+    parser.add_argument("--target", help="a target triple for a board (as relaxc compile's --target)")
+    args = parser.parse_args(argv)
+    try:
+        shapes = dict(parse_shape(s) for s in args.shape)
+        build(args.model, args.output, shapes=shapes, exec_mode=args.exec_mode, target=args.target)
+    except (OnnxError, RuntimeError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
