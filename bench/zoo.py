@@ -180,7 +180,6 @@ def main():
     args = parser.parse_args()
     os.environ["RELAXC"] = args.relaxc
     import onnxruntime as ort
-
     import relaxc.onnx
 
     threads = [int(t) for t in args.threads.split(",")]
@@ -190,7 +189,12 @@ def main():
         path = fetch(args.work, requirement, filename)
         so = os.path.join(args.work, f"{name}.so")
         print(f"== {name}: {family}, {filename} ({os.path.getsize(path) / 1e6:.1f} MB)", flush=True)
-        relaxc.onnx.build(path, so, shapes=shapes, exec_mode="compiled", log=lambda m: print("  " + m, flush=True))
+        try:
+            relaxc.onnx.build(path, so, shapes=shapes, exec_mode="compiled", log=lambda m: print("  " + m, flush=True))
+        except relaxc.onnx.OnnxError as e:
+            print(f"  does not build: {e}", flush=True)
+            rows.append({"model": name, "family": family, "error": str(e)})
+            continue
         feeds = inputs_for(path, shapes)
         npz = os.path.join(args.work, f"{name}.inputs.npz")
         np.savez(npz, **feeds)
@@ -200,7 +204,9 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "out.npz")
             subprocess.run(
-                [args.relaxc, "run", so, "--inputs", npz + ".args.npz", "--outputs", out], check=True, capture_output=True
+                [args.relaxc, "run", so, "--inputs", npz + ".args.npz", "--outputs", out],
+                check=True,
+                capture_output=True,
             )
             got = np.load(out)
             got = [got[f"out{i}"] for i in range(len(got.files))]
@@ -220,15 +226,23 @@ def main():
         if args.profile:
             with tempfile.TemporaryDirectory() as tmp:
                 result = ort_time(path, npz, 1, 5, profile=os.path.join(tmp, "ort"))
-                print("  ORT top operators (1 thread): " + ", ".join(f"{op} {s:.0%}" for op, s in ort_top_ops(result["profile"])))
+                print(
+                    "  ORT top operators (1 thread): "
+                    + ", ".join(f"{op} {s:.0%}" for op, s in ort_top_ops(result["profile"]))
+                )
         rows.append(row)
     print("\n| model | family | relaxc / ORT, " + " | ".join(f"{t} thread(s)" for t in threads) + " | max difference |")
     print("| --- | --- | " + " | ".join("---" for _ in threads) + " | --- |")
     for row in rows:
-        ratios = " | ".join(f"{row[t][0] / row[t][1]:.2f} ({row[t][0] / 1000:.2f} / {row[t][1] / 1000:.2f} ms)" for t in threads)
+        if "error" in row:
+            print(f"| {row['model']} | {row['family']} | " + " | ".join("-" for _ in threads) + f" | {row['error']} |")
+            continue
+        ratios = " | ".join(
+            f"{row[t][0] / row[t][1]:.2f} ({row[t][0] / 1000:.2f} / {row[t][1] / 1000:.2f} ms)" for t in threads
+        )
         print(f"| {row['model']} | {row['family']} | {ratios} | {row['worst']:.1e} |")
     for t in threads:
-        ratios = [row[t][0] / row[t][1] for row in rows]
+        ratios = [row[t][0] / row[t][1] for row in rows if "error" not in row]
         print(f"geometric mean at {t} thread(s): {float(np.exp(np.mean(np.log(ratios)))):.2f}")
 
 

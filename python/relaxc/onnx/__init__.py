@@ -18,6 +18,8 @@ import subprocess
 import tempfile
 import time
 
+import numpy as np
+
 from .. import find_relaxc
 
 __all__ = ["OnnxError", "build", "parse_shape", "placement"]
@@ -73,6 +75,104 @@ def _fold(model, shapes, log):
     return folded
 
 
+def _shape_values(model):
+    """A function giving the value of a shape-arithmetic tensor (Shape, Gather, Concat,
+    Unsqueeze, Squeeze, Cast, Slice over constants) as a list whose items are ints, a symbolic
+    dimension's name, or None where unknown; None for a tensor it cannot follow."""
+    import onnx
+    from onnx import numpy_helper
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:
+        inferred = model
+    infos = list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)
+    shapes = {}
+    for v in infos:
+        if v.type.tensor_type.HasField("shape"):
+            shapes[v.name] = [
+                d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in v.type.tensor_type.shape.dim
+            ]
+    constants = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            constants[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    memo = {}
+
+    def ints(name):
+        if name in constants and constants[name].dtype.kind in "iu":
+            return [int(v) for v in np.atleast_1d(constants[name])]
+        return None
+
+    def value(name, depth=0):
+        if name in memo:
+            return memo[name]
+        result = ints(name)
+        node = producer.get(name)
+        if result is None and node is not None and depth < 64:
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            op = node.op_type
+            if op == "Shape" and node.input[0] in shapes:
+                dims = shapes[node.input[0]]
+                result = dims[attrs.get("start", 0) : attrs.get("end", len(dims))]
+            elif op in ("Cast", "Identity", "Unsqueeze", "Squeeze"):
+                result = value(node.input[0], depth + 1)
+            elif op == "Gather" and attrs.get("axis", 0) == 0:
+                data, index = value(node.input[0], depth + 1), ints(node.input[1])
+                if data is not None and index is not None and all(-len(data) <= i < len(data) for i in index):
+                    result = [data[i] for i in index]
+            elif op == "Concat":
+                parts = [value(i, depth + 1) for i in node.input]
+                if all(p is not None for p in parts):
+                    result = [d for p in parts for d in p]
+            elif op == "Slice":
+                data = value(node.input[0], depth + 1)
+                starts, ends = ints(node.input[1]), ints(node.input[2])
+                steps = ints(node.input[4]) if len(node.input) > 4 and node.input[4] else [1]
+                if data is not None and starts and ends and len(starts) == 1:
+                    result = data[starts[0] : ends[0] : steps[0]]
+        memo[name] = result
+        return result
+
+    return value, shapes
+
+
+def _pin_reshapes(model):
+    """Reshape targets computed from a symbolic shape (x.view(x.size(0), -1) exports as Shape,
+    Gather, Concat), written as constants where they can be followed: a dimension that is the
+    input's own at the same place becomes 0 (ONNX's "copy it"), a number stays, and at most one
+    other becomes -1. TVM's importer takes a constant target whatever the batch."""
+    from onnx import numpy_helper
+
+    value, shapes = _shape_values(model)
+    constants = {t.name for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type != "Reshape" or len(node.input) < 2 or node.input[1] in constants:
+            continue
+        if any(a.name == "allowzero" and a.i for a in node.attribute):
+            continue
+        target, source = value(node.input[1]), shapes.get(node.input[0])
+        if not target:
+            continue
+        pinned, unknown = [], 0
+        for i, d in enumerate(target):
+            if isinstance(d, int):
+                pinned.append(d)
+                unknown += d == -1
+            elif isinstance(d, str) and source and i < len(source) and source[i] == d:
+                pinned.append(0)
+            else:
+                pinned.append(-1)
+                unknown += 1
+        if unknown > 1:
+            continue
+        name = f"{node.output[0]}__relaxc_target"
+        model.graph.initializer.append(numpy_helper.from_array(np.array(pinned, np.int64), name))
+        node.input[1] = name
+    return model
+
+
 def _check_operators(model):
     """An error naming the first node TVM's ONNX front end has no converter for."""
     from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
@@ -114,13 +214,14 @@ def placement(mod):
     """What runs where in a module rewritten by relaxc.tvm: (library calls, TVM operators,
     [(operator, output shape, count)] of the TVM operators, largest output first)."""
     import tvm
+    from relaxc.tvm.patterns import _dims
     from tvm import relax
 
     library, other = 0, {}
     # Operators that compute nothing (views, shapes, bookkeeping).
     free = {"relax.reshape", "relax.null_value", "relax.shape_of", "relax.call_pure_packed", "relax.match_cast"}
 
-    def visit(expr):
+    def visit(var, expr):
         nonlocal library
         if not (isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op)):
             return
@@ -131,15 +232,19 @@ def placement(mod):
                 return
         if name in free:
             return
-        sinfo = expr.struct_info
-        shape = sinfo.shape.values if isinstance(sinfo, relax.TensorStructInfo) and sinfo.shape is not None else []
-        dims = tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in shape)
-        key = (name[len("relax.") :] if name.startswith("relax.") else name, dims)
+        dims = tuple(d if isinstance(d, int) else str(d) for d in _dims(var) or [])
+        op = name[len("relax.") :] if name.startswith("relax.") else name
+        if op == "call_tir" and hasattr(expr.args[0], "name_hint"):
+            op = expr.args[0].name_hint  # the TIR function TVM's importer made (hard_sigmoid, ...)
+        key = (op, dims)
         other[key] = other.get(key, 0) + 1
 
     for _, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            relax.analysis.post_order_visit(func, visit)
+        if isinstance(func, relax.Function) and isinstance(func.body, relax.SeqExpr):
+            for block in func.body.blocks:
+                for binding in block.bindings:
+                    if isinstance(binding, relax.VarBinding):
+                        visit(binding.var, binding.value)
 
     def size(shape):
         n = 1
@@ -178,8 +283,11 @@ def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, lo
     if symbolic:
         log("symbolic dimensions kept: " + "; ".join(f"{n} {d}" for n, d in symbolic.items()))
     folded = _fold(model, shapes, log)
+    if symbolic:
+        folded = _pin_reshapes(folded)
     _check_operators(folded)
-    shape_dict = {n: shapes.get(n, d) for n, d in _graph_inputs(folded).items()}
+    # TVM reads the others from the file, a symbolic dimension as a variable of its name.
+    shape_dict = {n: shapes[n] for n in _graph_inputs(folded) if n in shapes}
     mod = _import(folded, shape_dict)
     from relaxc.tvm.rewrite import rewrite_module
 

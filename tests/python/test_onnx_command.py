@@ -1,0 +1,139 @@
+"""python -m relaxc.onnx: an ONNX file as exporters write it to a relaxc model in one command.
+A Reshape whose target is computed from Shape, Gather and Concat (which TVM's importer refuses
+as is) builds once the shapes are folded; the outputs equal onnx's reference evaluator's; a
+symbolic batch stays symbolic; the report says what runs where; an operator TVM cannot import
+is an error naming its node; bad --shape arguments are clear errors.
+
+Needs TVM 0.27, onnx and onnxsim (skipped without them, as the summary says)."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from test_tvm_ffi import ROOT, relaxc_binary
+
+sys.path.insert(0, os.path.join(ROOT, "python"))
+pytest.importorskip("tvm", reason="TVM 0.27 imports ONNX models (pip install apache-tvm==0.27.0.post1)")
+onnx = pytest.importorskip("onnx", reason="pip install onnx")
+pytest.importorskip("onnxsim", reason="pip install onnxsim (folds the shape arithmetic)")
+from onnx import TensorProto, helper, numpy_helper
+
+
+def exported_cnn(batch="n"):
+    """Conv, HardSwish written out (Add, Clip, Mul, Div) and a flatten whose target shape is
+    computed from the input's Shape (Gather the batch, Concat with -1), then Gemm: as PyTorch's
+    exporter writes x.view(x.size(0), -1)."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3, "w"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32) * 0.1, "b"),
+        numpy_helper.from_array(rng.standard_normal((10, 8 * 8 * 8)).astype(np.float32) * 0.05, "fc"),
+        numpy_helper.from_array(np.array(3.0, np.float32), "three"),
+        numpy_helper.from_array(np.array(0.0, np.float32), "zero"),
+        numpy_helper.from_array(np.array(6.0, np.float32), "six"),
+        numpy_helper.from_array(np.array([0], np.int64), "axis0"),
+        numpy_helper.from_array(np.array([-1], np.int64), "minus1"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], name="conv0", pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Add", ["c", "three"], ["c3"], name="hs_add"),
+        helper.make_node("Clip", ["c3", "zero", "six"], ["clip"], name="hs_clip"),
+        helper.make_node("Mul", ["c", "clip"], ["m"], name="hs_mul"),
+        helper.make_node("Div", ["m", "six"], ["h"], name="hs_div"),
+        helper.make_node("Shape", ["h"], ["shape"], name="shape"),
+        helper.make_node("Gather", ["shape", "axis0"], ["n"], name="batch_size", axis=0),
+        helper.make_node("Concat", ["n", "minus1"], ["target"], name="flat_shape", axis=0),
+        helper.make_node("Reshape", ["h", "target"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "fc"], ["y"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 10])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def build(tmp_path, model, *args):
+    path = str(tmp_path / "m.onnx")
+    onnx.save(model, path)
+    so = str(tmp_path / "m.so")
+    env = dict(os.environ, RELAXC=relaxc_binary(), PYTHONPATH=os.path.join(ROOT, "python"))
+    done = subprocess.run(
+        [sys.executable, "-m", "relaxc.onnx", path, "-o", so, *args], capture_output=True, text=True, env=env
+    )
+    return done, path, so
+
+
+def run(so, x):
+    import tvm_ffi
+
+    return np.from_dlpack(tvm_ffi.load_module(so)["main"](tvm_ffi.from_dlpack(x))).copy()
+
+
+def reference(path, x):
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(path).run(None, {"x": x})[0]
+
+
+def test_a_computed_reshape_builds_at_a_given_shape_and_matches_the_reference(tmp_path):
+    done, path, so = build(tmp_path, exported_cnn(), "--shape", "x=2,3,16,16", "--exec-mode", "compiled")
+    assert done.returncode == 0, done.stderr
+    assert "operators on relaxc's kernel library" in done.stdout, done.stdout
+    x = np.random.default_rng(1).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    want = reference(path, x)
+    assert np.abs(run(so, x) - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
+
+
+def test_a_symbolic_batch_stays_symbolic(tmp_path):
+    done, path, so = build(tmp_path, exported_cnn())
+    assert done.returncode == 0, done.stderr
+    assert "symbolic dimensions kept: x ['n', 3, 16, 16]" in done.stdout, done.stdout
+    for batch in (1, 3):
+        x = np.random.default_rng(batch).standard_normal((batch, 3, 16, 16)).astype(np.float32)
+        want = reference(path, x)
+        assert np.abs(run(so, x) - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
+
+
+def test_an_operator_tvm_cannot_import_is_named_with_its_node(tmp_path):
+    model = exported_cnn(batch=1)
+    model.graph.node.insert(
+        1, helper.make_node("MyCustomOp", ["c"], ["c_custom"], name="the_custom_node", domain="com.example")
+    )
+    model.graph.node[2].input[0] = "c_custom"
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    done, _, _ = build(tmp_path, model)
+    assert done.returncode == 1
+    assert "ONNX node 'the_custom_node' (MyCustomOp)" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "shape, words",
+    [
+        ("x=2,3", "2 dimensions given, the input has 4"),
+        ("y=1,3,16,16", "the model has no input 'y' (its inputs: x)"),
+        ("x=1,3,32,32", "the model fixes it at ['n', 3, 16, 16]"),
+        ("x=1,a,16,16", "write NAME=D0,D1,..."),
+    ],
+)
+def test_bad_shapes_are_clear_errors(tmp_path, shape, words):
+    done, _, _ = build(tmp_path, exported_cnn(), "--shape", shape)
+    assert done.returncode != 0 and words in done.stderr, done.stderr
+
+
+def test_a_file_that_is_not_onnx_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00not a model at all")
+    env = dict(os.environ, RELAXC=relaxc_binary(), PYTHONPATH=os.path.join(ROOT, "python"))
+    done = subprocess.run(
+        [sys.executable, "-m", "relaxc.onnx", str(bad), "-o", str(tmp_path / "m.so")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert done.returncode == 1 and "not an ONNX model that can be read" in done.stderr, done.stderr
