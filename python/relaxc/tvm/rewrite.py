@@ -388,6 +388,58 @@ class _Planner:
         ]
         self._finish(tail, kernel, args)
 
+    def conv2d_transpose(self, var, call):
+        """NCHW transposed convolution (IOHW weights, as ONNX's ConvTranspose imports): the
+        weights go to relaxc.conv2d_transpose as they are (batch norm folded in when they are a
+        constant), its bias, residual and activation taken into its epilogue."""
+        x, w = call.args[0], call.args[1]
+        if not (_is_f32_tensor(x) and _is_f32_tensor(var) and _is_f32_tensor(w)):
+            return
+        if (
+            _attr(call, "data_layout") != "NCHW"
+            or _attr(call, "kernel_layout") != "IOHW"
+            or _attr(call, "out_layout", "NCHW") != "NCHW"
+        ):
+            return
+        dx, dout, dw = _dims(x), _dims(var), _dims(w)
+        if dx is None or dout is None or dw is None or not all(isinstance(d, int) for d in dw):
+            return
+        groups = int(_attr(call, "groups", 1))
+        strides, dilation = _ints(_attr(call, "strides")), _ints(_attr(call, "dilation"))
+        padding = _ints(_attr(call, "padding"))
+        if len(padding) == 2:
+            padding = padding * 2
+        cin, cg_out, kh, kw = dw
+        weight = self.b.const(w)
+        tail, ep = self._absorb("conv", var, dout)
+        bias, w_arg = ep.bias, w
+        if ep.bn is not None:
+            if weight is None:
+                return  # planned with a batch norm only a constant weight can take
+            gamma, beta, mean, variance = (np.asarray(p, np.float64) for p in ep.bn[:4])
+            scale = gamma / np.sqrt(variance + ep.bn[4])
+            # Input channel ci of group g feeds output channels g * cg_out + [0, cg_out).
+            group_of = np.arange(cin) // (cin // groups)
+            per = scale[group_of[:, None] * cg_out + np.arange(cg_out)[None, :]]
+            weight = (weight.astype(np.float64) * per[:, :, None, None]).astype(np.float32)
+            base = np.zeros(cg_out * groups) if bias is None else bias.astype(np.float64)
+            bias = ((base - mean) * scale + beta).astype(np.float32)
+            w_arg = relax.const(np.ascontiguousarray(weight))
+        elif weight is not None:
+            w_arg = relax.const(np.ascontiguousarray(weight))
+        ep.bias = bias
+        params = [kh, kw, strides[0], strides[1], *padding, dilation[0], dilation[1], groups]
+        args = [
+            x,
+            w_arg,
+            self._bias_arg(ep),
+            self._residual_arg(ep),
+            relax.ShapeExpr(params),
+            relax.expr.String(ep.act),
+            ep.scalars(),
+        ]
+        self._finish(tail, "relaxc.conv2d_transpose", args)
+
     def pool(self, var, call, name):
         x = call.args[0]
         if not (_is_f32_tensor(x) and _is_f32_tensor(var)) or _dims(x) is None or len(_dims(x)) != 4:
@@ -477,6 +529,8 @@ class _Planner:
                     self.matmul(var, value)
                 elif name == "relax.nn.conv2d":
                     self.conv2d(var, value)
+                elif name == "relax.nn.conv2d_transpose":
+                    self.conv2d_transpose(var, value)
                 elif name in ("relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d"):
                     self.pool(var, value, name)
                 elif name == "relax.mean":
