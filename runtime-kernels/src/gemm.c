@@ -83,6 +83,8 @@ float rk_activate(float x, rk_act act, float lo, float hi) {
     case RK_ACT_GELU_TANH: return rk_gelu_tanh(x);
     case RK_ACT_SILU: return rk_silu(x);
     case RK_ACT_SIGMOID: return rk_sigmoid(x);
+    case RK_ACT_HARD_SIGMOID: return rk_hard_sigmoid(x, lo, hi);
+    case RK_ACT_HARD_SWISH: return x * rk_hard_sigmoid(x, lo, hi);
     default: return x;
   }
 }
@@ -107,6 +109,12 @@ static inline __attribute__((always_inline)) void activate_span(float *x, int64_
       break;
     case RK_ACT_SIGMOID:
       for (int64_t i = 0; i < n; i++) x[i] = rk_sigmoid(x[i]);
+      break;
+    case RK_ACT_HARD_SIGMOID:
+      for (int64_t i = 0; i < n; i++) x[i] = rk_hard_sigmoid(x[i], lo, hi);
+      break;
+    case RK_ACT_HARD_SWISH:
+      for (int64_t i = 0; i < n; i++) x[i] = x[i] * rk_hard_sigmoid(x[i], lo, hi);
       break;
     default: break;
   }

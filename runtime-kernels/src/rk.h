@@ -125,6 +125,8 @@ typedef enum {
   RK_ACT_GELU_TANH = 4,
   RK_ACT_SILU = 5,
   RK_ACT_SIGMOID = 6,
+  RK_ACT_HARD_SIGMOID = 7, /* min(max(lo * x + hi, 0), 1): lo the slope, hi the offset (ONNX's alpha, beta) */
+  RK_ACT_HARD_SWISH = 8,   /* x * hard_sigmoid(x), the same lo and hi */
   RK_ACT_COUNT
 } rk_act;
 

@@ -65,6 +65,11 @@ RK_INLINE float rk_gelu_tanh(float x) {
 }
 
 RK_INLINE float rk_sigmoid(float x) { return 1.0f / (1.0f + rk_exp(-x)); }
+/* ONNX's HardSigmoid: min(max(slope * x + offset, 0), 1). */
+RK_INLINE float rk_hard_sigmoid(float x, float slope, float offset) {
+  float y = slope * x + offset;
+  return y < 0.0f ? 0.0f : (y > 1.0f ? 1.0f : y);
+}
 
 RK_INLINE float rk_silu(float x) { return x / (1.0f + rk_exp(-x)); }
 

@@ -167,7 +167,8 @@ int rk_shape_error(const char *kernel, const char *what, const DLTensor *t) {
 
 int rk_out_of_memory(const char *kernel) { return rvm_raise("MemoryError", "%s: out of memory for scratch space", kernel); }
 
-static const char *const act_names[RK_ACT_COUNT] = {"none", "relu", "clip", "gelu", "gelu_tanh", "silu", "sigmoid"};
+static const char *const act_names[RK_ACT_COUNT] = {"none", "relu", "clip", "gelu", "gelu_tanh", "silu", "sigmoid",
+                                                              "hard_sigmoid", "hard_swish"};
 
 int rk_arg_scalars(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
                    int64_t count, float *out) {
@@ -194,7 +195,7 @@ int rk_arg_epilogue(const char *kernel, const TVMFFIAny *args, int32_t num_args,
   for (int a = 0; a < RK_ACT_COUNT; a++)
     if (strlen(act_names[a]) == size && memcmp(act_names[a], name, size) == 0) act = a;
   if (act < 0)
-    return rvm_raise("ValueError", "%s: unknown activation \"%.*s\" (known: none, relu, clip, gelu, gelu_tanh, silu, sigmoid)",
+    return rvm_raise("ValueError", "%s: unknown activation \"%.*s\" (known: none, relu, clip, gelu, gelu_tanh, silu, sigmoid, hard_sigmoid, hard_swish)",
                      kernel, (int)(size > 64 ? 64 : size), name);
   float scalars[3];
   int rc = rk_arg_scalars(kernel, args, num_args, i + 1, "alpha_lo_hi", 3, scalars);

@@ -232,6 +232,25 @@ def _identify(f):
         lo, hi = float(y[0]), float(y[-1])
         if lo < hi and np.allclose(y, np.clip(x, lo, hi), rtol=1e-6, atol=1e-7):
             return "clip", lo, hi
+        return _hard(x, y)
+    return None
+
+
+def _hard(x, y):
+    """("hard_sigmoid" or "hard_swish", slope, offset) where y is clip(slope * x + offset, 0, 1),
+    or x times that (HardSwish, written out as x * clip(x + 3, 0, 6) / 6); else None."""
+    for name, gate in (("hard_sigmoid", y), ("hard_swish", np.divide(y, x, out=np.full_like(y, np.nan), where=x != 0))):
+        inner = (gate > 1e-4) & (gate < 1 - 1e-4) & np.isfinite(gate)
+        if inner.sum() < 4:
+            continue
+        slope, offset = np.polyfit(x[inner], gate[inner], 1)
+        if slope <= 0:
+            continue
+        want = np.clip(slope * x + offset, 0.0, 1.0)
+        if name == "hard_swish":
+            want = x * want
+        if np.allclose(y, want, rtol=1e-5, atol=1e-6):
+            return name, float(slope), float(offset)
     return None
 
 

@@ -69,6 +69,11 @@ class _Planner:
         name = _op_name(call)
         if name in _ELEMENTWISE:
             return _ELEMENTWISE[name], list(call.args)
+        if name == "relax.clip":  # bounds as PrimValues (HardSwish's clip(x + 3, 0, 6) imports so)
+            lo, hi = _scalar(call.args[1]), _scalar(call.args[2])
+            if lo is not None and hi is not None:
+                return (lambda v, lo=lo, hi=hi: np.clip(v, lo, hi)), [call.args[0]]
+            return None
         return _tir_elementwise(call)
 
     def _activation_region(self, x, order):
