@@ -4,12 +4,14 @@
  * output padding, dilation and groups, weights as ONNX and TVM hold them ([c_in, c_out/g, kh,
  * kw], read in place), with the epilogue (per-channel bias, a residual, an activation).
  *
- * It is a GEMM, then a gather. Per image and group, the GEMM multiplies the weights, read as a
+ * It is a GEMM, then a scatter. Per image and group, the GEMM multiplies the weights, read as a
  * [c_out/g * kh * kw, c_in/g] matrix, by the input's pixels [c_in/g, h * w]: column (iy, ix) of
- * the result holds what input pixel (iy, ix) sends through every tap. Each output pixel then
+ * the result holds what input pixel (iy, ix) sends through every tap. Each output plane then
  * adds what reaches it, tap by tap in a fixed order (ky, then kx), so no result depends on how
  * the work is split: the same bits at any thread count.
  */
+#include <string.h>
+
 #include "rk.h"
 
 enum { NUM_PARAMS = 11 };
@@ -78,7 +80,9 @@ typedef struct gather_job {
   const float *cols; /* per (image, group): [c_out/g][kh][kw][h * w] */
 } gather_job;
 
-/* Output planes (image, channel) [begin, end) of the task's share. */
+/* Output planes (image, channel) [begin, end) of the task's share. Each tap's plane of the GEMM's
+ * result is added into the output at its stride, tap after tap (ky, then kx): every output adds
+ * what reaches it in that order, whatever the split. */
 static int gather_task(int task, int num_tasks, void *ctx) {
   const gather_job *j = ctx;
   const transpose_args *a = j->a;
@@ -90,29 +94,25 @@ static int gather_task(int task, int num_tasks, void *ctx) {
     int64_t image = plane / a->cout, co = plane % a->cout, g = co / cg;
     const float *taps = j->cols + ((image * a->groups + g) * cg + co % cg) * a->kh * a->kw * pixels;
     float *dst = out + plane * a->oh * a->ow;
-    const float *res = residual ? residual + plane * a->oh * a->ow : NULL;
-    float b = bias ? bias[co] : 0.0f;
-    for (int64_t oy = 0; oy < a->oh; oy++) {
-      for (int64_t ox = 0; ox < a->ow; ox++) {
-        float sum = 0.0f;
-        for (int64_t ky = 0; ky < a->kh; ky++) {
-          int64_t ty = oy + a->pad_top - ky * a->dh;
-          if (ty < 0 || ty % a->sh) continue;
-          int64_t iy = ty / a->sh;
-          if (iy >= a->h) continue;
-          for (int64_t kx = 0; kx < a->kw; kx++) {
-            int64_t tx = ox + a->pad_left - kx * a->dw;
-            if (tx < 0 || tx % a->sw) continue;
-            int64_t ix = tx / a->sw;
-            if (ix >= a->wd) continue;
-            sum += taps[(ky * a->kw + kx) * pixels + iy * a->wd + ix];
-          }
+    memset(dst, 0, sizeof(float) * (size_t)(a->oh * a->ow));
+    for (int64_t ky = 0; ky < a->kh; ky++)
+      for (int64_t kx = 0; kx < a->kw; kx++) {
+        const float *tap = taps + (ky * a->kw + kx) * pixels;
+        /* Input columns whose output column ox = ix * sw - pad_left + kx * dw lies in [0, ow). */
+        int64_t x0 = a->pad_left - kx * a->dw, ix_lo = x0 > 0 ? (x0 + a->sw - 1) / a->sw : 0;
+        int64_t ix_hi = (a->ow - 1 + x0) < 0 ? -1 : (a->ow - 1 + x0) / a->sw;
+        if (ix_hi >= a->wd) ix_hi = a->wd - 1;
+        for (int64_t iy = 0; iy < a->h; iy++) {
+          int64_t oy = iy * a->sh - a->pad_top + ky * a->dh;
+          if (oy < 0 || oy >= a->oh) continue;
+          float *row = dst + oy * a->ow;
+          const float *src = tap + iy * a->wd;
+          for (int64_t ix = ix_lo; ix <= ix_hi; ix++) row[ix * a->sw - x0] += src[ix];
         }
-        float value = sum * a->ep.alpha + b;
-        if (res) value += res[oy * a->ow + ox];
-        dst[oy * a->ow + ox] = value;
       }
-    }
+    float b = bias ? bias[co] : 0.0f;
+    const float *res = residual ? residual + plane * a->oh * a->ow : NULL;
+    for (int64_t i = 0; i < a->oh * a->ow; i++) dst[i] = dst[i] * a->ep.alpha + b + (res ? res[i] : 0.0f);
     rk_activate_all(dst, a->oh * a->ow, a->ep.act, a->ep.lo, a->ep.hi);
   }
   return 0;

@@ -256,10 +256,11 @@ def placement(mod):
     return library, sum(other.values()), ranked
 
 
-def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, log=print):
+def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, log=print, instrument=False):
     """Builds the ONNX file at model_path into the shared object `output`. `shapes` fixes input
     shapes ({name: [dims]}); a dimension the file leaves symbolic and `shapes` does not fix stays
-    symbolic. Returns the placement (see `placement`)."""
+    symbolic. `instrument` builds for `relaxc run --profile`. Returns the placement (see
+    `placement`)."""
     import onnx
 
     import relaxc.tvm
@@ -303,6 +304,8 @@ def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, lo
         command = [relaxc_bin, "compile", tar, "--exec-mode", exec_mode, "-o", output]
         if target:
             command += ["--target", target]
+        if instrument:
+            command.append("--instrument")
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"relaxc compile failed:\n{done.stderr}")

@@ -25,10 +25,22 @@ def main(argv=None):
     )
     parser.add_argument("--exec-mode", choices=["bytecode", "compiled"], default="bytecode", help="as relaxc compile's")
     parser.add_argument("--target", help="a target triple for a board (as relaxc compile's --target)")
+    parser.add_argument(
+        "--instrument",
+        action="store_true",
+        help="build for `relaxc run --profile` (time per kernel), as relaxc compile's",
+    )
     args = parser.parse_args(argv)
     try:
         shapes = dict(parse_shape(s) for s in args.shape)
-        build(args.model, args.output, shapes=shapes, exec_mode=args.exec_mode, target=args.target)
+        build(
+            args.model,
+            args.output,
+            shapes=shapes,
+            exec_mode=args.exec_mode,
+            target=args.target,
+            instrument=args.instrument,
+        )
     except (OnnxError, RuntimeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
