@@ -39,14 +39,21 @@ def build(
     tir_pipeline="default",
     register=True,
     quantize=None,
+    parallel=True,
 ):
     """``relax.build`` after RewriteToLibrary: the same executable, with the covered operators
     running on relaxc's kernel library. With ``register`` (the default) the kernels are also
     registered in TVM (this needs the relaxc command), so the result runs in TVM's VM as well.
     ``quantize`` ("f16", "q8_0", "q4_0", "q4_K" or "q6_K") quantizes the weights of dense layers
     (constant [k, n] matrices whose k is a multiple of the format's block: 32, 256 for the K
-    formats) into that GGUF format, run by relaxc.dense_q; other layers stay float32."""
+    formats) into that GGUF format, run by relaxc.dense_q; other layers stay float32.
+    ``parallel`` (the default) fuses the element-wise chains left to TVM's kernels into one
+    kernel each and schedules those onto the thread pool, vectorized (relaxc.tvm.schedule)."""
     rewritten = RewriteToLibrary(quantize)(mod)
+    if parallel:
+        from .schedule import FuseAndParallelize
+
+        rewritten = FuseAndParallelize()(rewritten)
     if register:
         try:
             register_kernels()
