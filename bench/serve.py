@@ -150,6 +150,29 @@ def concurrent_run(base, bodies, answer):
     return elapsed, [answer(r) for r in replies], sum(r["usage"]["completion_tokens"] for r in replies)
 
 
+def token_ids(reply):
+    return reply["choices"][0]["token_ids"]
+
+
+def text(reply):
+    return reply["choices"][0]["text"]
+
+
+def measure(name, base, request, answer, alone, prompts, streams, args):
+    """Aggregate tokens/s by number of concurrent streams (medians of args.rounds), each answer
+    checked against the same request's answer alone."""
+    results = {}
+    for k in streams:
+        runs = []
+        for _ in range(args.rounds):
+            elapsed, answers, generated = concurrent_run(base, [request(p, args.tokens) for p in prompts[:k]], answer)
+            assert answers == alone[:k], f"{name}: {k} streams answered differently from each request alone"
+            runs.append(generated / elapsed)
+        results[k] = statistics.median(runs)
+        print(f"  {name:9s} {k:3d} streams: {results[k]:8.1f} tokens/s", flush=True)
+    return results
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="lib", choices=["lib", "f32", *llm_gguf.FTYPES])
@@ -202,20 +225,9 @@ def main():
         alone = []
         for p in prompts:
             reply = post(server.base, "/v1/completions", relaxc_request(p, args.tokens))
-            alone.append(reply["choices"][0]["token_ids"])
+            alone.append(token_ids(reply))
             prompt_tokens[p] = reply["usage"]["prompt_tokens"]
-        for k in streams:
-            runs = []
-            for _ in range(args.rounds):
-                elapsed, answers, generated = concurrent_run(
-                    server.base,
-                    [relaxc_request(p, args.tokens) for p in prompts[:k]],
-                    lambda r: r["choices"][0]["token_ids"],
-                )
-                assert answers == alone[:k], f"relaxc: {k} streams answered differently from each request alone"
-                runs.append(generated / elapsed)
-            results["relaxc"][k] = statistics.median(runs)
-            print(f"  relaxc    {k:3d} streams: {results['relaxc'][k]:8.1f} tokens/s", flush=True)
+        results["relaxc"] = measure("relaxc", server.base, relaxc_request, token_ids, alone, prompts, streams, args)
     finally:
         server.stop()
 
@@ -224,22 +236,11 @@ def main():
         alone = []
         for p in prompts:
             reply = post(llama.base, "/v1/completions", llama_cpp_request(p, args.tokens))
-            alone.append(reply["choices"][0]["text"])
+            alone.append(text(reply))
             assert reply["usage"]["prompt_tokens"] == prompt_tokens[p], (
                 f"the servers tokenize {p!r} differently: {reply['usage']['prompt_tokens']} vs {prompt_tokens[p]}"
             )
-        for k in streams:
-            runs = []
-            for _ in range(args.rounds):
-                elapsed, answers, generated = concurrent_run(
-                    llama.base,
-                    [llama_cpp_request(p, args.tokens) for p in prompts[:k]],
-                    lambda r: r["choices"][0]["text"],
-                )
-                assert answers == alone[:k], f"llama.cpp: {k} streams answered differently from each request alone"
-                runs.append(generated / elapsed)
-            results["llama.cpp"][k] = statistics.median(runs)
-            print(f"  llama.cpp {k:3d} streams: {results['llama.cpp'][k]:8.1f} tokens/s", flush=True)
+        results["llama.cpp"] = measure("llama.cpp", llama.base, llama_cpp_request, text, alone, prompts, streams, args)
     finally:
         llama.stop()
 

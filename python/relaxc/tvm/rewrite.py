@@ -382,6 +382,10 @@ class _Planner:
         else:
             w_arg = relax.const(pack_conv(weight, groups))
         ep.bias = bias
+        self._finish_conv(tail, kernel, x, w_arg, ep, params)
+
+    def _finish_conv(self, tail, kernel, x, w_arg, ep, params):
+        """A convolution kernel's call: (x, w, bias?, residual?, params, act, [alpha, lo, hi])."""
         args = [
             x,
             w_arg,
@@ -434,16 +438,7 @@ class _Planner:
             w_arg = relax.const(np.ascontiguousarray(weight))
         ep.bias = bias
         params = [kh, kw, strides[0], strides[1], *padding, dilation[0], dilation[1], groups]
-        args = [
-            x,
-            w_arg,
-            self._bias_arg(ep),
-            self._residual_arg(ep),
-            relax.ShapeExpr(params),
-            relax.expr.String(ep.act),
-            ep.scalars(),
-        ]
-        self._finish(tail, "relaxc.conv2d_transpose", args)
+        self._finish_conv(tail, "relaxc.conv2d_transpose", x, w_arg, ep, params)
 
     def pool(self, var, call, name):
         x = call.args[0]
