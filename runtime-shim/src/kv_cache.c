@@ -1211,16 +1211,16 @@ static int decode_attention(kv_cache *c, int64_t local, int d, DLTensor *q, DLTe
   bool split = threads > 1 && granule <= 64 && c->batch >= 2 * granule && q->ndim == 3 && out->ndim == 3 && lse->ndim == 2 &&
                ((uintptr_t)q->data + q->byte_offset) % 64 == 0 && ((uintptr_t)out->data + out->byte_offset) % 64 == 0 &&
                ((uintptr_t)lse->data + lse->byte_offset) % 64 == 0;
-  if (!split) {
-    TVMFFIAny a[13] = {dl_value(q), tensor_value(&c->pages[local]), tensor_value(&c->v_page_indptr[d]), tensor_value(&c->v_page_indices[d]),
-                       tensor_value(&c->v_length_info[d]), tensor_value(&c->v_k_rope[d]), tensor_value(&c->v_qpos), dl_value(out),
-                       dl_value(lse), rvm_int(rot(c)), float_value(c->rotary_scale), float_value(c->rotary_theta), float_value(sm)};
-    return call(c->f_decode, "paged decode attention", a, 13);
-  }
-  decode_split s = {.c = c, .local = local, .depth = d, .granule = granule, .q = q, .out = out, .lse = lse, .sm = sm};
+  decode_split s = {.c = c, .local = local, .depth = d, .granule = split ? granule : c->batch, .q = q, .out = out, .lse = lse, .sm = sm};
   atomic_init(&s.failed, 0);
-  int64_t units = (c->batch + granule - 1) / granule;
-  TVMBackendParallelLaunch(decode_run, &s, (int)(units < threads ? units : threads));
+  if (split) {
+    int64_t units = (c->batch + granule - 1) / granule;
+    TVMBackendParallelLaunch(decode_run, &s, (int)(units < threads ? units : threads));
+  } else { /* one run: the whole batch, on this thread */
+    atomic_int counter = 0;
+    TVMParallelGroupEnv one = {&counter, 1};
+    decode_run(0, &one, &s);
+  }
   if (atomic_load(&s.failed)) return rvm_raise(s.kind, "%s", s.message);
   return 0;
 }

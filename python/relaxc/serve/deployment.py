@@ -57,7 +57,7 @@ class Replica:
         tokenizer = llm_options.pop("tokenizer", None)
         self.llm = Engine(self.path, **llm_options) if is_llm(self.path) else None
         if self.llm:
-            self.routes = Routes(self.llm, self._tokenizer(tokenizer), name)
+            self.routes = Routes(self.llm, self._tokenizer(tokenizer), name, max_body_bytes)
         self.model = None if self.llm else TensorModel(self.path)
         self.batching = bool(self.model) and max_batch_size > 1 and batchable(self.model.signature)
         self.batched_requests = 0  # requests that ran in a call together with others
@@ -146,9 +146,6 @@ class Replica:
             import ray
 
             return _json(200, {**self.llm.stats(), "node": ray.get_runtime_context().get_node_id()})
-        body_size = int(request.headers.get("content-length") or 0)
-        if body_size > self.max_body:
-            raise BadRequest(f"request body of {body_size} bytes is over the server's limit of {self.max_body}")
         return await self.routes.handle(request, path)
 
 

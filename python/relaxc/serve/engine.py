@@ -147,7 +147,8 @@ class Engine:
                 self._state("kv_state_popn", slot, n)
             raise
         self._state("kv_state_end_forward")
-        return np.from_dlpack(out[0]).reshape(-1, np.from_dlpack(out[0]).shape[-1])
+        logits = np.from_dlpack(out[0])
+        return logits.reshape(-1, logits.shape[-1])
 
     def _probe_vocab(self):
         self._state("kv_state_add_sequence", 0)

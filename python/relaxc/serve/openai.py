@@ -96,10 +96,11 @@ def _message_text(i, message):
 
 class Routes:
     """The OpenAI endpoints of one LLM replica: `engine` runs the sequences, `tokenizer` (a
-    relaxc.serve.text.Tokenizer, or None: token-id prompts only) reads and writes text."""
+    relaxc.serve.text.Tokenizer, or None: token-id prompts only) reads and writes text; bodies
+    over `max_body` bytes are refused."""
 
-    def __init__(self, engine, tokenizer, name):
-        self.engine, self.tokenizer, self.name = engine, tokenizer, name
+    def __init__(self, engine, tokenizer, name, max_body):
+        self.engine, self.tokenizer, self.name, self.max_body = engine, tokenizer, name, max_body
 
     def models(self):
         return {
@@ -184,6 +185,8 @@ class Routes:
                 ),
             )
         body = await request.body()
+        if len(body) > self.max_body:
+            raise BadRequest(f"request body of {len(body)} bytes is over the server's limit of {self.max_body}")
         try:
             req = json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
