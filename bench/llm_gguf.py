@@ -8,13 +8,11 @@ Q4_K_M (q4_K with q6_K). Each file is built by `python -m relaxc.llm build` (com
 by `relaxc generate --weights FILE.gguf`; llama.cpp runs the same file.
 
 Before timing, per file: the first prefill's logits must have llama.cpp's argmax and agree with
-llama.cpp's (within 1e-3 of the largest logit for f32 and f16, 2e-2 for the quantized formats),
-or else be about as close as llama.cpp's to the exact answer (within 1.25x its distance): a
-float64 forward pass over the
-file's dequantized weights (tests/python/test_gguf.py's reference), from which both runtimes
-depart by rounding activations (llama.cpp rounds f16 models' activations to f16, and both round
-the quantized models' to int8 per block: on this random-weight model 8 layers amplify that into
-logits about 2e-2 apart, each about 2e-2 from the exact answer). Then,
+llama.cpp's, its KV cache kept in f32 as relaxc keeps it (llama.cpp's default f16 cache alone
+moves f32 logits by 6e-4): within 1e-3 of the largest logit for f32 and f16, and 2e-2 for the
+quantized formats, or within what float32 rounding noise does to an int8-activation reference
+(see check_logits: on this random-weight model one activation rounded the other way moves the
+logits by about 2e-2, so two correct runtimes can be that far apart). Then,
 interleaved, at 1 and 2 threads: prefill of a 6-token prompt and decode tokens/s; medians.
 Also: file sizes, relaxc's load time and its resident set after loading the weights.
 
@@ -154,13 +152,49 @@ def load_cost(so, gguf_path):
     return float(seconds), int(grown)
 
 
+def check_logits(fmt, gguf_path, ours, theirs, seeds=6):
+    """Whether relaxc's first logits (ours) are llama.cpp's (theirs, its KV cache in f32 as
+    relaxc's): within the format's tolerance of the largest logit, with the same argmax.
+
+    Where a format rounds activations to int8 that may not be reachable: a float32 rounding's
+    worth of difference before the rounding moves a value across a rounding boundary, and one such
+    value moves these logits by up to about 2e-2. So, for the quantized formats, this also measures
+    that floor (the reference with int8 activations, perturbed by 1e-7 relative at several seeds)
+    and accepts relaxc within the floor, and a different argmax where the two largest logits are
+    closer than the floor."""
+    from test_gguf import reference_first_logits
+
+    scale = np.abs(theirs).max()
+    diff = float(np.abs(ours - theirs).max() / scale)
+    top = np.sort(theirs)[::-1]
+    margin = float((top[0] - top[1]) / scale)
+    same = int(ours.argmax()) == int(theirs.argmax())
+    result = {"relaxc_vs_llama_cpp": diff, "argmax": [int(ours.argmax()), int(theirs.argmax())], "top2_margin": margin}
+    line = f"{fmt}: first prefill logits within {diff:.2e} of llama.cpp's largest; argmax {ours.argmax()} / {theirs.argmax()}"
+    if fmt in TOLERANCE:
+        result["ok"] = same and diff <= TOLERANCE[fmt]
+    else:
+        reference = reference_first_logits(gguf_path, llm_midsize.PROMPT, quantize_activations=True)
+        moved = [
+            np.abs(reference_first_logits(gguf_path, llm_midsize.PROMPT, True, 1e-7, seed) - reference).max()
+            / np.abs(reference).max()
+            for seed in range(seeds)
+        ]
+        floor = float(max(moved))
+        result.update(floor=floor, floor_runs=[float(m) for m in moved])
+        result["ok"] = diff <= max(2e-2, floor) and (same or margin < floor)
+        line += f"; float32 noise before int8 rounding moves them up to {floor:.2e}, top-2 margin {margin:.2e}"
+    print(line + ("" if result["ok"] else ": DISAGREES"), flush=True)
+    return result
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--relaxc", default=os.path.join(ROOT, "target/release/relaxc"))
     ap.add_argument("--work", default="/tmp/relaxc-llm-gguf")
     ap.add_argument("--formats", default="f32,f16,q8_0,q4_0,q4_k_m")
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (0: check the logits only)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument(
         "--time-anyway",
@@ -179,35 +213,14 @@ def main():
     checks = {}
     for f in formats:
         relaxc_run(relaxc, models[f], files[f], 2, 2, 0, logits=ours)
-        llm_midsize.llama_cpp(files[f], 2, 2, 0, theirs)
+        llm_midsize.llama_cpp(files[f], 2, 2, 0, theirs, kv_cache="f32")
         a, b = np.load(ours)["logits"][0], np.load(theirs)
-        diff = float(np.abs(a - b).max() / np.abs(b).max())
-        agree = diff <= TOLERANCE.get(f, 2e-2)
-        exact_a = exact_b = float("nan")
-        if not agree:
-            from test_gguf import reference_first_logits
-
-            exact = reference_first_logits(files[f], llm_midsize.PROMPT)
-            scale = np.abs(exact).max()
-            exact_a, exact_b = (
-                float(np.abs(a - exact).max() / scale),
-                float(np.abs(b - exact).max() / scale),
-            )
-        checks[f] = {
-            "relaxc_vs_llama_cpp": diff,
-            "relaxc_vs_exact": exact_a,
-            "llama_cpp_vs_exact": exact_b,
-            "argmax": [int(a.argmax()), int(b.argmax())],
-        }
-        print(
-            f"{f}: first prefill logits within {diff:.2e} of llama.cpp's largest; argmax {a.argmax()} / {b.argmax()}"
-            + ("" if agree else f"; from the exact answer: relaxc {exact_a:.2e}, llama.cpp {exact_b:.2e}"),
-            flush=True,
-        )
-        ok = a.argmax() == b.argmax() and (agree or exact_a <= exact_b * 1.25)
-        if not ok and not args.time_anyway:
+        checks[f] = check_logits(f, files[f], a, b)
+        if not checks[f]["ok"] and not args.time_anyway:
             sys.exit(f"{f}: relaxc disagrees with llama.cpp: not timing (--time-anyway times it all the same)")
 
+    if args.rounds == 0:
+        return
     results = {}
     for r in range(args.rounds):
         for f in formats:

@@ -212,7 +212,9 @@ import llama_cpp
 from llama_cpp import Llama
 path, threads, tokens, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 prompt = json.loads(sys.argv[5])
-llm = Llama(model_path=path, n_ctx=512, n_batch=64, n_threads=threads, n_threads_batch=threads, verbose=False)
+# sys.argv[7] == "f32": the KV cache in float32, as relaxc keeps it (llama.cpp's default is f16).
+kv = {"type_k": 0, "type_v": 0} if sys.argv[7] == "f32" else {}
+llm = Llama(model_path=path, n_ctx=512, n_batch=64, n_threads=threads, n_threads_batch=threads, verbose=False, **kv)
 prefills, rates, first, generated = [], [], None, None
 vocab = llm.n_vocab()
 last = lambda: np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(vocab,))
@@ -238,7 +240,10 @@ print(json.dumps({"tokens": generated, "prefill_ms": float(np.median(prefills)),
 """
 
 
-def llama_cpp(gguf_path, threads, tokens, runs, logits_path):
+def llama_cpp(gguf_path, threads, tokens, runs, logits_path, kv_cache="f16"):
+    """llama.cpp's greedy tokens, prefill ms and decode tokens/s on the file; the first prefill's
+    logits saved at logits_path. kv_cache="f32" keeps its KV cache in float32, as relaxc does, for
+    comparing numbers; timings use its default, f16."""
     import json
 
     out = subprocess.run(
@@ -252,6 +257,7 @@ def llama_cpp(gguf_path, threads, tokens, runs, logits_path):
             str(runs),
             json.dumps(PROMPT),
             logits_path,
+            kv_cache,
         ],
         check=True,
         capture_output=True,

@@ -86,19 +86,58 @@ def test_generation_from_python_gives_tvms_tokens(models, mode):
         m["relaxc_weights"](os.path.join(FIXTURE, "nowhere.gguf"), "embed", 1)
 
 
-def reference_first_logits(path, prompt):
+# Weight formats whose dot products llama.cpp takes against activations quantized to int8 per
+# block: 32 values (q8_0's blocks) or 256 (q8_K's).
+ACTIVATION_BLOCK = {"Q8_0": 32, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q4_K": 256, "Q6_K": 256}
+
+
+def int8_activations(x, block):
+    """x as llama.cpp's activation quantizers leave it (float32 arithmetic, values rounded to
+    even): per 32, scale amax/127 in half precision and values x * 127/amax; per 256, values x *
+    -127/max (max the value of largest magnitude, signed) and scale its reciprocal."""
+    b = x.astype(np.float32).reshape(x.shape[0], -1, block)
+    if block == 32:
+        amax = np.abs(b).max(-1, keepdims=True)
+        scale = (amax / np.float32(127)).astype(np.float16).astype(np.float32)
+        inverse = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    else:
+        peak = np.take_along_axis(b, np.abs(b).argmax(-1)[..., None], -1)
+        inverse = np.where(peak != 0, np.float32(-127) / np.where(peak != 0, peak, 1), 0).astype(np.float32)
+        scale = np.where(inverse != 0, np.float32(1) / np.where(inverse != 0, inverse, 1), 0).astype(np.float32)
+    q = np.minimum(np.rint(b * inverse), 127)
+    return (q * scale).reshape(x.shape).astype(np.float64)
+
+
+def reference_first_logits(path, prompt, quantize_activations=False, perturbation=0.0, seed=0):
     """The model of the GGUF file in numpy (float64), as llama.cpp computes it: RMS norms, RoPE
     (llama: adjacent pairs of the file's rows, which are in llama.cpp's order; qwen2: NEOX, the two
     halves of Hugging Face's rows), biases where the file has them, grouped-query causal
-    attention, SiLU-gated MLP."""
+    attention, SiLU-gated MLP.
+
+    With quantize_activations, the inputs of the quantized matrices are rounded to int8 as
+    llama.cpp rounds them; perturbation then scales them by 1 + perturbation * N(0, 1) first, to
+    measure how far a float32 rounding's worth of difference moves the logits."""
     from gguf.quants import dequantize
 
     reader = gguf.GGUFReader(path)
-    t = {}
+    t, blocks = {}, {}
+    rng = np.random.default_rng(seed)
     for tensor in reader.tensors:
         values = dequantize(np.array(tensor.data), tensor.tensor_type).astype(np.float64)
         t[tensor.name] = values.reshape([int(d) for d in reversed(tensor.shape)])
-    t.setdefault("output.weight", t["token_embd.weight"])  # tied embeddings
+        if quantize_activations and tensor.tensor_type.name in ACTIVATION_BLOCK:
+            blocks[tensor.name] = ACTIVATION_BLOCK[tensor.tensor_type.name]
+    if "output.weight" not in t:  # tied embeddings
+        t["output.weight"] = t["token_embd.weight"]
+        if "token_embd.weight" in blocks:
+            blocks["output.weight"] = blocks["token_embd.weight"]
+
+    def matmul(h, name):
+        if name in blocks:
+            if perturbation:
+                h = h * (1 + perturbation * rng.standard_normal(h.shape))
+            h = int8_activations(h, blocks[name])
+        return h @ t[name].T
 
     def field(key):
         f = reader.get_field(key)
@@ -135,7 +174,7 @@ def reference_first_logits(path, prompt):
         return out
 
     def project(h, name):
-        y = h @ t[name + ".weight"].T
+        y = matmul(h, name + ".weight")
         return y + t[name + ".bias"] if name + ".bias" in t else y
 
     x = t["token_embd.weight"][prompt]
@@ -154,11 +193,11 @@ def reference_first_logits(path, prompt):
         weights = np.exp(scores - scores.max(-1, keepdims=True))
         weights /= weights.sum(-1, keepdims=True)
         o = np.einsum("hqk,khd->qhd", weights, v).reshape(n, hidden)
-        x = x + o @ t[p + "attn_output.weight"].T
+        x = x + matmul(o, p + "attn_output.weight")
         h = norm(x, t[p + "ffn_norm.weight"])
-        gate, up = h @ t[p + "ffn_gate.weight"].T, h @ t[p + "ffn_up.weight"].T
-        x = x + (gate / (1 + np.exp(-gate)) * up) @ t[p + "ffn_down.weight"].T
-    return norm(x, t["output_norm.weight"])[-1] @ t["output.weight"].T
+        gate, up = matmul(h, p + "ffn_gate.weight"), matmul(h, p + "ffn_up.weight")
+        x = x + matmul(gate / (1 + np.exp(-gate)) * up, p + "ffn_down.weight")
+    return matmul(norm(x, t["output_norm.weight"])[-1:], "output.weight")[0]
 
 
 @pytest.mark.parametrize(
@@ -175,3 +214,18 @@ def test_the_model_means_what_llama_cpp_means(gguf_file, recorded):
     err = np.abs(got - reference).max() / np.abs(reference).max()
     assert err < 2e-2, f"first logits {err:.2e} of the largest from the numpy reference"
     assert int(got.argmax()) == int(reference.argmax())
+
+
+@pytest.mark.parametrize(
+    "gguf_file,recorded",
+    [("tiny_mixed.gguf", "generate.npz"), ("tiny_qwen2.gguf", "generate_qwen2.npz")],
+)
+def test_activations_are_rounded_as_llama_cpp_rounds_them(gguf_file, recorded):
+    """With the reference's activations rounded to int8 as llama.cpp's quantizers round them,
+    relaxc's logits come within float32 noise of it: the same blocks, scales and roundings."""
+    want = np.load(os.path.join(FIXTURE, recorded))
+    prompt = [int(i) for i in want["prompt"]]
+    reference = reference_first_logits(os.path.join(FIXTURE, gguf_file), prompt, quantize_activations=True)
+    got = want["logits"][0].astype(np.float64)
+    err = np.abs(got - reference).max() / np.abs(reference).max()
+    assert err < 1e-5, f"first logits {err:.2e} of the largest from the int8-activation reference"
