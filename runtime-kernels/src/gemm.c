@@ -216,6 +216,8 @@ typedef struct gemm_job {
   const float *const *b_packed;                  /* per problem */
   rk_ukernel_fn ukernel;
   rk_ukernel_c_fn ukernel_c;                     /* NULL where the instruction set has none */
+  rk_ukernel2_fn ukernel2;                       /* two panels at once; NULL where none */
+  rk_ukernel2_c_fn ukernel2_c;
   rk_gemv4_fn gemv4;
 } gemm_job;
 
@@ -240,6 +242,27 @@ static inline __attribute__((always_inline)) void compute_tile(const gemm_job *j
   store_tile(g, tile, i0, mr, j0, nr, first, last);
 }
 
+/* Two neighbouring tiles, columns [j0, j0 + RK_NR) from `panel` and [j0 + RK_NR, j0 + RK_NR +
+ * nr1) from panel + b_stride: the same bits as compute_tile on each. */
+static inline __attribute__((always_inline)) void compute_tile2(const gemm_job *job, const rk_gemm *g, int64_t kc,
+                                                               const float *strip, const float *panel,
+                                                               int64_t b_stride, int64_t i0, int64_t mr, int64_t j0,
+                                                               int64_t nr1, bool first, bool last) {
+  const rk_epilogue *ep = &g->ep;
+  bool simple_epilogue = ep->act <= RK_ACT_CLIP && (!ep->residual || ep->res_cs == 1);
+  if (job->ukernel2_c && nr1 == RK_NR && g->c_cs == 1 && (!last || simple_epilogue)) {
+    rk_tile_epilogue t = {first, last, ep->alpha, ep->lo, ep->hi, ep->act, NULL, ep->bias_per_row, NULL, ep->res_rs};
+    if (ep->bias) t.bias = ep->bias + (ep->bias_per_row ? i0 : j0);
+    if (ep->residual) t.residual = ep->residual + i0 * ep->res_rs + j0;
+    job->ukernel2_c(kc, strip, panel, b_stride, g->c + i0 * g->c_rs + j0, g->c_rs, (int)mr, &t);
+    return;
+  }
+  float tiles[2 * RK_MR * RK_NR] __attribute__((aligned(64)));
+  job->ukernel2(kc, strip, panel, b_stride, tiles, (int)mr);
+  store_tile(g, tiles, i0, mr, j0, RK_NR, first, last);
+  store_tile(g, tiles + RK_MR * RK_NR, i0, mr, j0 + RK_NR, nr1, first, last);
+}
+
 /* Computes rows [m_begin, m_end) and column panels [p_begin, p_end) of one product, one block of
  * rk_kc(k) reduction steps at a time: A's strips (packed here unless prepacked) and B's panels
  * (gathered here when B has a packer) for the block, then every strip against every panel. */
@@ -257,10 +280,23 @@ static inline __attribute__((always_inline)) void run_block(const gemm_job *job,
         g->pack_a(g->a, i0, mr, k0, kc, a_pack + s * kc * RK_MR);
       }
     if (g->pack_b) g->pack_b(g->b_source, p_begin, p_end - p_begin, k0, kc, b_block);
-    /* A panel of B stays in L1 while the strips of A stream past it from L2. */
+    /* A panel of B (two, with a two-panel kernel) stays in L1 while the strips of A stream past
+     * it from L2. */
+    int64_t b_stride = g->pack_b ? kc * RK_NR : g->k * RK_NR;
     for (int64_t p = p_begin; p < p_end; p++) {
       const float *panel = g->pack_b ? b_block + (p - p_begin) * kc * RK_NR : b_packed + (p * g->k + k0) * RK_NR;
       int64_t j0 = p * RK_NR, nr = g->n - j0 < RK_NR ? g->n - j0 : RK_NR;
+      if (job->ukernel2 && p + 1 < p_end && nr == RK_NR) {
+        int64_t nr1 = g->n - j0 - RK_NR < RK_NR ? g->n - j0 - RK_NR : RK_NR;
+        for (int64_t s = 0; s < strips; s++) {
+          int64_t i0 = m_begin + s * RK_MR, mr = m_end - i0 < RK_MR ? m_end - i0 : RK_MR;
+          const float *strip =
+              g->a_packed ? g->a_packed + ((i0 / RK_MR) * g->k + k0) * RK_MR : a_pack + s * kc * RK_MR;
+          compute_tile2(job, g, kc, strip, panel, b_stride, i0, mr, j0, nr1, first, last);
+        }
+        p++;
+        continue;
+      }
       for (int64_t s = 0; s < strips; s++) {
         int64_t i0 = m_begin + s * RK_MR, mr = m_end - i0 < RK_MR ? m_end - i0 : RK_MR;
         const float *strip =
@@ -446,7 +482,8 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
   int64_t mc = g0->a_packed ? (g0->m + RK_MR - 1) / RK_MR * RK_MR : RK_MC;
   bool streaming = takes_streaming_path(g0);
   gemm_job job = {problems, count, (g0->m + mc - 1) / mc, 1, panels, mc, b_packed,
-                  rk_ukernel(rk_cpu_isa(), streaming), rk_ukernel_c(rk_cpu_isa(), streaming), rk_gemv4(rk_cpu_isa())};
+                  rk_ukernel(rk_cpu_isa(), streaming), rk_ukernel_c(rk_cpu_isa(), streaming),
+                  rk_ukernel2(rk_cpu_isa()), rk_ukernel2_c(rk_cpu_isa()), rk_gemv4(rk_cpu_isa())};
   double macs = (double)count * (double)g0->m * (double)g0->n * (double)g0->k;
   int64_t threads = macs < RK_PARALLEL_MIN_MACS ? 1 : rk_max_threads();
   /* Blocks of at most RK_NC_PANELS panels, sizes within one panel of each other. With several

@@ -211,6 +211,17 @@ typedef void (*rk_ukernel_c_fn)(int64_t kc, const float *a, const float *b, floa
                                 const rk_tile_epilogue *ep);
 RVM_HIDDEN rk_ukernel_c_fn rk_ukernel_c(rk_isa isa, bool streaming);
 
+/* Two neighbouring panels of B at once (b, and b + b_stride for the next RK_NR columns), as two
+ * calls of the one-panel kernels would compute them, bit for bit: tile[q][r][j] for panel q (the
+ * tile is [2][RK_MR][RK_NR]), or written to C's 2 * RK_NR contiguous columns (both panels full).
+ * NULL where the instruction set has none (all but AVX-512: their one-panel kernels already keep
+ * enough sums in flight). */
+typedef void (*rk_ukernel2_fn)(int64_t kc, const float *a, const float *b, int64_t b_stride, float *tile, int mr);
+typedef void (*rk_ukernel2_c_fn)(int64_t kc, const float *a, const float *b, int64_t b_stride, float *c, int64_t c_rs,
+                                 int mr, const rk_tile_epilogue *ep);
+RVM_HIDDEN rk_ukernel2_fn rk_ukernel2(rk_isa isa);
+RVM_HIDDEN rk_ukernel2_c_fn rk_ukernel2_c(rk_isa isa);
+
 /* Applies an activation to one value, as every kernel's epilogue does (rk_math.h's functions). */
 RVM_HIDDEN float rk_activate(float x, rk_act act, float lo, float hi);
 /* The same to n values in place, a loop per activation so that each vectorizes. */

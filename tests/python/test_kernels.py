@@ -386,6 +386,8 @@ sc = t(np.array([1.0, 0.0, 6.0], np.float32))
 res = {}
 x, w = r(64, 300), r(300, 200)
 res["dense"] = np.zeros((64, 200), np.float32); k["relaxc.dense"](t(x), t(pack_columns(w)), None, None, "gelu", sc, t(res["dense"]))
+res["dense_res"] = np.zeros((64, 200), np.float32)
+k["relaxc.dense"](t(x), t(pack_columns(w)), t(r(200)), t(r(64, 200)), "clip", t(np.array([0.5, -1.0, 2.0], np.float32)), t(res["dense_res"]))
 x1 = r(1, 700)
 res["gemv"] = np.zeros((1, 900), np.float32); k["relaxc.dense"](t(x1), t(pack_columns(r(700, 900))), None, None, "none", sc, t(res["gemv"]))
 a, b = r(4, 8, 33, 40), r(4, 8, 40, 29)
@@ -406,21 +408,54 @@ np.savez(out_path, **res)
 """
 
 
-def test_same_bits_at_any_thread_count(library, tmp_path):
+def run_thread_script(tmp_path, configurations):
+    """THREAD_SCRIPT's results in a process of their own per {label: environment changes}."""
     path = str(tmp_path / "lib.so")
     out = subprocess.run([relaxc_binary(), "kernel-library", "-o", path], capture_output=True, text=True, check=True)
     (tmp_path / "lib.so.tsv").write_text(out.stdout)
     script = tmp_path / "run.py"
     script.write_text(THREAD_SCRIPT)
     results = {}
-    for threads in [1, 2, 3]:
-        dest = str(tmp_path / f"t{threads}.npz")
-        env = dict(os.environ, TVM_NUM_THREADS=str(threads))
+    for label, changes in configurations.items():
+        dest = str(tmp_path / f"{label}.npz")
+        env = dict(os.environ, **changes)
         env.pop("OMP_NUM_THREADS", None)
         subprocess.run([sys.executable, str(script), path, dest, os.path.join(ROOT, "python")], check=True, env=env)
-        results[threads] = np.load(dest)
-    for name in results[1].files:
-        for threads in [2, 3]:
-            assert np.array_equal(results[1][name].view(np.uint32), results[threads][name].view(np.uint32)), (
-                f"{name}: {threads} threads give other bits than 1"
+        results[label] = np.load(dest)
+    return results
+
+
+def assert_same_bits(results, reference):
+    for name in results[reference].files:
+        for label, got in results.items():
+            assert np.array_equal(results[reference][name].view(np.uint32), got[name].view(np.uint32)), (
+                f"{name}: {label} gives other bits than {reference}"
             )
+
+
+def test_same_bits_at_any_thread_count(library, tmp_path):
+    results = run_thread_script(tmp_path, {f"{n} threads": {"TVM_NUM_THREADS": str(n)} for n in [1, 2, 3]})
+    assert_same_bits(results, "1 threads")
+
+
+def cpu_has_avx512():
+    try:
+        with open("/proc/cpuinfo") as info:
+            return any(line.startswith("flags") and " avx512f" in line for line in info)
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not cpu_has_avx512(), reason="the CPU has no AVX-512: only the AVX2 micro-kernels run here")
+def test_avx512_micro_kernels_give_the_avx2_bits(library, tmp_path):
+    """The AVX-512 kernels (one panel, and two panels at once) against RELAXC_GEMM_AVX512=0's
+    AVX2 kernels, at 1 and 2 threads: every epilogue path, odd panels and short strips."""
+    results = run_thread_script(
+        tmp_path,
+        {
+            f"{isa}, {n} threads": {"TVM_NUM_THREADS": str(n), "RELAXC_GEMM_AVX512": flag}
+            for isa, flag in [("AVX-512", "1"), ("AVX2", "0")]
+            for n in [1, 2]
+        },
+    )
+    assert_same_bits(results, "AVX2, 1 threads")
