@@ -141,7 +141,7 @@ def main():
                 rows.append((layer, layers[layer], r, o))
         total_r = sum(n * r for _, n, r, _ in rows)
         total_o = sum(n * o for _, n, _, o in rows)
-        print(f"| layer | count | relaxc (us) | ORT (us) | relaxc / ORT | relaxc GMAC/s | share of relaxc's conv time |")
+        print("| layer | count | relaxc (us) | ORT (us) | relaxc / ORT | relaxc GMAC/s | share of relaxc's conv time |")
         print("|---|---|---|---|---|---|---|")
         for layer, n, r, o in sorted(rows, key=lambda row: -row[1] * row[2])[: args.top]:
             print(
