@@ -120,24 +120,38 @@ static inline __attribute__((always_inline)) void activate_span(float *x, int64_
   }
 }
 
-static void activate_generic(float *x, int64_t n, rk_act act, float lo, float hi) { activate_span(x, n, act, lo, hi); }
+static void activate_generic(float *x, int64_t rs, int64_t rows, int64_t cols, rk_act act, float lo, float hi) {
+  for (int64_t r = 0; r < rows; r++) activate_span(x + r * rs, cols, act, lo, hi);
+}
 
 #if defined(__x86_64__)
 /* Eight lanes instead of four: GELU's erf costs ~25 operations a value (BERT's FFN: 7x3072). */
-RK_AVX2_TARGET static void activate_avx2(float *x, int64_t n, rk_act act, float lo, float hi) {
-  activate_span(x, n, act, lo, hi);
+RK_AVX2_TARGET static void activate_avx2(float *x, int64_t rs, int64_t rows, int64_t cols, rk_act act, float lo,
+                                         float hi) {
+  for (int64_t r = 0; r < rows; r++) activate_span(x + r * rs, cols, act, lo, hi);
+}
+/* Sixteen where the CPU has AVX-512: the same operations on each value (the kernels are built
+ * without contraction of multiply-adds), so the same bits. */
+RK_AVX512_TARGET static void activate_avx512(float *x, int64_t rs, int64_t rows, int64_t cols, rk_act act, float lo,
+                                             float hi) {
+  for (int64_t r = 0; r < rows; r++) activate_span(x + r * rs, cols, act, lo, hi);
 }
 #endif
 
-void rk_activate_all(float *x, int64_t n, rk_act act, float lo, float hi) {
+void rk_activate_rows(float *x, int64_t rs, int64_t rows, int64_t cols, rk_act act, float lo, float hi) {
 #if defined(__x86_64__)
   if (rk_cpu_isa() == RK_ISA_AVX2) {
-    activate_avx2(x, n, act, lo, hi);
+    if (rk_use_avx512())
+      activate_avx512(x, rs, rows, cols, act, lo, hi);
+    else
+      activate_avx2(x, rs, rows, cols, act, lo, hi);
     return;
   }
 #endif
-  activate_generic(x, n, act, lo, hi);
+  activate_generic(x, rs, rows, cols, act, lo, hi);
 }
+
+void rk_activate_all(float *x, int64_t n, rk_act act, float lo, float hi) { rk_activate_rows(x, n, 1, n, act, lo, hi); }
 
 /* The epilogue on one row of RK_NR results in place: scale, bias, residual, activation. */
 static inline __attribute__((always_inline)) void finish_row(const rk_epilogue *ep, float *row, int64_t i, int64_t j0,
@@ -221,6 +235,17 @@ typedef struct gemm_job {
   rk_gemv4_fn gemv4;
 } gemm_job;
 
+/* What a C-writing micro-kernel applies to the tile at (i0, j0): the epilogue up to its
+ * activation where that is none, relu or clip; the others its caller applies to the tile after
+ * (the same values in the same order as store_tile's, so the same bits). */
+static inline rk_tile_epilogue tile_epilogue(const rk_epilogue *ep, bool first, bool last, int64_t i0, int64_t j0) {
+  rk_act act = ep->act <= RK_ACT_CLIP ? ep->act : RK_ACT_NONE;
+  rk_tile_epilogue t = {first, last, ep->alpha, ep->lo, ep->hi, act, NULL, ep->bias_per_row, NULL, ep->res_rs};
+  if (ep->bias) t.bias = ep->bias + (ep->bias_per_row ? i0 : j0);
+  if (ep->residual) t.residual = ep->residual + i0 * ep->res_rs + j0;
+  return t;
+}
+
 /* One tile: rows [i0, i0 + mr) by columns [j0, j0 + nr) from a strip of A and a panel of B. A
  * full tile whose epilogue the C-writing micro-kernel has goes straight from registers to C;
  * any other through a tile and store_tile (the same bits either way). */
@@ -229,12 +254,11 @@ static inline __attribute__((always_inline)) void compute_tile(const gemm_job *j
                                                               int64_t mr, int64_t j0, int64_t nr, bool first,
                                                               bool last) {
   const rk_epilogue *ep = &g->ep;
-  bool simple_epilogue = ep->act <= RK_ACT_CLIP && (!ep->residual || ep->res_cs == 1);
-  if (job->ukernel_c && nr == RK_NR && g->c_cs == 1 && (!last || simple_epilogue)) {
-    rk_tile_epilogue t = {first, last, ep->alpha, ep->lo, ep->hi, ep->act, NULL, ep->bias_per_row, NULL, ep->res_rs};
-    if (ep->bias) t.bias = ep->bias + (ep->bias_per_row ? i0 : j0);
-    if (ep->residual) t.residual = ep->residual + i0 * ep->res_rs + j0;
-    job->ukernel_c(kc, strip, panel, g->c + i0 * g->c_rs + j0, g->c_rs, (int)mr, &t);
+  if (job->ukernel_c && nr == RK_NR && g->c_cs == 1 && (!last || !ep->residual || ep->res_cs == 1)) {
+    rk_tile_epilogue t = tile_epilogue(ep, first, last, i0, j0);
+    float *c = g->c + i0 * g->c_rs + j0;
+    job->ukernel_c(kc, strip, panel, c, g->c_rs, (int)mr, &t);
+    if (last && ep->act > RK_ACT_CLIP) rk_activate_rows(c, g->c_rs, mr, RK_NR, ep->act, ep->lo, ep->hi);
     return;
   }
   float tile[RK_MR * RK_NR] __attribute__((aligned(64)));
@@ -249,12 +273,11 @@ static inline __attribute__((always_inline)) void compute_tile2(const gemm_job *
                                                                int64_t b_stride, int64_t i0, int64_t mr, int64_t j0,
                                                                int64_t nr1, bool first, bool last) {
   const rk_epilogue *ep = &g->ep;
-  bool simple_epilogue = ep->act <= RK_ACT_CLIP && (!ep->residual || ep->res_cs == 1);
-  if (job->ukernel2_c && nr1 == RK_NR && g->c_cs == 1 && (!last || simple_epilogue)) {
-    rk_tile_epilogue t = {first, last, ep->alpha, ep->lo, ep->hi, ep->act, NULL, ep->bias_per_row, NULL, ep->res_rs};
-    if (ep->bias) t.bias = ep->bias + (ep->bias_per_row ? i0 : j0);
-    if (ep->residual) t.residual = ep->residual + i0 * ep->res_rs + j0;
-    job->ukernel2_c(kc, strip, panel, b_stride, g->c + i0 * g->c_rs + j0, g->c_rs, (int)mr, &t);
+  if (job->ukernel2_c && nr1 == RK_NR && g->c_cs == 1 && (!last || !ep->residual || ep->res_cs == 1)) {
+    rk_tile_epilogue t = tile_epilogue(ep, first, last, i0, j0);
+    float *c = g->c + i0 * g->c_rs + j0;
+    job->ukernel2_c(kc, strip, panel, b_stride, c, g->c_rs, (int)mr, &t);
+    if (last && ep->act > RK_ACT_CLIP) rk_activate_rows(c, g->c_rs, mr, 2 * RK_NR, ep->act, ep->lo, ep->hi);
     return;
   }
   float tiles[2 * RK_MR * RK_NR] __attribute__((aligned(64)));

@@ -30,9 +30,15 @@
 typedef enum { RK_ISA_GENERIC = 0, RK_ISA_AVX2 = 1, RK_ISA_NEON = 2 } rk_isa;
 RVM_HIDDEN rk_isa rk_cpu_isa(void);
 
+/* Whether the AVX2 path may use AVX-512F (the CPU has it and the OS saves its registers), for
+ * kernels with the AVX2 kernels' bits on wider registers; RELAXC_GEMM_AVX512=0 says no, to
+ * compare the two. Always false off x86-64. */
+RVM_HIDDEN bool rk_use_avx512(void);
+
 /* Functions compiled for AVX2 + FMA beside their portable twins; rk_cpu_isa() picks one. */
 #if defined(__x86_64__)
 #define RK_AVX2_TARGET __attribute__((target("avx2,fma")))
+#define RK_AVX512_TARGET __attribute__((target("avx512f,avx2,fma")))
 #endif
 
 /* Whether the portable code's multiply-adds are fused: where the CPU has the instruction. */
@@ -226,6 +232,8 @@ RVM_HIDDEN rk_ukernel2_c_fn rk_ukernel2_c(rk_isa isa);
 RVM_HIDDEN float rk_activate(float x, rk_act act, float lo, float hi);
 /* The same to n values in place, a loop per activation so that each vectorizes. */
 RVM_HIDDEN void rk_activate_all(float *x, int64_t n, rk_act act, float lo, float hi);
+/* The same to `rows` rows of `cols` values, `rs` floats apart (a tile of C): one call a tile. */
+RVM_HIDDEN void rk_activate_rows(float *x, int64_t rs, int64_t rows, int64_t cols, rk_act act, float lo, float hi);
 
 /* ---- convolution parameters ------------------------------------------------------------------ */
 

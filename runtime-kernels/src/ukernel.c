@@ -403,9 +403,7 @@ RK_AVX512 static void avx512_ukernel2_c(int64_t kc, const float *a, const float 
   }
 }
 
-/* AVX-512F with the OS saving the opmask and ZMM state; RELAXC_GEMM_AVX512=0 keeps the AVX2
- * kernels (the same bits) for comparing the two. */
-static bool use_avx512(void) {
+bool rk_use_avx512(void) {
   static atomic_int decided = -1;
   int v = atomic_load_explicit(&decided, memory_order_relaxed);
   if (v >= 0) return v;
@@ -432,6 +430,10 @@ static bool cpu_has_avx2_fma(void) {
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
   return ebx & (1u << 5);
 }
+#endif
+
+#if !defined(__x86_64__)
+bool rk_use_avx512(void) { return false; }
 #endif
 
 /* ---- aarch64: NEON ------------------------------------------------------------------------- */
@@ -534,7 +536,7 @@ rk_gemv4_fn rk_gemv4(rk_isa isa) {
 
 rk_ukernel_c_fn rk_ukernel_c(rk_isa isa, bool streaming) {
 #if defined(__x86_64__)
-  if (isa == RK_ISA_AVX2 && use_avx512()) return streaming ? avx512_ukernel_c_stream : avx512_ukernel_c;
+  if (isa == RK_ISA_AVX2 && rk_use_avx512()) return streaming ? avx512_ukernel_c_stream : avx512_ukernel_c;
   if (isa == RK_ISA_AVX2) return streaming ? avx2_ukernel_c_stream : avx2_ukernel_c;
 #endif
   (void)isa;
@@ -544,7 +546,7 @@ rk_ukernel_c_fn rk_ukernel_c(rk_isa isa, bool streaming) {
 
 rk_ukernel2_fn rk_ukernel2(rk_isa isa) {
 #if defined(__x86_64__)
-  if (isa == RK_ISA_AVX2 && use_avx512()) return avx512_ukernel2;
+  if (isa == RK_ISA_AVX2 && rk_use_avx512()) return avx512_ukernel2;
 #endif
   (void)isa;
   return NULL;
@@ -552,7 +554,7 @@ rk_ukernel2_fn rk_ukernel2(rk_isa isa) {
 
 rk_ukernel2_c_fn rk_ukernel2_c(rk_isa isa) {
 #if defined(__x86_64__)
-  if (isa == RK_ISA_AVX2 && use_avx512()) return avx512_ukernel2_c;
+  if (isa == RK_ISA_AVX2 && rk_use_avx512()) return avx512_ukernel2_c;
 #endif
   (void)isa;
   return NULL;
@@ -563,7 +565,7 @@ rk_ukernel_fn rk_ukernel(rk_isa isa, bool streaming) {
   switch (isa) {
 #if defined(__x86_64__)
     case RK_ISA_AVX2:
-      if (use_avx512()) return streaming ? avx512_ukernel_stream : avx512_ukernel;
+      if (rk_use_avx512()) return streaming ? avx512_ukernel_stream : avx512_ukernel;
       return streaming ? avx2_ukernel_stream : avx2_ukernel;
 #endif
 #if defined(__aarch64__)

@@ -386,6 +386,9 @@ sc = t(np.array([1.0, 0.0, 6.0], np.float32))
 res = {}
 x, w = r(64, 300), r(300, 200)
 res["dense"] = np.zeros((64, 200), np.float32); k["relaxc.dense"](t(x), t(pack_columns(w)), None, None, "gelu", sc, t(res["dense"]))
+for act in ["gelu_tanh", "silu", "sigmoid", "hard_swish", "hard_sigmoid"]:
+    res["dense_" + act] = np.zeros((64, 200), np.float32)
+    k["relaxc.dense"](t(x), t(pack_columns(w)), t(r(200)), None, act, t(np.array([1.0, 1 / 6, 0.5], np.float32)), t(res["dense_" + act]))
 res["dense_res"] = np.zeros((64, 200), np.float32)
 k["relaxc.dense"](t(x), t(pack_columns(w)), t(r(200)), t(r(64, 200)), "clip", t(np.array([0.5, -1.0, 2.0], np.float32)), t(res["dense_res"]))
 x1 = r(1, 700)
@@ -398,6 +401,8 @@ k["relaxc.conv2d"](t(x), t(pack_conv(cw, 1)), None, None, tvm_ffi.Shape([3, 3, 1
 x7 = r(1, 64, 7, 7); cw7 = r(96, 64, 3, 3)
 res["conv_columns"] = np.zeros((1, 96, 7, 7), np.float32)
 k["relaxc.conv2d"](t(x7), t(pack_conv_columns(cw7, 1)), t(r(96)), None, tvm_ffi.Shape([3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1]), "relu", sc, t(res["conv_columns"]))
+res["conv_silu"] = np.zeros((2, 24, 30, 30), np.float32)
+k["relaxc.conv2d"](t(x), t(pack_conv(cw, 1)), t(r(24)), t(r(2, 24, 30, 30)), tvm_ffi.Shape([3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1]), "silu", sc, t(res["conv_silu"]))
 res["dw"] = np.zeros((2, 16, 15, 15), np.float32)
 k["relaxc.conv2d_depthwise"](t(x), t(r(16, 1, 3, 3)), None, None, tvm_ffi.Shape([3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 16]), "relu", sc, t(res["dw"]))
 big = r(300, 500)
