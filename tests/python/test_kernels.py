@@ -268,6 +268,38 @@ def test_pooling(library, kind, include_pad, k, stride, pad):
     close(out, want, 1e-6)
 
 
+@pytest.mark.parametrize(
+    "k,stride,pad,dil,extra",
+    [
+        ((13, 13), (1, 1), (6, 6, 6, 6), (1, 1), 0),  # YOLO's spatial pyramid pooling
+        ((5, 5), (1, 1), (2, 2, 2, 2), (1, 1), 0),
+        ((3, 3), (2, 2), (0, 0, 0, 0), (1, 1), 1),  # ceil mode: one more output past the edge
+        ((3, 2), (2, 3), (1, 0, 2, 1), (2, 2), 1),
+        ((4, 4), (1, 1), (0, 0, 0, 0), (1, 1), 0),
+    ],
+)
+def test_max_pooling_any_window(library, k, stride, pad, dil, extra):
+    """Every window against a direct search, exactly (a maximum has one right answer): padding
+    and windows past the edge count as the lowest float, as TVM's pooling has it."""
+    rng = np.random.default_rng(k[0] * 7 + stride[1])
+    x = rand(rng, 2, 5, 13, 12)
+    h, w = x.shape[2:]
+    oh = (h + pad[0] + pad[2] - dil[0] * (k[0] - 1) - 1) // stride[0] + 1 + extra
+    ow = (w + pad[1] + pad[3] - dil[1] * (k[1] - 1) - 1) // stride[1] + 1 + extra
+    lowest = np.finfo(np.float32).min
+    want = np.full((2, 5, oh, ow), lowest, np.float32)
+    for y in range(oh):
+        for z in range(ow):
+            for r in range(k[0]):
+                for s_ in range(k[1]):
+                    iy, iz = y * stride[0] + r * dil[0] - pad[0], z * stride[1] + s_ * dil[1] - pad[1]
+                    if 0 <= iy < h and 0 <= iz < w:
+                        want[:, :, y, z] = np.maximum(want[:, :, y, z], x[:, :, iy, iz])
+    out = np.zeros(want.shape, np.float32)
+    library["relaxc.max_pool2d"](t(x), tvm_ffi.Shape([*k, *stride, *pad, *dil]), t(out))
+    assert np.array_equal(out, want)
+
+
 def test_global_average(library):
     x = rand(np.random.default_rng(1), 3, 5, 7, 9)
     out = np.zeros((3, 5, 1, 1), np.float32)
