@@ -1,7 +1,8 @@
 /*
  * conv_params.c: what relaxc.conv2d and relaxc.conv2d_depthwise share: their params shape
  * ([kh, kw, stride_h, stride_w, pad_top, pad_left, pad_bottom, pad_right, dilation_h,
- * dilation_w, groups]) and the checks of their tensors against it.
+ * dilation_w, groups]) and the checks of their tensors against it; NCW tensors (a 1-D
+ * convolution) are seen as NCHW with H = 1.
  */
 #include "rk.h"
 
@@ -49,6 +50,18 @@ static int check_shapes(const char *kernel, const conv_params *p, const DLTensor
   return 0;
 }
 
+/* t as NCHW with H = 1 when it is NCW (a 1-D convolution's tensor), in the view slot `slot`. */
+static DLTensor *as_nchw(conv_args *a, int slot, DLTensor *t) {
+  if (!t || t->ndim != 3) return t;
+  a->views[slot] = *t;
+  int64_t *shape = a->view_shapes[slot];
+  shape[0] = t->shape[0], shape[1] = t->shape[1], shape[2] = 1, shape[3] = t->shape[2];
+  a->views[slot].ndim = 4;
+  a->views[slot].shape = shape;
+  a->views[slot].strides = NULL; /* compact, as rk_arg_f32 checked */
+  return &a->views[slot];
+}
+
 int rk_conv_args(const char *kernel, const char *w_name, const TVMFFIAny *args, int32_t num_args, conv_args *a) {
   *a = (conv_args){0};
   int rc = rk_check_count(kernel, num_args, 8);
@@ -59,6 +72,15 @@ int rk_conv_args(const char *kernel, const char *w_name, const TVMFFIAny *args, 
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 7, "out", &a->out);
   if (!rc) rc = conv_params_arg(kernel, args, num_args, 4, &a->p);
   if (!rc) rc = rk_arg_epilogue(kernel, args, num_args, 5, &a->ep);
+  if (!rc && a->x->ndim == 3) {
+    if (a->out->ndim != 3) return rk_shape_error(kernel, "out must be NCW like x", a->out);
+    if (a->p.kh != 1 || a->p.sh != 1 || a->p.dh != 1 || a->p.pad_top || a->p.pad_bottom)
+      return rvm_raise("ValueError", "%s: an NCW (1-D) convolution takes kh = 1, stride_h = 1, dilation_h = 1 and "
+                       "no vertical padding", kernel);
+    a->x = as_nchw(a, 0, a->x);
+    a->out = as_nchw(a, 1, a->out);
+    a->residual = as_nchw(a, 2, a->residual);
+  }
   if (!rc) rc = check_shapes(kernel, &a->p, a->x, a->out, a->bias, a->residual, &a->oh, &a->ow);
   return rc;
 }

@@ -243,12 +243,16 @@ typedef struct conv_params {
 } conv_params;
 
 /* A convolution's arguments, (x, w, bias?, residual?, params, activation, [alpha, lo, hi], out),
- * decoded and checked against each other (w's layout is the caller's to check). */
+ * decoded and checked against each other (w's layout is the caller's to check). A 1-D
+ * convolution's NCW x, out and residual are seen as NCHW with H = 1 (views kept here, so the
+ * pointers are valid while the struct is). */
 typedef struct conv_args {
   DLTensor *x, *w, *bias, *residual, *out;
   conv_params p;
   rk_epilogue ep;
   int64_t oh, ow; /* the output's extents */
+  DLTensor views[3];
+  int64_t view_shapes[3][4];
 } conv_args;
 
 /* Decodes and checks a convolution's arguments; `w_name` names the weights in errors. */

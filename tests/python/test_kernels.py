@@ -200,6 +200,41 @@ def test_conv2d(library, case):
     np.testing.assert_array_equal(columns, out)
 
 
+def test_conv1d_on_ncw_tensors(library):
+    """A 1-D convolution: NCW x, out and residual, seen as NCHW with H = 1 (a 1 x k kernel), on
+    both convolution kernels; the same bits as the NCHW call with H = 1."""
+    rng = np.random.default_rng(21)
+    x, w, b = rand(rng, 2, 4, 33), rand(rng, 6, 4, 1, 5), rand(rng, 6)
+    params = tvm_ffi.Shape([1, 5, 1, 2, 0, 2, 0, 1, 1, 1, 1])
+    want = conv_reference(x[:, :, None, :], w, (1, 2), (0, 2, 0, 1), (1, 1), 1)[:, :, 0, :]
+    r = rand(rng, *want.shape)
+    out = np.zeros(want.shape, np.float32)
+    library["relaxc.conv2d"](t(x), t(pack_conv(w, 1)), t(b), t(r), params, "relu", scalars(), t(out))
+    close(out, np.maximum(want + b.reshape(1, -1, 1) + r, 0))
+    as_nchw = np.zeros((2, 6, 1, want.shape[2]), np.float32)
+    library["relaxc.conv2d"](
+        t(x[:, :, None, :]), t(pack_conv(w, 1)), t(b), t(r[:, :, None, :]), params, "relu", scalars(), t(as_nchw)
+    )
+    np.testing.assert_array_equal(out, as_nchw[:, :, 0, :])
+    dw = rand(rng, 6, 1, 1, 3)
+    depthwise = np.zeros((2, 6, want.shape[2]), np.float32)
+    library["relaxc.conv2d_depthwise"](
+        t(out), t(dw), None, None, tvm_ffi.Shape([1, 3, 1, 1, 0, 1, 0, 1, 1, 1, 6]), "none", scalars(), t(depthwise)
+    )
+    close(depthwise, conv_reference(out[:, :, None, :], dw, (1, 1), (0, 1, 0, 1), (1, 1), 6)[:, :, 0, :])
+    with pytest.raises(ValueError, match="an NCW .1-D. convolution takes kh = 1"):
+        library["relaxc.conv2d"](
+            t(x),
+            t(pack_conv(rand(rng, 6, 4, 3, 5), 1)),
+            None,
+            None,
+            tvm_ffi.Shape([3, 5, 1, 2, 0, 2, 0, 1, 1, 1, 1]),
+            "none",
+            scalars(),
+            t(out),
+        )
+
+
 @pytest.mark.parametrize(
     "stride,pad,k,dil",
     [

@@ -137,3 +137,99 @@ def test_a_file_that_is_not_onnx_is_a_clear_error(tmp_path):
         env=env,
     )
     assert done.returncode == 1 and "not an ONNX model that can be read" in done.stderr, done.stderr
+
+
+def recurrent_model(op, direction, hidden=5, steps=4, features=3, batch=2, **attrs):
+    """One LSTM or GRU layer with biases and an initial state that is a graph input, as
+    exporters write them; outputs Y and Y_h."""
+    rng = np.random.default_rng(len(op) * 100 + len(direction))
+    dirs = 2 if direction == "bidirectional" else 1
+    gates = {"LSTM": 4, "GRU": 3}[op]
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((dirs, gates * hidden, features)).astype(np.float32) * 0.5, "W"),
+        numpy_helper.from_array(rng.standard_normal((dirs, gates * hidden, hidden)).astype(np.float32) * 0.5, "R"),
+        numpy_helper.from_array(rng.standard_normal((dirs, 2 * gates * hidden)).astype(np.float32) * 0.3, "B"),
+    ]
+    inputs = ["x", "W", "R", "B", "", "h0"]
+    if op == "LSTM":
+        inits.append(numpy_helper.from_array(rng.standard_normal((dirs, 3 * hidden)).astype(np.float32) * 0.3, "P"))
+        inputs += ["", "P"]
+    node = helper.make_node(
+        op, inputs, ["y", "y_h"], name=f"the_{op.lower()}", hidden_size=hidden, direction=direction, **attrs
+    )
+    graph = helper.make_graph(
+        [node],
+        "recurrent",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [steps, batch, features]),
+            helper.make_tensor_value_info("h0", TensorProto.FLOAT, [dirs, batch, hidden]),
+        ],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, [steps, dirs, batch, hidden]),
+            helper.make_tensor_value_info("y_h", TensorProto.FLOAT, [dirs, batch, hidden]),
+        ],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+
+
+@pytest.mark.parametrize(
+    "op, direction, attrs",
+    [
+        ("LSTM", "forward", {}),
+        ("LSTM", "bidirectional", {}),
+        ("GRU", "reverse", {}),
+        ("GRU", "bidirectional", {"linear_before_reset": 1}),
+    ],
+)
+def test_recurrent_layers_are_written_out_step_by_step(tmp_path, op, direction, attrs):
+    """TVM has no LSTM or GRU converter: relaxc.onnx writes them out, and every output equals
+    onnx's reference evaluator's."""
+    import tvm_ffi
+    from onnx.reference import ReferenceEvaluator
+
+    done, path, so = build(tmp_path, recurrent_model(op, direction, **attrs), "--exec-mode", "compiled")
+    assert done.returncode == 0, done.stderr
+    assert "1 recurrent layer(s) (LSTM, GRU) written out step by step" in done.stdout, done.stdout
+    rng = np.random.default_rng(3)
+    dirs = 2 if direction == "bidirectional" else 1
+    x = rng.standard_normal((4, 2, 3)).astype(np.float32)
+    h0 = rng.standard_normal((dirs, 2, 5)).astype(np.float32)
+    want = ReferenceEvaluator(path).run(None, {"x": x, "h0": h0})
+    got = tvm_ffi.load_module(so)["main"](tvm_ffi.from_dlpack(x), tvm_ffi.from_dlpack(h0))
+    for g, w in zip(got, want):
+        assert np.abs(np.from_dlpack(g) - w).max() <= 1e-5 * max(1.0, np.abs(w).max())
+
+
+def test_a_recurrent_layer_beyond_the_expansion_is_named(tmp_path):
+    done, _, _ = build(tmp_path, recurrent_model("LSTM", "forward", clip=3.0))
+    assert done.returncode != 0
+    assert "ONNX node 'the_lstm' (LSTM): the clip attribute is not expanded" in done.stderr, done.stderr
+
+
+def test_a_1d_convolution_runs_on_the_kernel_library(tmp_path):
+    """Conv over one spatial axis (TVM's conv1d), its bias and ReLU in the library's epilogue."""
+    rng = np.random.default_rng(5)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((6, 4, 5)).astype(np.float32) * 0.3, "w"),
+        numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b"),
+        numpy_helper.from_array(rng.standard_normal((6, 1, 3)).astype(np.float32), "dw"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[2, 1], strides=[2]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Conv", ["r", "dw"], ["y"], pads=[1, 1], group=6),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv1d",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 33])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    done, path, so = build(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    assert done.returncode == 0, done.stderr
+    assert "2 operators on relaxc's kernel library, 0 on TVM's kernels" in done.stdout, done.stdout
+    x = rng.standard_normal((2, 4, 33)).astype(np.float32)
+    want = reference(path, x)
+    assert np.abs(run(so, x) - want).max() <= 1e-5 * max(1.0, np.abs(want).max())

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from .. import find_relaxc
+from .expand import expand_recurrent
 
 __all__ = ["OnnxError", "build", "parse_shape", "placement"]
 
@@ -286,6 +287,7 @@ def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, lo
     folded = _fold(model, shapes, log)
     if symbolic:
         folded = _pin_reshapes(folded)
+    folded = expand_recurrent(folded, log)
     _check_operators(folded)
     # TVM reads the others from the file, a symbolic dimension as a variable of its name.
     shape_dict = {n: shapes[n] for n in _graph_inputs(folded) if n in shapes}

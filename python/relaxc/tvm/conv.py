@@ -1,6 +1,7 @@
 """The convolution and pooling anchors of relaxc.tvm's rewrite (a mixin of its planner, which
 supplies the bindings, the epilogue absorption and the replacement): NCHW conv2d (depthwise
-included; batch norm folded into the weights, which are packed into the kernels' layouts),
+included; batch norm folded into the weights, which are packed into the kernels' layouts), NCW
+conv1d on the same kernels,
 conv2d_transpose (IOHW weights as ONNX holds them), and max, average and global pooling."""
 
 import numpy as np
@@ -71,6 +72,43 @@ class ConvolutionAnchors:
             w_arg = relax.const(pack_conv_columns(weight, groups))
         else:
             w_arg = relax.const(pack_conv(weight, groups))
+        ep.bias = bias
+        self._finish_conv(tail, kernel, x, w_arg, ep, params)
+
+    def conv1d(self, var, call):
+        """NCW conv1d (audio front ends, 1-D CNNs) as relaxc.conv2d or relaxc.conv2d_depthwise
+        over NCW tensors, which the kernels see as NCHW with H = 1: the weights [O, I, W] become
+        [O, I, 1, W] and the params those of a 1 x W kernel."""
+        x, w = call.args[0], call.args[1]
+        if not (_is_f32_tensor(x) and _is_f32_tensor(var)):
+            return
+        if (
+            _attr(call, "data_layout") != "NCW"
+            or _attr(call, "kernel_layout") != "OIW"
+            or _attr(call, "out_layout", "NCW") != "NCW"
+        ):
+            return
+        weight = self.b.const(w)
+        dx, dout = _dims(x), _dims(var)
+        if weight is None or weight.dtype != np.float32 or dx is None or dout is None or not isinstance(dx[1], int):
+            return
+        groups = int(_attr(call, "groups", 1))
+        stride, dilation = _ints(_attr(call, "strides"))[0], _ints(_attr(call, "dilation"))[0]
+        padding = _ints(_attr(call, "padding"))
+        if len(padding) == 1:
+            padding = padding * 2
+        oc, _, kw = weight.shape
+        weight = weight.reshape(oc, weight.shape[1], 1, kw)
+        tail, ep = self._absorb("conv", var, dout)
+        bias = ep.bias
+        if ep.bn is not None:
+            return  # batch norm over NCW: left to TVM (no exporter seen writes it after a Conv1d)
+        params = [1, kw, 1, stride, 0, padding[0], 0, padding[1], 1, dilation, groups]
+        depthwise = groups == dx[1] and groups == oc and weight.shape[1] == 1
+        if depthwise:
+            kernel, w_arg = "relaxc.conv2d_depthwise", relax.const(np.ascontiguousarray(weight))
+        else:
+            kernel, w_arg = "relaxc.conv2d", relax.const(pack_conv(weight, groups))
         ep.bias = bias
         self._finish_conv(tail, kernel, x, w_arg, ep, params)
 

@@ -203,7 +203,8 @@ class _Planner(ConvolutionAnchors):
             return None
         shape = list(value.shape)
         if kind == "conv":
-            wanted = [[channels], [channels, 1, 1], [1, channels, 1, 1]]
+            spatial = [1] * (len(out_dims) - 2)  # NCHW, or NCW (conv1d)
+            wanted = [[channels], [channels, *spatial], [1, channels, *spatial]]
         else:
             wanted = [[1] * i + [channels] for i in range(len(out_dims))]
         if shape not in wanted or value.dtype != np.float32:
@@ -389,6 +390,8 @@ class _Planner(ConvolutionAnchors):
                     self.matmul(var, value)
                 elif name == "relax.nn.conv2d":
                     self.conv2d(var, value)
+                elif name == "relax.nn.conv1d":
+                    self.conv1d(var, value)
                 elif name == "relax.nn.conv2d_transpose":
                     self.conv2d_transpose(var, value)
                 elif name in ("relax.nn.max_pool2d", "relax.nn.avg_pool2d", "relax.nn.adaptive_avg_pool2d"):
