@@ -138,7 +138,7 @@ def _lstm(node, values, shapes):
     _sequence_lens_ok(node, lens, steps)
     hidden = int(attrs["hidden_size"])
     b = _Builder(node.name or node.output[0])
-    per_h, per_c, finals_h, finals_c = [], [], [], []
+    per_h, finals_h, finals_c = [], [], []
     for d, reverse in enumerate(_directions(attrs)):
         gates_bias = np.zeros(4 * hidden, np.float32) if bias is None else bias[d, : 4 * hidden] + bias[d, 4 * hidden :]
         xw = b.op("Add", [b.op("MatMul", [x, b.constant(w[d].T.astype(np.float32), "w")]), b.constant(gates_bias)])
