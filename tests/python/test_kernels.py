@@ -335,6 +335,87 @@ def test_max_pooling_any_window(library, k, stride, pad, dil, extra):
     assert np.array_equal(out, want)
 
 
+def resize_reference(x, oh, ow, method, mode, rounding):
+    """ONNX's Resize in float32 (TVM's resize2d computes the same coordinates)."""
+    f = np.float32
+
+    def coords(out, size):
+        i, scale = np.arange(out, dtype=f), f(size) / f(out)
+        if mode == "half_pixel" or (mode == "pytorch_half_pixel" and out > 1):
+            return (i + f(0.5)) * scale - f(0.5)
+        if mode == "align_corners":
+            return f(size - 1) / f(out - 1) * i if out > 1 else np.zeros(out, f)
+        if mode == "asymmetric":
+            return scale * i
+        if mode == "tf_half_pixel_for_nn":
+            return (i + f(0.5)) * scale
+        return np.zeros(out, f)
+
+    def nearest(out, size):
+        c = coords(out, size)
+        if mode == "asymmetric" and rounding in ("", "floor") and out % size == 0:
+            picked = np.arange(out) // (out // size)
+        else:
+            r = rounding or ("round" if mode == "align_corners" else "floor")
+            picked = {
+                "round": lambda: np.rint(c),
+                "round_prefer_floor": lambda: np.ceil(c - f(0.5)),
+                "round_prefer_ceil": lambda: np.floor(c + f(0.5)),
+                "floor": lambda: np.floor(c + f(1e-5)),
+                "ceil": lambda: np.ceil(c - f(1e-5)),
+            }[r]()
+        return np.clip(picked.astype(np.int64), 0, size - 1)
+
+    h, w = x.shape[2:]
+    if method == "nearest_neighbor":
+        return x[:, :, nearest(oh, h)][:, :, :, nearest(ow, w)]
+    cy, cx = coords(oh, h), coords(ow, w)
+    y0, x0 = np.floor(cy), np.floor(cx)
+    ty, tx = (cy - y0).astype(f), (cx - x0).astype(f)
+    y0, x0 = y0.astype(np.int64), x0.astype(np.int64)
+    y1, x1 = np.clip(y0 + 1, 0, h - 1), np.clip(x0 + 1, 0, w - 1)
+    y0, x0 = np.clip(y0, 0, h - 1), np.clip(x0, 0, w - 1)
+    top = x[:, :, y0][:, :, :, x0] * (1 - tx) + x[:, :, y0][:, :, :, x1] * tx
+    bottom = x[:, :, y1][:, :, :, x0] * (1 - tx) + x[:, :, y1][:, :, :, x1] * tx
+    return top * (1 - ty)[:, None] + bottom * ty[:, None]
+
+
+@pytest.mark.parametrize(
+    "method, mode, rounding, oh, ow",
+    [
+        ("nearest_neighbor", "asymmetric", "floor", 14, 18),  # a whole factor: integer division
+        ("nearest_neighbor", "asymmetric", "", 21, 27),
+        ("nearest_neighbor", "half_pixel", "round_prefer_floor", 11, 13),
+        ("nearest_neighbor", "align_corners", "round_prefer_ceil", 13, 5),
+        ("nearest_neighbor", "tf_half_pixel_for_nn", "ceil", 9, 10),
+        ("nearest_neighbor", "pytorch_half_pixel", "round", 4, 17),
+        ("linear", "half_pixel", "", 14, 18),
+        ("linear", "align_corners", "", 5, 6),
+        ("linear", "pytorch_half_pixel", "", 10, 1),
+        ("linear", "asymmetric", "", 3, 20),
+    ],
+)
+def test_resize2d(library, method, mode, rounding, oh, ow):
+    x = rand(np.random.default_rng(oh * 31 + ow), 2, 3, 7, 9)
+    out = np.zeros((2, 3, oh, ow), np.float32)
+    library["relaxc.resize2d"](t(x), method, mode, rounding, t(out))
+    want = resize_reference(x, oh, ow, method, mode, rounding)
+    if method == "nearest_neighbor":
+        np.testing.assert_array_equal(out, want)
+    else:
+        close(out, want, 1e-6)
+
+
+def test_resize2d_names_what_it_does_not_know(library):
+    x, out = np.zeros((1, 1, 2, 2), np.float32), np.zeros((1, 1, 4, 4), np.float32)
+    with pytest.raises(ValueError, match='unknown method "cubic"'):
+        library["relaxc.resize2d"](t(x), "cubic", "half_pixel", "", t(out))
+    with pytest.raises(ValueError, match='unknown coordinate mode "tf_crop_and_resize"'):
+        library["relaxc.resize2d"](t(x), "linear", "tf_crop_and_resize", "", t(out))
+    with pytest.raises(ValueError, match="out must be NCHW with x's batch and channels"):
+        library["relaxc.resize2d"](t(x), "linear", "half_pixel", "", t(np.zeros((1, 2, 4, 4), np.float32)))
+
+
 def test_global_average(library):
     x = rand(np.random.default_rng(1), 3, 5, 7, 9)
     out = np.zeros((3, 5, 1, 1), np.float32)

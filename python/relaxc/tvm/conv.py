@@ -1,7 +1,7 @@
 """The convolution and pooling anchors of relaxc.tvm's rewrite (a mixin of its planner, which
 supplies the bindings, the epilogue absorption and the replacement): NCHW conv2d (depthwise
 included; batch norm folded into the weights, which are packed into the kernels' layouts), NCW
-conv1d on the same kernels,
+conv1d on the same kernels, nearest and bilinear resize2d,
 conv2d_transpose (IOHW weights as ONNX holds them), and max, average and global pooling."""
 
 import numpy as np
@@ -167,6 +167,29 @@ class ConvolutionAnchors:
         ep.bias = bias
         params = [kh, kw, strides[0], strides[1], *padding, dilation[0], dilation[1], groups]
         self._finish_conv(tail, "relaxc.conv2d_transpose", x, w_arg, ep, params)
+
+    # What relaxc.resize2d computes as TVM's resize2d does (cubic and tf_crop_and_resize stay on
+    # TVM's kernels).
+    RESIZE_METHODS = ("nearest_neighbor", "linear")
+    RESIZE_MODES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel", "tf_half_pixel_for_nn")
+    RESIZE_ROUNDINGS = ("", "round", "round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
+
+    def resize2d(self, var, call):
+        """NCHW float32 resize2d with static output extents, nearest or bilinear."""
+        x = call.args[0]
+        if not (_is_f32_tensor(x) and _is_f32_tensor(var)):
+            return
+        dx, dout = _dims(x), _dims(var)
+        if dx is None or dout is None or len(dx) != 4 or not all(isinstance(d, int) for d in dout):
+            return
+        method, mode = str(_attr(call, "method")), str(_attr(call, "coordinate_transformation_mode"))
+        rounding = str(_attr(call, "rounding_method", ""))
+        if _attr(call, "layout", "NCHW") != "NCHW" or str(_attr(call, "out_dtype", "") or "") not in ("", "float32"):
+            return
+        if method not in self.RESIZE_METHODS or mode not in self.RESIZE_MODES or rounding not in self.RESIZE_ROUNDINGS:
+            return
+        args = [x, relax.expr.String(method), relax.expr.String(mode), relax.expr.String(rounding)]
+        self._finish(var, "relaxc.resize2d", args)
 
     def pool(self, var, call, name):
         x = call.args[0]

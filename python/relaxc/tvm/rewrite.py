@@ -390,6 +390,8 @@ class _Planner(ConvolutionAnchors):
                     self.matmul(var, value)
                 elif name == "relax.nn.conv2d":
                     self.conv2d(var, value)
+                elif name == "relax.image.resize2d":
+                    self.resize2d(var, value)
                 elif name == "relax.nn.conv1d":
                     self.conv1d(var, value)
                 elif name == "relax.nn.conv2d_transpose":
