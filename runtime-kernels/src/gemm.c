@@ -444,6 +444,27 @@ static int gemm_task(int task, int num_tasks, void *ctx) {
   return 0;
 }
 
+/* A gathered A packed whole (see rk_gemm_run) at most this big. */
+#define RK_WHOLE_A_BYTES (4.0 * 1024.0 * 1024.0)
+
+typedef struct pack_whole_job {
+  const rk_gemm *g;
+  float *dst;
+  int64_t strips;
+} pack_whole_job;
+
+/* Strips [begin, end) of A packed, each all of k long. */
+static int pack_whole_task(int task, int num_tasks, void *ctx) {
+  const pack_whole_job *j = ctx;
+  int64_t begin, end;
+  rk_split(j->strips, task, num_tasks, &begin, &end);
+  for (int64_t s = begin; s < end; s++) {
+    int64_t mr = j->g->m - s * RK_MR < RK_MR ? j->g->m - s * RK_MR : RK_MR;
+    j->g->pack_a(j->g->a, s * RK_MR, mr, 0, j->g->k, j->dst + s * j->g->k * RK_MR);
+  }
+  return 0;
+}
+
 int rk_gemm_run(const rk_gemm *problems, int64_t count) {
   if (count <= 0) return 0;
   const rk_gemm *g0 = &problems[0];
@@ -484,16 +505,20 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
 
   /* A product of at most RK_MC rows not on the streaming path (BERT's 48 rows, a late
    * convolution's 49 pixels) has all of A packed here, once, and shared by every task: packed
-   * per block instead, it was packed again for each of the 3 to 8 column blocks. */
+   * per block instead, it was packed again for each of the 3 to 8 column blocks. So does a
+   * convolution's gathered A up to RK_WHOLE_A_BYTES, its strips gathered in parallel (pixels as
+   * rows against many channels: YOLO's 13 x 13 layers, 169 pixels x 1728, were gathered once
+   * per column block, and the gather is a load and a store per value). */
   rk_gemm whole;
-  if (count == 1 && !g0->a_packed && g0->m <= RK_MC && !takes_streaming_path(g0)) {
+  double a_bytes = 4.0 * (double)g0->m * (double)g0->k;
+  if (count == 1 && !g0->a_packed && !takes_streaming_path(g0) &&
+      (g0->m <= RK_MC || (g0->a_gathered && a_bytes <= RK_WHOLE_A_BYTES))) {
     int64_t strips = (g0->m + RK_MR - 1) / RK_MR;
     float *a_whole = rk_scratch(RK_SLOT_A_WHOLE, sizeof(float) * (size_t)(strips * RK_MR * g0->k));
     if (!a_whole) return rk_out_of_memory("gemm");
-    for (int64_t s = 0; s < strips; s++) {
-      int64_t mr = g0->m - s * RK_MR < RK_MR ? g0->m - s * RK_MR : RK_MR;
-      g0->pack_a(g0->a, s * RK_MR, mr, 0, g0->k, a_whole + s * g0->k * RK_MR);
-    }
+    pack_whole_job pack = {g0, a_whole, strips};
+    int64_t tasks = g0->m <= RK_MC || a_bytes < 262144.0 ? 1 : strips;
+    rk_parallel(tasks, pack_whole_task, &pack);
     whole = *g0;
     whole.a_packed = a_whole;
     whole.a_gathered = false;

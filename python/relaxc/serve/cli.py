@@ -12,6 +12,26 @@ from .inference import signature
 from .text import Tokenizer, TokenizerError
 
 
+def _wait_for_route(host, port, timeout=60.0):
+    """Until the HTTP proxy lists the application's route: serve.run returns once the replicas
+    are up, and a proxy learns the route a moment later (a request in between is a 404, which a
+    client told "serving" should never see)."""
+    import json
+    import urllib.request
+
+    connect = "127.0.0.1" if host in ("0.0.0.0", "::", "localhost") else host
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://{connect}:{port}/-/routes", timeout=5) as reply:
+                if "/" in json.loads(reply.read()):
+                    return
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.1)
+    print(f"warning: the HTTP proxy on port {port} did not list the route within {timeout:.0f} s", flush=True)
+
+
 def main(argv=None):
     import relaxc.serve as package
 
@@ -118,6 +138,7 @@ def main(argv=None):
         },
     )
     serve.run(application, name=name, route_prefix="/")
+    _wait_for_route(args.host, args.port)
     print(f"serving {name} on http://{args.host}:{args.port}", flush=True)
     # A plain flag: a handler that took a lock (threading.Event.set) could deadlock against the
     # main thread waiting inside that same lock when the signal lands.
