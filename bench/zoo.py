@@ -168,6 +168,30 @@ def ort_top_ops(profile_file, n=5):
     return [(op, t / total) for op, t in sorted(by_op.items(), key=lambda kv: -kv[1])[:n]]
 
 
+def relaxc_top_ops(relaxc_bin, path, shapes, npz, n=5):
+    """relaxc's top callees by time at 1 thread (relaxc run --profile on an instrumented build of
+    the same file), as [(callee, share)]."""
+    import relaxc.onnx
+
+    with tempfile.TemporaryDirectory() as tmp:
+        so = os.path.join(tmp, "instrumented.so")
+        relaxc.onnx.build(path, so, shapes=shapes, exec_mode="compiled", log=lambda m: None, instrument=True)
+        env = dict(os.environ, TVM_NUM_THREADS="1")
+        out = subprocess.run(
+            [relaxc_bin, "run", so, "--inputs", npz, "--profile", "10"],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=env,
+        ).stdout
+    rows = []
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[1] in ("kernel", "builtin", "function") and cells[5].endswith("%"):
+            rows.append((cells[0], float(cells[5].rstrip("%")) / 100))
+    return sorted(rows, key=lambda r: -r[1])[:n]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -230,6 +254,8 @@ def main():
                     "  ORT top operators (1 thread): "
                     + ", ".join(f"{op} {s:.0%}" for op, s in ort_top_ops(result["profile"]))
                 )
+            top = relaxc_top_ops(args.relaxc, path, shapes, npz + ".args.npz")
+            print("  relaxc top callees (1 thread): " + ", ".join(f"{op} {s:.0%}" for op, s in top), flush=True)
         rows.append(row)
     print("\n| model | family | relaxc / ORT, " + " | ".join(f"{t} thread(s)" for t in threads) + " | max difference |")
     print("| --- | --- | " + " | ".join("---" for _ in threads) + " | --- |")
