@@ -255,6 +255,23 @@ def test_depthwise(library, stride, pad, k, dil):
     close(out, np.maximum(want + b.reshape(1, -1, 1, 1), 0))
 
 
+@pytest.mark.parametrize("k,pad,dil", [(3, 1, 1), (5, 2, 1), (3, 2, 2)])
+def test_depthwise_wide_planes_give_the_narrow_paths_bits(library, k, pad, dil):
+    """Planes 32 or more outputs wide go along rows, narrower ones channel-interleaved: where an
+    output's window sees the same inputs the two give the same bits (the left columns of a wide
+    plane against the same columns of a narrow crop), and both are within rounding of numpy."""
+    rng = np.random.default_rng(k * 7 + dil)
+    x, w, b = rand(rng, 2, 20, 21, 48), rand(rng, 20, 1, k, k), rand(rng, 20)
+    params = tvm_ffi.Shape([k, k, 1, 1, pad, pad, pad, pad, dil, dil, 20])
+    wide = np.zeros((2, 20, 21, 48), np.float32)
+    library["relaxc.conv2d_depthwise"](t(x), t(w), t(b), None, params, "silu", scalars(), t(wide))
+    narrow = np.zeros((2, 20, 21, 24), np.float32)
+    library["relaxc.conv2d_depthwise"](t(x[..., :24]), t(w), t(b), None, params, "silu", scalars(), t(narrow))
+    same = 24 - pad  # columns whose windows end inside the crop
+    np.testing.assert_array_equal(wide[..., :same], narrow[..., :same])
+    close(wide, ACTS["silu"](conv_reference(x, w, (1, 1), (pad,) * 4, (dil, dil), 20) + b.reshape(1, -1, 1, 1)))
+
+
 # ---- pooling, softmax, norms -------------------------------------------------------------------------
 
 
@@ -554,6 +571,9 @@ k["relaxc.conv2d"](t(x), t(pack_conv(cw, 1)), t(r(24)), t(r(2, 24, 30, 30)), tvm
 x24 = r(2, 27, 17, 19)
 res["dw_27"] = np.zeros((2, 27, 17, 19), np.float32)
 k["relaxc.conv2d_depthwise"](t(x24), t(r(27, 1, 5, 5)), t(r(27)), t(r(2, 27, 17, 19)), tvm_ffi.Shape([5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 27]), "hard_swish", t(np.array([1.0, 1 / 6, 0.5], np.float32)), t(res["dw_27"]))
+xw = r(2, 12, 40, 45)
+res["dw_wide"] = np.zeros((2, 12, 40, 45), np.float32)
+k["relaxc.conv2d_depthwise"](t(xw), t(r(12, 1, 5, 5)), t(r(12)), t(r(2, 12, 40, 45)), tvm_ffi.Shape([5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 12]), "hard_swish", t(np.array([1.0, 1 / 6, 0.5], np.float32)), t(res["dw_wide"]))
 res["dw"] = np.zeros((2, 16, 15, 15), np.float32)
 k["relaxc.conv2d_depthwise"](t(x), t(r(16, 1, 3, 3)), None, None, tvm_ffi.Shape([3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 16]), "relu", sc, t(res["dw"]))
 big = r(300, 500)
