@@ -200,6 +200,28 @@ static void pack_conv_a(const void *source, int64_t m0, int64_t mr, int64_t k0, 
   }
 }
 
+typedef struct transpose_job {
+  const float *src; /* per problem: [pixels][c_out] */
+  float *out;       /* NCHW: per problem [c_out][pixels] at out_offset */
+  int64_t count, groups, c_out, pixels, channels_total;
+} transpose_job;
+
+/* Problems' results [pixels][c_out] into NCHW planes, 8 channels at a time. */
+static int transpose_task(int task, int num_tasks, void *ctx) {
+  const transpose_job *j = ctx;
+  int64_t blocks = (j->c_out + 7) / 8, begin, end;
+  rk_split(j->count * blocks, task, num_tasks, &begin, &end);
+  for (int64_t u = begin; u < end; u++) {
+    int64_t i = u / blocks, c0 = (u % blocks) * 8, c1 = c0 + 8 < j->c_out ? c0 + 8 : j->c_out;
+    int64_t n = i / j->groups, g = i % j->groups;
+    const float *src = j->src + i * j->pixels * j->c_out;
+    float *dst = j->out + (n * j->channels_total + g * j->c_out) * j->pixels;
+    for (int64_t p = 0; p < j->pixels; p++)
+      for (int64_t c = c0; c < c1; c++) dst[c * j->pixels + p] = src[p * j->c_out + c];
+  }
+  return 0;
+}
+
 /* (x, w_packed, bias, residual, params, activation, [alpha, lo, hi], out); params = [kh, kw,
  * stride_h, stride_w, pad_top, pad_left, pad_bottom, pad_right, dilation_h, dilation_w, groups];
  * w_packed [groups, ceil(oc_per_group / 6), (c / groups) * kh * kw, 6]: each group's weights as
@@ -233,6 +255,14 @@ int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, T
   rk_gemm *problems = rk_scratch(RK_SLOT_PROBLEMS, (size_t)count * (sizeof(rk_gemm) + sizeof(conv_b)));
   if (!problems) return rk_out_of_memory(kernel);
   conv_b *sources = (conv_b *)(problems + count);
+  /* Channels as columns write their results to a [pixels][channels] buffer, contiguous as the
+   * C-writing micro-kernels need, and into NCHW after: written straight across NCHW's planes
+   * every block of the reduction read and wrote C a value at a time (256 x 7 x 7, 3x3: 9 blocks). */
+  float *columns_out = NULL;
+  if (channels_as_columns) {
+    columns_out = rk_scratch(RK_SLOT_OUTPUT, sizeof(float) * (size_t)(count * pixels * c_out));
+    if (!columns_out) return rk_out_of_memory(kernel);
+  }
   rk_pack_b_fn pack_b = pack_conv_b_generic;
 #if defined(__x86_64__)
   if (rk_cpu_isa() == RK_ISA_AVX2) pack_b = pack_conv_b_avx2;
@@ -252,7 +282,7 @@ int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, T
       gm->a = &sources[i];
       gm->a_gathered = true;
       gm->b_packed = rk_data(w) + g * panels * k * RK_NR;
-      gm->c = rk_data(out) + out_offset, gm->c_rs = 1, gm->c_cs = pixels;
+      gm->c = columns_out + i * pixels * c_out, gm->c_rs = c_out, gm->c_cs = 1;
       if (residual) gm->ep.residual = rk_data(residual) + out_offset, gm->ep.res_rs = 1, gm->ep.res_cs = pixels;
       continue;
     }
@@ -264,6 +294,10 @@ int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, T
     gm->ep.bias_per_row = true;
     if (residual) gm->ep.residual = rk_data(residual) + out_offset, gm->ep.res_rs = pixels, gm->ep.res_cs = 1;
   }
-  return rk_gemm_run(problems, count);
+  rc = rk_gemm_run(problems, count);
+  if (rc || !channels_as_columns) return rc;
+  transpose_job t = {columns_out, rk_data(out), count, groups, c_out, pixels, out->shape[1]};
+  double values = (double)(count * pixels * c_out);
+  return rk_parallel(values < 65536.0 ? 1 : count * ((c_out + 7) / 8), transpose_task, &t);
 }
 

@@ -93,7 +93,8 @@ typedef enum {
   RK_SLOT_INPUT = 4,    /* a padded or rearranged copy of an input */
   RK_SLOT_B_BLOCK = 5,  /* the GEMM's block of B gathered by its packer (every task's own thread) */
   RK_SLOT_A_WHOLE = 6,  /* all of a GEMM's A packed once per call, shared by its tasks */
-  RK_SCRATCH_SLOTS = 7
+  RK_SLOT_OUTPUT = 7,   /* results in another layout before they are written out */
+  RK_SCRATCH_SLOTS = 8
 } rk_slot;
 RVM_HIDDEN void *rk_scratch(rk_slot slot, size_t nbytes);
 

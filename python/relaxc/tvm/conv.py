@@ -61,16 +61,21 @@ class ConvolutionAnchors:
         kernel = "relaxc.conv2d_depthwise" if depthwise else "relaxc.conv2d"
         # Few output pixels, more channels and a long reduction (ResNet's last stage: 7 x 7 pixels,
         # 256 channels, 2304 products each): channels become the GEMM's 16-wide columns and pixels
-        # its 6-high rows, so no panel is mostly padding (1.1x faster there on AVX2). With a
-        # short reduction (a MobileNet's 1x1 expansions) gathering pixels as rows and writing the
-        # results across NCHW's rows costs more than the padding saves (2x slower); and from 4
-        # panels of pixels up, channels as rows are faster with the two-panel AVX-512 kernels
-        # (Zen 5: 13 x 13 pixels, 192 -> 192 3x3, 677 -> 552 us; 7 x 7 alike either way).
+        # its 6-high rows, where that wastes fewer lanes than panels of 16 pixels would (49
+        # pixels: 91% of 6-pixel strips used, 77% of 16-pixel panels; Zen 5, 256 -> 256 3x3: 291
+        # against 363 us). With a short reduction (a MobileNet's 1x1 expansions) gathering pixels
+        # as rows costs more than the padding saves (2x slower); at 169 or 196 pixels both waste
+        # little and pixels as columns are as fast or faster.
         pixels = dout[2] * dout[3] if isinstance(dout[2], int) and isinstance(dout[3], int) else None
         reduction = int(np.prod(weight.shape[1:]))
         if depthwise:
             w_arg = relax.const(np.ascontiguousarray(weight))
-        elif pixels is not None and pixels < min(64, oc // groups) and reduction >= 256:
+        elif (
+            pixels is not None
+            and pixels < oc // groups
+            and reduction >= 256
+            and pixels / (-(-pixels // 6) * 6) > pixels / (-(-pixels // 16) * 16) + 0.05
+        ):
             w_arg = relax.const(pack_conv_columns(weight, groups))
         else:
             w_arg = relax.const(pack_conv(weight, groups))
