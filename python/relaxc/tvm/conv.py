@@ -63,8 +63,9 @@ class ConvolutionAnchors:
         # 256 channels, 2304 products each): channels become the GEMM's 16-wide columns and pixels
         # its 6-high rows, where that wastes fewer lanes than panels of 16 pixels would (49
         # pixels: 91% of 6-pixel strips used, 77% of 16-pixel panels; Zen 5, 256 -> 256 3x3: 291
-        # against 363 us). With a short reduction (a MobileNet's 1x1 expansions) gathering pixels
-        # as rows costs more than the padding saves (2x slower); at 169 or 196 pixels both waste
+        # against 363 us). With a short reduction (a MobileNet's 1x1 expansions at 12 x 12)
+        # gathering pixels as rows costs more than the padding saves (2x slower), but not on the
+        # smallest planes (3 x 3, 80 -> 480: 23 against 13 us); at 169 or 196 pixels both waste
         # little and pixels as columns are as fast or faster.
         pixels = dout[2] * dout[3] if isinstance(dout[2], int) and isinstance(dout[3], int) else None
         reduction = int(np.prod(weight.shape[1:]))
@@ -73,7 +74,7 @@ class ConvolutionAnchors:
         elif (
             pixels is not None
             and pixels < oc // groups
-            and reduction >= 256
+            and (reduction >= 256 or pixels < 64)
             and pixels / (-(-pixels // 6) * 6) > pixels / (-(-pixels // 16) * 16) + 0.05
         ):
             w_arg = relax.const(pack_conv_columns(weight, groups))
