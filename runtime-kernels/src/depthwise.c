@@ -268,6 +268,7 @@ static bool takes_row_path(const depthwise_job *j) { return j->p->sw == 1 && j->
     /* Four rows at a time, so four sums are in flight (one chain of adds per vector waited on    \
      * each add); the last vector of a row starts at ow - LANES, overlapping the one before      \
      * (its outputs computed twice, the same way), instead of a scalar tail. */                 \
+    int64_t step = p->sh * j->wp; /* input floats between output rows */                                         \
     for (int64_t oy = oy0; oy < oy1; oy += 4) {                                                                  \
       int64_t rows = oy1 - oy < 4 ? oy1 - oy : 4;                                                                \
       const float *row = padded + (oy * p->sh - py0) * j->wp;                                                    \
@@ -279,9 +280,9 @@ static bool takes_row_path(const depthwise_job *j) { return j->p->sw == 1 && j->
           for (int64_t t = 0; t < j->taps; t++) {                                                                \
             const float *src = row + offset[t] + ox;                                                             \
             __builtin_memcpy(&x0, src, sizeof x0);                                                               \
-            __builtin_memcpy(&x1, src + j->wp, sizeof x1);                                                       \
-            __builtin_memcpy(&x2, src + 2 * j->wp, sizeof x2);                                                   \
-            __builtin_memcpy(&x3, src + 3 * j->wp, sizeof x3);                                                   \
+            __builtin_memcpy(&x1, src + step, sizeof x1);                                                        \
+            __builtin_memcpy(&x2, src + 2 * step, sizeof x2);                                                    \
+            __builtin_memcpy(&x3, src + 3 * step, sizeof x3);                                                    \
             a0 += w[t] * x0, a1 += w[t] * x1, a2 += w[t] * x2, a3 += w[t] * x3;                                  \
           }                                                                                                      \
           a0 = a0 * alpha + bias, a1 = a1 * alpha + bias, a2 = a2 * alpha + bias, a3 = a3 * alpha + bias;        \
@@ -293,7 +294,7 @@ static bool takes_row_path(const depthwise_job *j) { return j->p->sw == 1 && j->
           for (int64_t r = 0; r < rows; r++) {                                                                   \
             V a = {0}, x;                                                                                        \
             for (int64_t t = 0; t < j->taps; t++) {                                                              \
-              __builtin_memcpy(&x, row + r * j->wp + offset[t] + ox, sizeof x);                                  \
+              __builtin_memcpy(&x, row + r * step + offset[t] + ox, sizeof x);                                   \
               a += w[t] * x;                                                                                     \
             }                                                                                                    \
             a = a * alpha + bias;                                                                                \

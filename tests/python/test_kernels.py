@@ -255,21 +255,23 @@ def test_depthwise(library, stride, pad, k, dil):
     close(out, np.maximum(want + b.reshape(1, -1, 1, 1), 0))
 
 
-@pytest.mark.parametrize("k,pad,dil", [(3, 1, 1), (5, 2, 1), (3, 2, 2)])
-def test_depthwise_wide_planes_give_the_narrow_paths_bits(library, k, pad, dil):
+@pytest.mark.parametrize("k,pad,dil,sh", [(3, 1, 1, 1), (5, 2, 1, 1), (3, 2, 2, 1), (3, 1, 1, 2)])
+def test_depthwise_wide_planes_give_the_narrow_paths_bits(library, k, pad, dil, sh):
     """Planes 32 or more outputs wide go along rows, narrower ones channel-interleaved: where an
     output's window sees the same inputs the two give the same bits (the left columns of a wide
-    plane against the same columns of a narrow crop), and both are within rounding of numpy."""
-    rng = np.random.default_rng(k * 7 + dil)
+    plane against the same columns of a narrow crop), and both are within rounding of numpy;
+    stride (2, 1) too, as PaddleOCR's text models have it."""
+    rng = np.random.default_rng(k * 7 + dil + sh)
     x, w, b = rand(rng, 2, 20, 21, 48), rand(rng, 20, 1, k, k), rand(rng, 20)
-    params = tvm_ffi.Shape([k, k, 1, 1, pad, pad, pad, pad, dil, dil, 20])
-    wide = np.zeros((2, 20, 21, 48), np.float32)
+    params = tvm_ffi.Shape([k, k, sh, 1, pad, pad, pad, pad, dil, dil, 20])
+    want = conv_reference(x, w, (sh, 1), (pad,) * 4, (dil, dil), 20)
+    wide = np.zeros(want.shape, np.float32)
     library["relaxc.conv2d_depthwise"](t(x), t(w), t(b), None, params, "silu", scalars(), t(wide))
-    narrow = np.zeros((2, 20, 21, 24), np.float32)
+    narrow = np.zeros((*want.shape[:3], 24 + 2 * pad - dil * (k - 1)), np.float32)
     library["relaxc.conv2d_depthwise"](t(x[..., :24]), t(w), t(b), None, params, "silu", scalars(), t(narrow))
     same = 24 - pad  # columns whose windows end inside the crop
     np.testing.assert_array_equal(wide[..., :same], narrow[..., :same])
-    close(wide, ACTS["silu"](conv_reference(x, w, (1, 1), (pad,) * 4, (dil, dil), 20) + b.reshape(1, -1, 1, 1)))
+    close(wide, ACTS["silu"](want + b.reshape(1, -1, 1, 1)))
 
 
 # ---- pooling, softmax, norms -------------------------------------------------------------------------
