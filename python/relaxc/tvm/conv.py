@@ -15,20 +15,28 @@ from .patterns import _attr, _dims, _ints, _is_f32_tensor
 class ConvolutionAnchors:
     """Anchors for the planner: each method is called with a binding's variable and call."""
 
-    def conv2d(self, var, call):
+    def _conv_operands(self, var, call, data_layout, kernel_layout):
+        """A float32 convolution's input, constant weights and dims in the given layouts, or None."""
         x, w = call.args[0], call.args[1]
         if not (_is_f32_tensor(x) and _is_f32_tensor(var)):
-            return
+            return None
         if (
-            _attr(call, "data_layout") != "NCHW"
-            or _attr(call, "kernel_layout") != "OIHW"
-            or _attr(call, "out_layout", "NCHW") != "NCHW"
+            _attr(call, "data_layout") != data_layout
+            or _attr(call, "kernel_layout") != kernel_layout
+            or _attr(call, "out_layout", data_layout) != data_layout
         ):
-            return
+            return None
         weight = self.b.const(w)
         dx, dout = _dims(x), _dims(var)
         if weight is None or weight.dtype != np.float32 or dx is None or dout is None or not isinstance(dx[1], int):
+            return None
+        return x, weight, dx, dout
+
+    def conv2d(self, var, call):
+        operands = self._conv_operands(var, call, "NCHW", "OIHW")
+        if operands is None:
             return
+        x, weight, dx, dout = operands
         groups = int(_attr(call, "groups", 1))
         strides, dilation = _ints(_attr(call, "strides")), _ints(_attr(call, "dilation"))
         padding = _ints(_attr(call, "padding"))
@@ -87,19 +95,10 @@ class ConvolutionAnchors:
         """NCW conv1d (audio front ends, 1-D CNNs) as relaxc.conv2d or relaxc.conv2d_depthwise
         over NCW tensors, which the kernels see as NCHW with H = 1: the weights [O, I, W] become
         [O, I, 1, W] and the params those of a 1 x W kernel."""
-        x, w = call.args[0], call.args[1]
-        if not (_is_f32_tensor(x) and _is_f32_tensor(var)):
+        operands = self._conv_operands(var, call, "NCW", "OIW")
+        if operands is None:
             return
-        if (
-            _attr(call, "data_layout") != "NCW"
-            or _attr(call, "kernel_layout") != "OIW"
-            or _attr(call, "out_layout", "NCW") != "NCW"
-        ):
-            return
-        weight = self.b.const(w)
-        dx, dout = _dims(x), _dims(var)
-        if weight is None or weight.dtype != np.float32 or dx is None or dout is None or not isinstance(dx[1], int):
-            return
+        x, weight, dx, dout = operands
         groups = int(_attr(call, "groups", 1))
         stride, dilation = _ints(_attr(call, "strides"))[0], _ints(_attr(call, "dilation"))[0]
         padding = _ints(_attr(call, "padding"))
