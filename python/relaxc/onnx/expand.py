@@ -136,7 +136,7 @@ def _lstm(node, values, shapes):
     if w is None or r is None:
         raise _refuse(node, "W and R must be given")
     _sequence_lens_ok(node, lens, steps)
-    hidden = int(attrs["hidden_size"])
+    hidden = int(attrs.get("hidden_size", r.shape[-1]))  # optional in the spec: R is [D, gates * H, H]
     b = _Builder(node.name or node.output[0])
     per_h, finals_h, finals_c = [], [], []
     for d, reverse in enumerate(_directions(attrs)):
@@ -179,7 +179,7 @@ def _gru(node, values, shapes):
     if w is None or r is None:
         raise _refuse(node, "W and R must be given")
     _sequence_lens_ok(node, lens, steps)
-    hidden = int(attrs["hidden_size"])
+    hidden = int(attrs.get("hidden_size", r.shape[-1]))  # optional in the spec: R is [D, gates * H, H]
     linear_before_reset = attrs.get("linear_before_reset", 0)
     b = _Builder(node.name or node.output[0])
     per_h, finals = [], []
