@@ -113,10 +113,16 @@ def main():
     args = ap.parse_args()
     relaxc = os.path.abspath(args.relaxc)
     os.environ.setdefault("RELAXC", relaxc)
-    import numpy as np
 
     models = [m for m in fixture_models() + bench_models() if not args.only or m[0] in args.only]
-    work = tempfile.mkdtemp(prefix="relaxc-e2e-")
+    with tempfile.TemporaryDirectory(prefix="relaxc-e2e-") as work:
+        run(args, relaxc, models, work)
+
+
+def run(args, relaxc, models, work):
+    """Builds the models in work, checks and times them, prints the table."""
+    import numpy as np
+
     built = prepare(work, relaxc, models)
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
     rows = {}
