@@ -21,7 +21,7 @@
 /* Taps of one depthwise kernel at most (a 7x7 has 49); larger kernels are refused. Channels go
  * eight at a time (a vector of 8 floats), or sixteen where the CPU has AVX-512: each lane does the
  * same operations either way, so the bits do not change. */
-enum { MAX_TAPS = 64, HALF_BLOCK = 8, MAX_BLOCK = 16 };
+enum { MAX_TAPS = 64, HALF_BLOCK = 8 };
 
 typedef float rk_f16v __attribute__((vector_size(64)));
 
@@ -32,7 +32,8 @@ typedef struct depthwise_job {
   int64_t planes, channels, h, w_in, oh, ow;
   int64_t hp, wp; /* the padded input's extents */
   int64_t taps;
-  int64_t lanes;     /* channels a block: 8, or 16 with AVX-512 */
+  int64_t lanes;     /* channels a block (or pixels a vector along rows): 8, or 16 with AVX-512 */
+  bool along_rows;   /* wide planes: work along rows, no interleaving (takes_row_path) */
   int64_t band_rows; /* output rows a work item computes */
   rk_epilogue ep;
 } depthwise_job;
@@ -42,13 +43,15 @@ static int64_t band_input_rows(const depthwise_job *j, int64_t rows) {
   return (rows - 1) * j->p->sh + (j->p->kh - 1) * j->p->dh + 1;
 }
 
-/* Floats of one task's buffer: a band's interleaved padded input, the taps and the band's results. */
+/* Floats of one task's buffer: a band's padded input rows along rows; else a band's interleaved
+ * padded input, the taps and the band's results. */
 static int64_t buffer_floats(const depthwise_job *j) {
+  if (j->along_rows) return band_input_rows(j, j->band_rows) * j->wp;
   return (band_input_rows(j, j->band_rows) * j->wp + j->taps + j->band_rows * j->ow) * j->lanes;
 }
 
 /* Output rows per band: as many as keep a band's buffer within about 192 KB (in L2 beside the
- * planes it writes; whole 160 x 160 planes of 16 channels were 6.6 MB a block, which left two
+ * planes it writes; whole 320 x 320 planes of 16 channels were 6.6 MB a block, which left two
  * threads no faster than one on PP-OCR's detector), at least one. */
 static int64_t choose_band_rows(const depthwise_job *j) {
   int64_t budget = 192 * 1024 / (int64_t)sizeof(float) / j->lanes, rows = j->oh;
@@ -202,40 +205,6 @@ static inline __attribute__((always_inline)) void interleave_input(const depthwi
 DEPTHWISE_CHANNELS(depthwise_channels8, rk_f8, 8)
 DEPTHWISE_CHANNELS(depthwise_channels16, rk_f16v, 16)
 
-/* Work items: (image, block of `lanes` channels, band of output rows). */
-static int64_t work_items(const depthwise_job *j) {
-  int64_t bands = (j->oh + j->band_rows - 1) / j->band_rows;
-  return (j->planes / j->channels) * ((j->channels + j->lanes - 1) / j->lanes) * bands;
-}
-
-static inline __attribute__((always_inline)) void depthwise_items(const depthwise_job *j, int64_t begin, int64_t end,
-                                                                  float *buffer, const int64_t lanes) {
-  int64_t blocks = (j->channels + lanes - 1) / lanes, bands = (j->oh + j->band_rows - 1) / j->band_rows;
-  for (int64_t item = begin; item < end; item++) {
-    int64_t band = item % bands, block = item / bands;
-    int64_t image = block / blocks, c0 = (block % blocks) * lanes;
-    int64_t n = j->channels - c0 < lanes ? j->channels - c0 : lanes;
-    int64_t oy0 = band * j->band_rows, oy1 = oy0 + j->band_rows < j->oh ? oy0 + j->band_rows : j->oh;
-    if (lanes == 16)
-      depthwise_channels16(j, image, c0, n, oy0, oy1, buffer);
-    else
-      depthwise_channels8(j, image, c0, n, oy0, oy1, buffer);
-  }
-}
-
-static void depthwise_generic(const depthwise_job *j, int64_t begin, int64_t end, float *buffer) {
-  depthwise_items(j, begin, end, buffer, 8);
-}
-
-#if defined(__x86_64__)
-RK_AVX2_TARGET static void depthwise_avx2(const depthwise_job *j, int64_t begin, int64_t end, float *buffer) {
-  depthwise_items(j, begin, end, buffer, 8);
-}
-RK_AVX512_TARGET static void depthwise_avx512(const depthwise_job *j, int64_t begin, int64_t end, float *buffer) {
-  depthwise_items(j, begin, end, buffer, 16);
-}
-#endif
-
 /* ---- wide planes: along rows ------------------------------------------------------------- */
 
 /* At stride 1 and at least ROW_PATH_MIN_WIDTH output columns a vector of one channel's
@@ -315,55 +284,48 @@ static bool takes_row_path(const depthwise_job *j) { return j->p->sw == 1 && j->
 DEPTHWISE_ROWS(depthwise_rows8, rk_f8, 8)
 DEPTHWISE_ROWS(depthwise_rows16, rk_f16v, 16)
 
-/* Row-path work items: (plane, band of output rows). */
-static inline __attribute__((always_inline)) void depthwise_row_items(const depthwise_job *j, int64_t begin,
-                                                                      int64_t end, float *buffer,
-                                                                      const int64_t lanes) {
+/* Work items: (plane, band of output rows) along rows; else (image, block of `lanes` channels,
+ * band of output rows). */
+static int64_t work_items(const depthwise_job *j) {
   int64_t bands = (j->oh + j->band_rows - 1) / j->band_rows;
+  if (j->along_rows) return j->planes * bands;
+  return (j->planes / j->channels) * ((j->channels + j->lanes - 1) / j->lanes) * bands;
+}
+
+static inline __attribute__((always_inline)) void depthwise_items(const depthwise_job *j, int64_t begin, int64_t end,
+                                                                  float *buffer, const int64_t lanes) {
+  int64_t blocks = (j->channels + lanes - 1) / lanes, bands = (j->oh + j->band_rows - 1) / j->band_rows;
   for (int64_t item = begin; item < end; item++) {
-    int64_t plane = item / bands, oy0 = (item % bands) * j->band_rows;
-    int64_t oy1 = oy0 + j->band_rows < j->oh ? oy0 + j->band_rows : j->oh;
+    int64_t band = item % bands, block = item / bands;
+    int64_t oy0 = band * j->band_rows, oy1 = oy0 + j->band_rows < j->oh ? oy0 + j->band_rows : j->oh;
+    if (j->along_rows) {
+      if (lanes == 16)
+        depthwise_rows16(j, block, oy0, oy1, buffer);
+      else
+        depthwise_rows8(j, block, oy0, oy1, buffer);
+      continue;
+    }
+    int64_t image = block / blocks, c0 = (block % blocks) * lanes;
+    int64_t n = j->channels - c0 < lanes ? j->channels - c0 : lanes;
     if (lanes == 16)
-      depthwise_rows16(j, plane, oy0, oy1, buffer);
+      depthwise_channels16(j, image, c0, n, oy0, oy1, buffer);
     else
-      depthwise_rows8(j, plane, oy0, oy1, buffer);
+      depthwise_channels8(j, image, c0, n, oy0, oy1, buffer);
   }
 }
 
-static void depthwise_rows_generic(const depthwise_job *j, int64_t begin, int64_t end, float *buffer) {
-  depthwise_row_items(j, begin, end, buffer, 8);
+static void depthwise_generic(const depthwise_job *j, int64_t begin, int64_t end, float *buffer) {
+  depthwise_items(j, begin, end, buffer, 8);
 }
 
 #if defined(__x86_64__)
-RK_AVX2_TARGET static void depthwise_rows_avx2(const depthwise_job *j, int64_t begin, int64_t end, float *buffer) {
-  depthwise_row_items(j, begin, end, buffer, 8);
+RK_AVX2_TARGET static void depthwise_avx2(const depthwise_job *j, int64_t begin, int64_t end, float *buffer) {
+  depthwise_items(j, begin, end, buffer, 8);
 }
-RK_AVX512_TARGET static void depthwise_rows_avx512(const depthwise_job *j, int64_t begin, int64_t end,
-                                                   float *buffer) {
-  depthwise_row_items(j, begin, end, buffer, 16);
+RK_AVX512_TARGET static void depthwise_avx512(const depthwise_job *j, int64_t begin, int64_t end, float *buffer) {
+  depthwise_items(j, begin, end, buffer, 16);
 }
 #endif
-
-static int depthwise_rows_task(int task, int num_tasks, void *ctx) {
-  const depthwise_job *j = ctx;
-  int64_t begin, end, bands = (j->oh + j->band_rows - 1) / j->band_rows;
-  rk_split(j->planes * bands, task, num_tasks, &begin, &end);
-  if (begin == end) return 0;
-  float *buffer = rk_scratch(RK_SLOT_INPUT, sizeof(float) * (size_t)(band_input_rows(j, j->band_rows) * j->wp));
-  if (!buffer) return rk_out_of_memory("relaxc.conv2d_depthwise");
-#if defined(__x86_64__)
-  if (j->lanes == 16) {
-    depthwise_rows_avx512(j, begin, end, buffer);
-    return 0;
-  }
-  if (rk_cpu_isa() == RK_ISA_AVX2) {
-    depthwise_rows_avx2(j, begin, end, buffer);
-    return 0;
-  }
-#endif
-  depthwise_rows_generic(j, begin, end, buffer);
-  return 0;
-}
 
 static int depthwise_task(int task, int num_tasks, void *ctx) {
   const depthwise_job *j = ctx;
@@ -422,16 +384,14 @@ int rvm_builtin_kl_conv2d_depthwise(void *self, const TVMFFIAny *args, int32_t n
                        p.kh * p.kw,
                        /* At stride 2 the wider blocks measured slower (32x112x112: 79 -> 90 us). */
                        rk_cpu_isa() == RK_ISA_AVX2 && rk_use_avx512() && p.sw == 1 ? 16 : 8,
+                       false,
                        oh,
                        a.ep};
-  job.band_rows = choose_band_rows(&job);
-  double work = (double)job.planes * (double)(oh * ow) * (double)job.taps;
-  if (takes_row_path(&job)) {
-    /* Bands of about 16 rows: items enough to share between threads, buffers of a few rows. */
-    job.band_rows = oh < 16 ? oh : 16;
-    int64_t items = job.planes * ((oh + job.band_rows - 1) / job.band_rows);
-    return rk_parallel(work < 32768.0 ? 1 : items, depthwise_rows_task, &job);
-  }
   if (job.planes == 0 || oh == 0 || ow == 0) return 0;
+  job.along_rows = takes_row_path(&job);
+  /* Along rows, bands of about 16 rows: items enough to share between threads, buffers of a few
+   * rows. */
+  job.band_rows = job.along_rows ? (oh < 16 ? oh : 16) : choose_band_rows(&job);
+  double work = (double)job.planes * (double)(oh * ow) * (double)job.taps;
   return rk_parallel(work < 32768.0 ? 1 : work_items(&job), depthwise_task, &job);
 }

@@ -274,6 +274,16 @@ def test_depthwise_wide_planes_give_the_narrow_paths_bits(library, k, pad, dil, 
     close(wide, ACTS["silu"](want + b.reshape(1, -1, 1, 1)))
 
 
+def test_depthwise_with_no_output_rows_does_nothing(library):
+    """A plane wide enough for the row path but shorter than the kernel: no output, no work (this
+    divided by zero bands once)."""
+    out = np.zeros((1, 2, 0, 38), np.float32)
+    params = tvm_ffi.Shape([3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 2])
+    x, w = np.ones((1, 2, 1, 40), np.float32), np.ones((2, 1, 3, 3), np.float32)
+    library["relaxc.conv2d_depthwise"](t(x), t(w), None, None, params, "none", scalars(), t(out))
+    assert out.shape == (1, 2, 0, 38)
+
+
 # ---- pooling, softmax, norms -------------------------------------------------------------------------
 
 
