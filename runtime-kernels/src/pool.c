@@ -37,9 +37,10 @@ static void tap_range(int64_t start, int64_t k, int64_t d, int64_t extent, int64
   }
 }
 
-/* One plane, max or average (a constant once inlined, so the tap loop does one thing). */
-static inline __attribute__((always_inline)) void pool_plane(const pool_job *j, int64_t plane, int64_t *ranges,
-                                                            const bool max) {
+/* One plane of average pooling whose windows may cross the padding: the taps inside the input
+ * summed, divided by those inside the input or, with count_include_pad, the padded input. (Max
+ * pooling of such planes is max_plane_separable's.) */
+static void avg_plane(const pool_job *j, int64_t plane, int64_t *ranges) {
   const pool_params *p = &j->p;
   const float *in = j->x + plane * j->h * j->w;
   float *out = j->out + plane * j->oh * j->ow;
@@ -55,26 +56,21 @@ static inline __attribute__((always_inline)) void pool_plane(const pool_job *j, 
     for (int64_t ox = 0; ox < ow; ox++) {
       const float *corner = in + y0 * w + ox * sw - p->pad_left;
       int64_t lo = s_lo[ox], hi = s_hi[ox];
-      float acc = max ? -FLT_MAX : 0.0f;
+      float acc = 0.0f;
       for (int64_t r = r_lo; r < r_hi; r++) {
         const float *row = corner + r * dh * w;
-        for (int64_t t = lo; t < hi; t++) {
-          float v = row[t * dw];
-          acc = max ? (v > acc ? v : acc) : acc + v;
-        }
+        for (int64_t t = lo; t < hi; t++) acc = acc + row[t * dw];
       }
-      if (!max) {
-        int64_t count = include_pad ? r_pad * s_pad[ox] : (r_hi - r_lo) * (hi - lo);
-        acc = count > 0 ? acc / (float)count : 0.0f;
-      }
-      out[oy * ow + ox] = acc;
+      int64_t count = include_pad ? r_pad * s_pad[ox] : (r_hi - r_lo) * (hi - lo);
+      out[oy * ow + ox] = count > 0 ? acc / (float)count : 0.0f;
     }
   }
 }
 
 /* One plane whose every window lies inside the input (no padding, none past the edge): tap by
- * tap over a whole output row, so the loop over the row vectorizes; each output still sees its
- * taps in pool_plane's order, so the bits are the same. `sw` is a constant once inlined. */
+ * tap over a whole output row, so the loop over the row vectorizes; each output still sums its
+ * taps in avg_plane's order (row by row), so the bits are the same. `sw` is a constant once
+ * inlined. */
 static inline __attribute__((always_inline)) void pool_plane_inside(const pool_job *j, int64_t plane, const bool max,
                                                                    const int64_t sw) {
   const pool_params *p = &j->p;
@@ -105,8 +101,8 @@ static inline __attribute__((always_inline)) void pool_plane_inside(const pool_j
  * rows of those. kh + kw comparisons an output instead of kh * kw, and both passes run along
  * rows, so they vectorize (YOLO's 13x13 pooling at 13x13: 670 us a layer before). A maximum
  * does not depend on the order its values are seen in, and padding and rows outside the input
- * count as -FLT_MAX as in pool_plane, so the results are pool_plane's. `scratch` holds h * ow +
- * w + pad_left + pad_right floats. */
+ * count as -FLT_MAX (TVM's lowest value for max pooling), so the results are a direct search's.
+ * `scratch` holds h * ow + w + pad_left + pad_right floats. */
 static inline __attribute__((always_inline)) void max_plane_separable(const pool_job *j, int64_t plane, float *scratch,
                                                                      const int64_t sw) {
   const pool_params *p = &j->p;
@@ -141,19 +137,22 @@ static inline __attribute__((always_inline)) void max_plane_separable(const pool
   }
 }
 
-static void max_separable_generic(const pool_job *j, int64_t begin, int64_t end, float *scratch) {
+/* Planes [begin, end), the stride a constant where it is 1 (the loops vectorize). */
+static inline __attribute__((always_inline)) void max_planes_separable(const pool_job *j, int64_t begin, int64_t end,
+                                                                      float *scratch) {
   for (int64_t plane = begin; plane < end; plane++) {
     if (j->p.sw == 1) max_plane_separable(j, plane, scratch, 1);
     else max_plane_separable(j, plane, scratch, j->p.sw);
   }
 }
 
+static void max_separable_generic(const pool_job *j, int64_t begin, int64_t end, float *scratch) {
+  max_planes_separable(j, begin, end, scratch);
+}
+
 #if defined(__x86_64__)
 RK_AVX2_TARGET static void max_separable_avx2(const pool_job *j, int64_t begin, int64_t end, float *scratch) {
-  for (int64_t plane = begin; plane < end; plane++) {
-    if (j->p.sw == 1) max_plane_separable(j, plane, scratch, 1);
-    else max_plane_separable(j, plane, scratch, j->p.sw);
-  }
+  max_planes_separable(j, begin, end, scratch);
 }
 #endif
 
@@ -183,6 +182,7 @@ static int pool_task(int task, int num_tasks, void *ctx) {
     max_separable_generic(j, begin, end, scratch);
     return 0;
   }
+  /* Here max pooling's windows are all inside and small; average pooling's any. */
   int64_t *ranges = rk_scratch(RK_SLOT_INPUT, sizeof(int64_t) * 3 * (size_t)j->ow);
   if (!ranges) return rk_out_of_memory(j->max ? "relaxc.max_pool2d" : "relaxc.avg_pool2d");
   for (int64_t plane = begin; plane < end; plane++) {
@@ -194,10 +194,8 @@ static int pool_task(int task, int num_tasks, void *ctx) {
         if (j->p.sw == 1) pool_plane_inside(j, plane, false, 1);
         else pool_plane_inside(j, plane, false, 2);
       }
-    } else if (j->max) {
-      pool_plane(j, plane, ranges, true);
     } else {
-      pool_plane(j, plane, ranges, false);
+      avg_plane(j, plane, ranges);
     }
   }
   return 0;
