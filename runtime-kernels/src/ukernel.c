@@ -260,18 +260,18 @@ RK_AVX512 static inline __attribute__((always_inline)) void avx512_body(int64_t 
 AVX512_UKERNEL(avx512_ukernel, UKERNEL_PREFETCH)
 AVX512_UKERNEL(avx512_ukernel_stream, UKERNEL_PREFETCH_STREAM)
 
-/* The AVX2 kernel's epilogue on a 16-lane row: relu and clip by compare and mask, as the scalar
- * `x > 0 ? x : 0` and `x < lo ? lo : (x > hi ? hi : x)` (NaN and -0.0 as there). */
-#define AVX512_ROW_OUT(r)                                                                                \
-  if (mr > r) {                                                                                          \
-    float *cr = c + r * c_rs;                                                                            \
-    __m512 v = c##r;                                                                                     \
-    if (!ep->first) v = _mm512_add_ps(_mm512_loadu_ps(cr), v);                                          \
+/* The AVX2 kernel's epilogue on one 16-lane register of row r, C's columns [col, col + 16): relu
+ * and clip by compare and mask, as the scalar `x > 0 ? x : 0` and `x < lo ? lo : (x > hi ? hi :
+ * x)` (NaN and -0.0 as there); `res` is the row's residual or NULL. */
+#define AVX512_HALF_OUT(v, cr, col, r, res)                                                              \
+  {                                                                                                      \
+    if (!ep->first) v = _mm512_add_ps(_mm512_loadu_ps((cr) + (col)), v);                                 \
     if (ep->last) {                                                                                      \
       if (ep->alpha != 1.0f) v = _mm512_mul_ps(v, alpha);                                                \
       if (ep->bias)                                                                                      \
-        v = _mm512_add_ps(v, ep->bias_per_row ? _mm512_set1_ps(ep->bias[r]) : _mm512_loadu_ps(ep->bias)); \
-      if (ep->residual) v = _mm512_add_ps(v, _mm512_loadu_ps(ep->residual + r * ep->res_rs));            \
+        v = _mm512_add_ps(v, ep->bias_per_row ? _mm512_set1_ps(ep->bias[r])                             \
+                                              : _mm512_loadu_ps(ep->bias + (col)));                      \
+      if (res) v = _mm512_add_ps(v, _mm512_loadu_ps((res) + (col)));                                     \
       if (ep->act == RK_ACT_RELU) {                                                                      \
         v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ), v);                             \
       } else if (ep->act == RK_ACT_CLIP) {                                                               \
@@ -279,7 +279,14 @@ AVX512_UKERNEL(avx512_ukernel_stream, UKERNEL_PREFETCH_STREAM)
         v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, lo, _CMP_LT_OQ), lo);                            \
       }                                                                                                  \
     }                                                                                                    \
-    _mm512_storeu_ps(cr, v);                                                                             \
+    _mm512_storeu_ps((cr) + (col), v);                                                                   \
+  }
+#define AVX512_ROW_OUT(r)                                                              \
+  if (mr > r) {                                                                        \
+    float *cr = c + r * c_rs;                                                          \
+    const float *res = ep->residual ? ep->residual + r * ep->res_rs : NULL;            \
+    __m512 v = c##r;                                                                   \
+    AVX512_HALF_OUT(v, cr, 0, r, res)                                                  \
   }
 
 RK_AVX512 static inline __attribute__((always_inline)) void avx512_body_c(int64_t kc, const float *a, const float *b,
@@ -354,25 +361,6 @@ RK_AVX512 static void avx512_ukernel2(int64_t kc, const float *a, const float *b
   }
 }
 
-/* One 16-lane half of a row through AVX512_ROW_OUT's epilogue; `col` is its first column. */
-#define AVX512_HALF_OUT(v, cr, col, r, res)                                                              \
-  {                                                                                                      \
-    if (!ep->first) v = _mm512_add_ps(_mm512_loadu_ps((cr) + (col)), v);                                 \
-    if (ep->last) {                                                                                      \
-      if (ep->alpha != 1.0f) v = _mm512_mul_ps(v, alpha);                                                \
-      if (ep->bias)                                                                                      \
-        v = _mm512_add_ps(v, ep->bias_per_row ? _mm512_set1_ps(ep->bias[r])                             \
-                                              : _mm512_loadu_ps(ep->bias + (col)));                      \
-      if (res) v = _mm512_add_ps(v, _mm512_loadu_ps((res) + (col)));                                     \
-      if (ep->act == RK_ACT_RELU) {                                                                      \
-        v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, zero, _CMP_GT_OQ), v);                             \
-      } else if (ep->act == RK_ACT_CLIP) {                                                               \
-        v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, hi, _CMP_GT_OQ), hi);                            \
-        v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, lo, _CMP_LT_OQ), lo);                            \
-      }                                                                                                  \
-    }                                                                                                    \
-    _mm512_storeu_ps((cr) + (col), v);                                                                   \
-  }
 #define AVX512_ROW2_OUT(r)                                                             \
   if (mr > r) {                                                                        \
     float *cr = c + r * c_rs;                                                          \
