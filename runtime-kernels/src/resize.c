@@ -109,27 +109,6 @@ static int resize_task(int task, int num_tasks, void *ctx) {
   return 0;
 }
 
-/* The index of `name` (size bytes) among `names`, or -1. */
-static int lookup(const char *name, uint64_t size, const char *const *names, int count) {
-  for (int i = 0; i < count; i++)
-    if (strlen(names[i]) == size && memcmp(names[i], name, size) == 0) return i;
-  return -1;
-}
-
-static int string_arg(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *what,
-                      const char *const *names, int count, const char *known, int *out) {
-  const char *name = NULL;
-  uint64_t size = 0;
-  if (i >= num_args || !rvm_as_string(&args[i], &name, &size))
-    return rvm_raise("TypeError", "%s: argument %d (%s) must be a string, got %s", kernel, i, what,
-                     i < num_args ? rvm_type_name(&args[i]) : "nothing");
-  *out = lookup(name, size, names, count);
-  if (*out < 0)
-    return rvm_raise("ValueError", "%s: unknown %s \"%.*s\" (known: %s)", kernel, what, (int)(size > 64 ? 64 : size),
-                     name, known);
-  return 0;
-}
-
 /* (x, method, coordinate_mode, rounding, out): NCHW x resized to out's height and width. */
 int rvm_builtin_kl_resize2d(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   (void)self, (void)result;
@@ -138,13 +117,9 @@ int rvm_builtin_kl_resize2d(void *self, const TVMFFIAny *args, int32_t num_args,
   int method = 0, mode = 0, round = 0;
   int rc = rk_check_count(kernel, num_args, 5);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
-  if (!rc) rc = string_arg(kernel, args, num_args, 1, "method", method_names, 2, "nearest_neighbor, linear", &method);
-  if (!rc)
-    rc = string_arg(kernel, args, num_args, 2, "coordinate mode", mode_names, 5,
-                    "half_pixel, align_corners, asymmetric, pytorch_half_pixel, tf_half_pixel_for_nn", &mode);
-  if (!rc)
-    rc = string_arg(kernel, args, num_args, 3, "rounding", rounding_names, 6,
-                    "\"\", round, round_prefer_floor, round_prefer_ceil, floor, ceil", &round);
+  if (!rc) rc = rk_arg_name(kernel, args, num_args, 1, "method", method_names, 2, &method);
+  if (!rc) rc = rk_arg_name(kernel, args, num_args, 2, "coordinate mode", mode_names, 5, &mode);
+  if (!rc) rc = rk_arg_name(kernel, args, num_args, 3, "rounding", rounding_names, 6, &round);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 4, "out", &out);
   if (rc) return rc;
   if (x->ndim != 4) return rk_shape_error(kernel, "x must be NCHW", x);

@@ -276,6 +276,10 @@ RVM_HIDDEN int rk_arg_int(const char *kernel, const TVMFFIAny *args, int32_t num
  * clip, gelu, gelu_tanh, silu, sigmoid), then a float32 tensor [alpha, lo, hi] (a constant
  * costs the VM nothing, where each float PrimValue would be a call); bias and residual are left
  * for the caller. */
+/* A string argument that must be one of `names`: its index in *out, or a TypeError, or a
+ * ValueError naming `what` and listing the names. */
+RVM_HIDDEN int rk_arg_name(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *what,
+                           const char *const *names, int count, int *out);
 RVM_HIDDEN int rk_arg_epilogue(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i,
                                rk_epilogue *out);
 /* A float32 tensor argument of exactly `count` values, copied to out. */

@@ -184,21 +184,34 @@ int rk_arg_scalars(const char *kernel, const TVMFFIAny *args, int32_t num_args, 
   return 0;
 }
 
-int rk_arg_epilogue(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, rk_epilogue *out) {
-  *out = rk_epilogue_none();
+int rk_arg_name(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *what,
+                const char *const *names, int count, int *out) {
   const char *name = NULL;
   uint64_t size = 0;
   if (i >= num_args || !rvm_as_string(&args[i], &name, &size))
-    return rvm_raise("TypeError", "%s: argument %d (activation) must be a string, got %s", kernel, i,
+    return rvm_raise("TypeError", "%s: argument %d (%s) must be a string, got %s", kernel, i, what,
                      i < num_args ? rvm_type_name(&args[i]) : "nothing");
-  int act = -1;
-  for (int a = 0; a < RK_ACT_COUNT; a++)
-    if (strlen(act_names[a]) == size && memcmp(act_names[a], name, size) == 0) act = a;
-  if (act < 0)
-    return rvm_raise("ValueError", "%s: unknown activation \"%.*s\" (known: none, relu, clip, gelu, gelu_tanh, silu, sigmoid, hard_sigmoid, hard_swish)",
-                     kernel, (int)(size > 64 ? 64 : size), name);
+  for (int n = 0; n < count; n++)
+    if (strlen(names[n]) == size && memcmp(names[n], name, size) == 0) {
+      *out = n;
+      return 0;
+    }
+  char known[256] = "";
+  for (int n = 0; n < count; n++) {
+    size_t used = strlen(known);
+    snprintf(known + used, sizeof known - used, "%s%s", n ? ", " : "", names[n][0] ? names[n] : "\"\"");
+  }
+  return rvm_raise("ValueError", "%s: unknown %s \"%.*s\" (known: %s)", kernel, what, (int)(size > 64 ? 64 : size),
+                   name, known);
+}
+
+int rk_arg_epilogue(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, rk_epilogue *out) {
+  *out = rk_epilogue_none();
+  int act = 0;
+  int rc = rk_arg_name(kernel, args, num_args, i, "activation", act_names, RK_ACT_COUNT, &act);
+  if (rc) return rc;
   float scalars[3];
-  int rc = rk_arg_scalars(kernel, args, num_args, i + 1, "alpha_lo_hi", 3, scalars);
+  rc = rk_arg_scalars(kernel, args, num_args, i + 1, "alpha_lo_hi", 3, scalars);
   if (rc) return rc;
   out->act = (rk_act)act;
   out->alpha = scalars[0];
