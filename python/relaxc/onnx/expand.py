@@ -86,60 +86,71 @@ def _initial_state(b, given, d, batch, hidden, hint):
     return b.constant(given[d].astype(np.float32), hint)
 
 
-def _check_common(node, attrs, defaults, steps, batch):
+def _directions(node, attrs):
+    """Whether each direction runs in reverse: [False], [True] or [False, True]."""
+    direction = attrs.get("direction", b"forward")
+    direction = direction.decode() if isinstance(direction, bytes) else direction
+    known = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}
+    if direction not in known:
+        raise _refuse(node, f"direction {direction!r} is not one of forward, reverse, bidirectional")
+    return known[direction]
+
+
+def _prepare(node, values, shapes, activations, count, states):
+    """What both expansions start from, checked: (attributes, sequence length, batch, the inputs
+    after X as _constant_inputs gives them, hidden size, each direction's reverse flag, a builder);
+    anything the expansion does not cover is an error naming the node."""
+    attrs = _attrs(node)
+    dims = shapes.get(node.input[0]) or []
+    steps, batch = (dims[0], dims[1]) if len(dims) == 3 else (None, None)
+    directions = _directions(node, attrs)
     acts = [a.decode() if isinstance(a, bytes) else a for a in attrs.get("activations", [])]
-    directions = 2 if attrs.get("direction", b"forward") in (b"bidirectional", "bidirectional") else 1
-    if acts and [a.lower() for a in acts] != [d.lower() for d in defaults * directions]:
-        raise _refuse(node, f"activations {acts} are not expanded (only the default {defaults})")
+    if acts and [a.lower() for a in acts] != [a.lower() for a in activations * len(directions)]:
+        raise _refuse(node, f"activations {acts} are not expanded (only the default {activations})")
     if "clip" in attrs:
         raise _refuse(node, "the clip attribute is not expanded")
     if attrs.get("layout", 0) != 0:
         raise _refuse(node, "layout=1 (batch first) is not expanded")
     if not isinstance(steps, int) or not isinstance(batch, int):
         raise _refuse(node, "its sequence length and batch must be known: fix the input shapes with --shape")
-
-
-def _sequence_lens_ok(node, lens, steps):
+    inputs = _constant_inputs(node, values, count, states)
+    w, r, lens = inputs[0], inputs[1], inputs[3]
+    if w is None or r is None:
+        raise _refuse(node, "W and R must be given")
     if lens is not None and not np.all(lens == steps):
         raise _refuse(node, f"sequence_lens {lens.tolist()} differ from the sequence length {steps}")
+    hidden = int(attrs.get("hidden_size", r.shape[-1]))  # optional in the spec: R is [D, gates * H, H]
+    return attrs, steps, batch, inputs, hidden, directions, _Builder(node.name or node.output[0])
 
 
-def _directions(attrs):
-    direction = attrs.get("direction", b"forward")
-    direction = direction.decode() if isinstance(direction, bytes) else direction
-    return {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]
+def _finish(b, node, per_direction, finals, batch, hidden):
+    """The node's outputs from each direction's states in time order and its final states (one
+    list per output after Y, a value per direction): Y [T, D, B, H], then each [D, B, H]."""
 
+    def directions(values, axis):
+        return values[0] if len(values) == 1 else b.op("Concat", values, axis=axis)
 
-def _stack(b, per_direction, batch, hidden):
-    """Y [T, D, B, H] from each direction's states in time order, and the final states [D, B, H]."""
-    ys = []
-    for states in per_direction:
-        ys.append(b.op("Concat", [b.reshape(s, [1, 1, batch, hidden]) for s in states], axis=0))
-    return ys[0] if len(ys) == 1 else b.op("Concat", ys, axis=1)
-
-
-def _finish(b, node, outputs):
-    """Names the node's outputs: Y, Y_h (and Y_c) from the expansion's values."""
+    y = directions(
+        [b.op("Concat", [b.reshape(s, [1, 1, batch, hidden]) for s in states], axis=0) for states in per_direction],
+        1,
+    )
+    outputs = [y] + [directions([b.reshape(v, [1, batch, hidden]) for v in last], 0) for last in finals]
     for i, value in enumerate(outputs):
         if i < len(node.output) and node.output[i]:
             b.op("Identity", [value], output=node.output[i])
+    return b
 
 
 def _lstm(node, values, shapes):
-    attrs = _attrs(node)
-    x = node.input[0]
-    steps, batch, _ = shapes.get(x, [None, None, None])
-    _check_common(node, attrs, ["Sigmoid", "Tanh", "Tanh"], steps, batch)
+    attrs, steps, batch, inputs, hidden, directions, b = _prepare(
+        node, values, shapes, ["Sigmoid", "Tanh", "Tanh"], 8, states=(5, 6)
+    )
     if attrs.get("input_forget", 0):
         raise _refuse(node, "input_forget=1 is not expanded")
-    w, r, bias, lens, h0, c0, peep = _constant_inputs(node, values, 8, states=(5, 6))
-    if w is None or r is None:
-        raise _refuse(node, "W and R must be given")
-    _sequence_lens_ok(node, lens, steps)
-    hidden = int(attrs.get("hidden_size", r.shape[-1]))  # optional in the spec: R is [D, gates * H, H]
-    b = _Builder(node.name or node.output[0])
+    w, r, bias, _, h0, c0, peep = inputs
+    x = node.input[0]
     per_h, finals_h, finals_c = [], [], []
-    for d, reverse in enumerate(_directions(attrs)):
+    for d, reverse in enumerate(directions):
         gates_bias = np.zeros(4 * hidden, np.float32) if bias is None else bias[d, : 4 * hidden] + bias[d, 4 * hidden :]
         xw = b.op("Add", [b.op("MatMul", [x, b.constant(w[d].T.astype(np.float32), "w")]), b.constant(gates_bias)])
         r_t = b.constant(r[d].T.astype(np.float32), "r")
@@ -161,29 +172,20 @@ def _lstm(node, values, shapes):
             h = b.op("Mul", [b.op("Sigmoid", [o]), b.op("Tanh", [c])])
             hs.append(h)
         per_h.append(hs[::-1] if reverse else hs)
-        finals_h.append(b.reshape(h, [1, batch, hidden]))
-        finals_c.append(b.reshape(c, [1, batch, hidden]))
-    y = _stack(b, per_h, batch, hidden)
-    y_h = finals_h[0] if len(finals_h) == 1 else b.op("Concat", finals_h, axis=0)
-    y_c = finals_c[0] if len(finals_c) == 1 else b.op("Concat", finals_c, axis=0)
-    _finish(b, node, [y, y_h, y_c])
-    return b
+        finals_h.append(h)
+        finals_c.append(c)
+    return _finish(b, node, per_h, [finals_h, finals_c], batch, hidden)
 
 
 def _gru(node, values, shapes):
-    attrs = _attrs(node)
+    attrs, steps, batch, inputs, hidden, directions, b = _prepare(
+        node, values, shapes, ["Sigmoid", "Tanh"], 6, states=(5,)
+    )
+    w, r, bias, _, h0 = inputs
     x = node.input[0]
-    steps, batch, _ = shapes.get(x, [None, None, None])
-    _check_common(node, attrs, ["Sigmoid", "Tanh"], steps, batch)
-    w, r, bias, lens, h0 = _constant_inputs(node, values, 6, states=(5,))
-    if w is None or r is None:
-        raise _refuse(node, "W and R must be given")
-    _sequence_lens_ok(node, lens, steps)
-    hidden = int(attrs.get("hidden_size", r.shape[-1]))  # optional in the spec: R is [D, gates * H, H]
     linear_before_reset = attrs.get("linear_before_reset", 0)
-    b = _Builder(node.name or node.output[0])
     per_h, finals = [], []
-    for d, reverse in enumerate(_directions(attrs)):
+    for d, reverse in enumerate(directions):
         wb = np.zeros(3 * hidden, np.float32) if bias is None else bias[d, : 3 * hidden]
         rb = np.zeros(3 * hidden, np.float32) if bias is None else bias[d, 3 * hidden :]
         # Gates z, r, h: the input's bias and, for z and r, the recurrence's go in with the input
@@ -210,11 +212,8 @@ def _gru(node, values, shapes):
             h = b.op("Add", [b.op("Mul", [b.op("Sub", [one, z]), cand]), b.op("Mul", [z, h])])
             hs.append(h)
         per_h.append(hs[::-1] if reverse else hs)
-        finals.append(b.reshape(h, [1, batch, hidden]))
-    y = _stack(b, per_h, batch, hidden)
-    y_h = finals[0] if len(finals) == 1 else b.op("Concat", finals, axis=0)
-    _finish(b, node, [y, y_h])
-    return b
+        finals.append(h)
+    return _finish(b, node, per_h, [finals], batch, hidden)
 
 
 EXPANSIONS = {"LSTM": _lstm, "GRU": _gru}
