@@ -278,6 +278,26 @@ fn compiled_code_is_small_and_the_same_on_any_number_of_threads() {
     assert!(per_op <= 150.0, "{per_op:.0} bytes of native code per operator (at most 150 wanted)");
 }
 
+/// A chain writing into one buffer and then the other alternates between two argument lists:
+/// compiled mode keeps one argument array for each, so once both are filled a kernel call into
+/// a stack tensor stores nothing at all (its CLIF is the call and its error branch).
+#[test]
+fn alternating_calls_find_their_arguments_already_staged() {
+    let program = relaxc::compile::load_tvm_export(&common::fixtures_dir().join("chain_100/m.tar")).expect("fixture");
+    let mut options = relaxc::compile::Options::mode(ExecMode::Compiled);
+    options.native.emit_clif = true;
+    let clif = relaxc::compile::emit(&program, &options).expect("emit").clif;
+    let segments: Vec<&str> = clif.split("; pc=").skip(1).collect();
+    let calls: Vec<&&str> = segments.iter().filter(|s| s.contains(" call  add1 ")).collect();
+    assert_eq!(calls.len(), 100, "chain_100 has 100 kernel calls");
+    // The last three write into tensors checked at run time and held in registers (TVM's plan
+    // releases their storage right after them, and the last is the result), not stack tensors.
+    for call in &calls[4..calls.len() - 3] {
+        let code = call.split("; machine code").next().unwrap_or(call);
+        assert!(!code.contains("store "), "a call whose arguments are already staged stores:\n{code}");
+    }
+}
+
 /// Tensor constants are stored once: their elements are in the model's data, and `.rvm_exec`
 /// (which `inspect` reads) points there instead of holding a copy. The largest constant's bytes
 /// occur exactly once in the file, and the executable read back from the `.so` has every

@@ -119,7 +119,7 @@ pub fn emit_object(inputs: &ObjectInputs) -> Result<EmittedObject, CodegenError>
 /// identity of the relaxc that built the model, and the CUDA listing if there is one.
 fn metadata_sections(
     exec: &Verified,
-    compiled: &[Option<cranelift_module::FuncId>],
+    compiled: &[Option<super::native::NativeBody>],
     target: &target_lexicon::Triple,
     cuda_listing: String,
 ) -> Vec<(&'static str, Vec<u8>)> {

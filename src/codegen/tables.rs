@@ -12,6 +12,7 @@ use cranelift_module::{DataDescription, DataId, FuncId, Linkage, Module};
 use cranelift_object::ObjectModule;
 
 use super::CodegenError;
+use super::native::NativeBody;
 use crate::abi::{self, ConstInfo, FuncInfo, Program};
 use crate::vm::format::write_executable_elided;
 use crate::vm::{Constant, Executable, FuncKind};
@@ -107,7 +108,7 @@ pub fn define_tables(
     module: &mut ObjectModule,
     exec: &Executable,
     symbols: &[Option<String>],
-    compiled: &[Option<FuncId>],
+    compiled: &[Option<NativeBody>],
     mode_word: u32,
     target: &target_lexicon::Triple,
 ) -> Result<TensorPlacement, CodegenError> {
@@ -199,7 +200,7 @@ impl Writer {
         module: &mut ObjectModule,
         exec: &Executable,
         symbols: &[Option<String>],
-        compiled: &[Option<FuncId>],
+        compiled: &[Option<NativeBody>],
         at: &Pointees,
     ) -> Result<usize, CodegenError> {
         let sig = super::shim::packed_signature(module);
@@ -217,10 +218,11 @@ impl Writer {
             }
             t.put_at(base + offset_of!(FuncInfo, start_instr), &f.start_instr.to_le_bytes());
             t.put_at(base + offset_of!(FuncInfo, end_instr), &f.end_instr.to_le_bytes());
-            t.put_at(base + offset_of!(FuncInfo, register_file_size), &f.register_file_size.to_le_bytes());
+            let registers = compiled.get(i).copied().flatten().map_or(f.register_file_size, |body| body.registers);
+            t.put_at(base + offset_of!(FuncInfo, register_file_size), &registers.to_le_bytes());
             let (kind, id) = match (f.kind, compiled.get(i).copied().flatten()) {
                 (FuncKind::Packed, _) => (abi::FUNC_PACKED, None),
-                (_, Some(id)) => (abi::FUNC_COMPILED, Some(id)),
+                (_, Some(body)) => (abi::FUNC_COMPILED, Some(body.id)),
                 _ => (abi::FUNC_BYTECODE, None),
             };
             t.put_at(base + offset_of!(FuncInfo, kind), &kind.to_le_bytes());

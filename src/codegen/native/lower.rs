@@ -1,5 +1,5 @@
 //! Lowering one Relax function (or one chunk of it) to Cranelift IR on the register file. A
-//! Call stages its arguments in an array on the native stack and calls its target directly
+//! Call stages its arguments in one of two arrays on the native stack and calls its target directly
 //! (kernels and builtins by symbol; Relax functions through `rvm_invoke`); Goto/If become
 //! branches; every failing call branches to one error block that records the function and pc,
 //! exactly as the interpreter reports them. Builtins the shim marks RVM_INLINED are written
@@ -16,21 +16,25 @@
 //! value is already there is not emitted. In a chain of kernel calls on stack tensors that leaves
 //! the call itself and the argument words that change.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::mem::{offset_of, size_of};
 
 use cranelift_codegen::ir::condcodes::IntCC;
 use cranelift_codegen::ir::{
-    Block, BlockArg, FuncRef, InstBuilder, MemFlagsData, SourceLoc, StackSlot, StackSlotData, StackSlotKind, Value,
-    types,
+    Block, BlockArg, FuncRef, InstBuilder, SourceLoc, StackSlotData, StackSlotKind, Value, types,
 };
 use cranelift_frontend::FunctionBuilder;
 use cranelift_module::{FuncId, Module};
 use cranelift_object::ObjectModule;
 
+use super::frame::{
+    ARGUMENT_ARRAYS, Env, Known, LOOKAHEAD_CALLS, RegisterFile, SLOT_ALIGN_SHIFT, Word, any_offset, copy_any, flags,
+    prologue, zero_any,
+};
 use super::stack_tensors::{self, FunctionFacts, Site, View};
 use super::{Shared, chunks};
-use crate::abi::{self, ANY_PAYLOAD, ANY_SIZE, ANY_TYPE_INDEX, DLTensor};
+use crate::abi::{self, ANY_PAYLOAD, ANY_TYPE_INDEX, DLTensor};
 use crate::codegen::CodegenError;
 use crate::codegen::shim::{Builtin, declare_call, find_builtin};
 use crate::vm::{Arg, Constant, FuncKind, Instr, VM_REG, VOID_REG};
@@ -60,72 +64,11 @@ impl Shim {
     }
 }
 
-/// Stack slots are 16-byte aligned (the shift Cranelift takes).
-const SLOT_ALIGN_SHIFT: u8 = 4;
-
 /// The ndim and dtype fields of a DLTensor share one 8-byte word, written with one store.
 const NDIM_DTYPE_SHIFT: i64 = 8 * (offset_of!(DLTensor, dtype) - offset_of!(DLTensor, ndim)) as i64;
 const _: () = assert!(offset_of!(DLTensor, dtype) == offset_of!(DLTensor, ndim) + size_of::<i32>());
 const _: () = assert!(offset_of!(DLTensor, ndim).is_multiple_of(8));
 const _: () = assert!(size_of::<abi::DLDevice>() == size_of::<i64>());
-
-/// One 8-byte word of an Any (its type word, or its payload) as the lowering knows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Word {
-    /// A constant: a type index (with zero padding), an immediate, a float's or dtype's bits.
-    Bits(i64),
-    /// The same word of register r, of constant c, of function-pool entry g.
-    Reg(i64),
-    Const(i64),
-    Func(i64),
-    /// The address of DLTensor slot k.
-    Slot(usize),
-    /// The VM pointer.
-    Vm,
-}
-
-/// What the native frame holds at this point of the block, as far as the lowering knows.
-#[derive(Default)]
-struct Known {
-    /// Each word of the argument array: [2i] the type word of argument i, [2i + 1] its payload.
-    argv: Vec<Option<Word>>,
-    /// The view each DLTensor slot holds.
-    slots: Vec<Option<View>>,
-    /// Virtual registers: the slot whose tensor each holds (the register itself stays None).
-    virtual_regs: HashMap<i64, usize>,
-    /// The result cell may hold the bits of an object nobody here owns (moved out of it, or
-    /// never written): it must be cleared before a call whose result is dropped.
-    ret_dirty: bool,
-}
-
-impl Known {
-    fn new(max_args: usize, slots: usize) -> Known {
-        Known {
-            argv: vec![None; 2 * max_args],
-            slots: vec![None; slots],
-            virtual_regs: HashMap::new(),
-            ret_dirty: true,
-        }
-    }
-
-    /// Forgets everything: another path may have left the frame otherwise.
-    fn forget(&mut self) {
-        self.argv.iter_mut().for_each(|w| *w = None);
-        self.slots.iter_mut().for_each(|v| *v = None);
-        self.virtual_regs.clear();
-        self.ret_dirty = true;
-    }
-
-    /// Register r was written: copies of it are stale, and it is no longer virtual.
-    fn written(&mut self, r: i64) {
-        for w in self.argv.iter_mut() {
-            if *w == Some(Word::Reg(r)) {
-                *w = None;
-            }
-        }
-        self.virtual_regs.remove(&r);
-    }
-}
 
 pub struct Lowering<'a> {
     shared: &'a Shared<'a>,
@@ -136,29 +79,13 @@ pub struct Lowering<'a> {
     known: Known,
     /// Whether `known` may be trusted (not in an instrumented build, whose hook sees every call).
     track: bool,
-}
-
-/// Values every block can use (defined in the entry block, which dominates all).
-struct Env {
-    vm: Value,
-    regs: Value,
-    result: Value,
-    consts: Value,
-    funcs: Value,
-    argv: Value,
-    ret: Value,
-    error: Block,
-    /// The DLTensor slots of stack tensors.
-    slots: Vec<StackSlot>,
-}
-
-fn flags() -> MemFlagsData {
-    MemFlagsData::trusted()
-}
-
-/// Byte offset of register `r` in the register file (and of argument `r` in an argument array).
-fn reg_offset(r: i64) -> i32 {
-    (r * ANY_SIZE as i64) as i32
+    /// Shared by the chunks of one function.
+    registers: &'a RefCell<RegisterFile>,
+    /// Per instruction of the chunk: the words a call will stage (see `plan_calls`).
+    plan: Vec<Option<Vec<Word>>>,
+    leader: Vec<bool>,
+    /// The instruction being lowered (an index into `plan`).
+    at: usize,
 }
 
 /// Blocks start at jump targets and after control transfers; also returns the most arguments
@@ -192,9 +119,30 @@ pub fn leaders(instrs: &[Instr]) -> (Vec<bool>, usize) {
 }
 
 impl<'a> Lowering<'a> {
-    pub fn new(shared: &'a Shared<'a>, func: usize, module: &'a mut ObjectModule) -> Lowering<'a> {
+    pub fn new(
+        shared: &'a Shared<'a>,
+        func: usize,
+        module: &'a mut ObjectModule,
+        registers: &'a RefCell<RegisterFile>,
+    ) -> Lowering<'a> {
         let track = !shared.options.instrument;
-        Lowering { shared, func, module, declared: HashMap::new(), known: Known::default(), track }
+        Lowering {
+            shared,
+            func,
+            module,
+            declared: HashMap::new(),
+            known: Known::default(),
+            track,
+            registers,
+            plan: Vec::new(),
+            leader: Vec::new(),
+            at: 0,
+        }
+    }
+
+    /// Byte offset of register `r` in the register file.
+    fn reg(&self, r: i64) -> i32 {
+        any_offset(self.registers.borrow_mut().place(r))
     }
 
     /// A reference to a function linked into the same shared object (kernels, builtins, the
@@ -236,6 +184,8 @@ impl<'a> Lowering<'a> {
             tensor_slots.insert(site, (slot, sites[&site]));
         }
         self.known = Known::new(max_args, env.slots.len());
+        self.plan = self.plan_calls(instrs, &leader, &tensor_slots);
+        self.leader = leader.clone();
 
         let blocks: Vec<Option<Block>> = leader.iter().map(|&l| l.then(|| b.create_block())).collect();
         b.ins().jump(blocks[0].expect("first block"), &[]);
@@ -256,6 +206,7 @@ impl<'a> Lowering<'a> {
             // The pc rides on every CLIF instruction made for this one (see clif_text).
             b.set_srcloc(SourceLoc::new(pc as u32));
             let target = |off: i64| blocks[(i as i64 + off) as usize].expect("jump targets are leaders");
+            self.at = i;
             match ins {
                 Instr::Call { dst, func, args } => match tensor_slots.get(&i) {
                     Some(&(slot, site)) if site.proven => self.proven_tensor(b, &env, *dst, slot, site.view),
@@ -293,8 +244,8 @@ impl<'a> Lowering<'a> {
     fn ret(&mut self, b: &mut FunctionBuilder, env: &Env, result: i64) {
         debug_assert!(!self.known.virtual_regs.contains_key(&result), "a virtual register never reaches a Ret");
         if result < VOID_REG {
-            copy_any(b, env.regs, reg_offset(result), env.result, 0);
-            zero_any(b, env.regs, reg_offset(result));
+            copy_any(b, env.regs, self.reg(result), env.result, 0);
+            zero_any(b, env.regs, self.reg(result));
         } else {
             zero_any(b, env.result, 0);
         }
@@ -304,7 +255,7 @@ impl<'a> Lowering<'a> {
 
     /// If: branches on an Int or Bool register; anything else is If's TypeError.
     fn branch(&mut self, b: &mut FunctionBuilder, env: &Env, pc: i64, cond: i64, then: Block, otherwise: Block) {
-        let off = reg_offset(cond);
+        let off = self.reg(cond);
         let t = b.ins().load(types::I32, flags(), env.regs, off + ANY_TYPE_INDEX);
         let is_int = b.ins().icmp_imm_s(IntCC::Equal, t, abi::TYPE_INT as i64);
         let is_bool = b.ins().icmp_imm_s(IntCC::Equal, t, abi::TYPE_BOOL as i64);
@@ -346,7 +297,7 @@ impl<'a> Lowering<'a> {
             let t_addr = b.ins().stack_addr(types::I64, env.slots[slot], 0);
             let differs = |field: fn(&View) -> i64| previous.is_none_or(|p| field(&p) != field(&view));
             if differs(|v| v.storage) {
-                let storage = b.ins().load(types::I64, flags(), env.regs, reg_offset(view.storage) + ANY_PAYLOAD);
+                let storage = b.ins().load(types::I64, flags(), env.regs, self.reg(view.storage) + ANY_PAYLOAD);
                 let data = b.ins().load(types::I64, flags(), storage, abi::STORAGE_DATA);
                 b.ins().store(flags(), data, t_addr, offset_of!(DLTensor, data) as i32);
                 // The storage's device: the CPU, or the VM's CUDA device.
@@ -377,7 +328,7 @@ impl<'a> Lowering<'a> {
         };
         let differs = |field: fn(&View) -> i64| previous.is_none_or(|p| field(&p) != field(&view));
         if differs(|v| v.shape) {
-            let shape_obj = b.ins().load(types::I64, flags(), env.consts, reg_offset(view.shape) + ANY_PAYLOAD);
+            let shape_obj = b.ins().load(types::I64, flags(), env.consts, any_offset(view.shape) + ANY_PAYLOAD);
             let shape_ptr = b.ins().load(types::I64, flags(), shape_obj, abi::SHAPE_DIMS);
             b.ins().store(flags(), shape_ptr, t_addr, offset_of!(DLTensor, shape) as i32);
         }
@@ -414,12 +365,12 @@ impl<'a> Lowering<'a> {
             unreachable!("checked by stack_tensors::sites")
         };
         let (fast, slow, join) = (b.create_block(), b.create_block(), b.create_block());
-        let t = b.ins().load(types::I32, flags(), env.regs, reg_offset(s) + ANY_TYPE_INDEX);
+        let t = b.ins().load(types::I32, flags(), env.regs, self.reg(s) + ANY_TYPE_INDEX);
         let is_storage = b.ins().icmp_imm_s(IntCC::Equal, t, abi::TYPE_STORAGE as i64);
         let check = b.create_block();
         b.ins().brif(is_storage, check, &[], slow, &[]);
         b.switch_to_block(check);
-        let storage = b.ins().load(types::I64, flags(), env.regs, reg_offset(s) + ANY_PAYLOAD);
+        let storage = b.ins().load(types::I64, flags(), env.regs, self.reg(s) + ANY_PAYLOAD);
         let size = b.ins().load(types::I64, flags(), storage, abi::STORAGE_NBYTES);
         let fits = b.ins().icmp_imm_s(IntCC::UnsignedGreaterThanOrEqual, size, end);
         b.ins().brif(fits, fast, &[], slow, &[]);
@@ -432,19 +383,19 @@ impl<'a> Lowering<'a> {
         b.ins().store(flags(), device, t_addr, offset_of!(DLTensor, device) as i32);
         let view = View { storage: s, offset, shape: shape_c, dtype: dtype_c };
         self.write_view_constants(b, env, t_addr, view, None);
-        self.release(b, env.regs, reg_offset(dst));
+        self.release(b, env.regs, self.reg(dst));
         let dltensor_ptr = b.ins().iconst(types::I64, abi::TYPE_DLTENSOR_PTR as i64);
-        b.ins().store(flags(), dltensor_ptr, env.regs, reg_offset(dst) + ANY_TYPE_INDEX);
-        b.ins().store(flags(), t_addr, env.regs, reg_offset(dst) + ANY_PAYLOAD);
+        b.ins().store(flags(), dltensor_ptr, env.regs, self.reg(dst) + ANY_TYPE_INDEX);
+        b.ins().store(flags(), t_addr, env.regs, self.reg(dst) + ANY_PAYLOAD);
         b.ins().jump(join, &[]);
 
         b.set_cold_block(slow);
         b.switch_to_block(slow);
         let into = self.callee(self.shared.shim.alloc_tensor_into, b);
-        let dst_addr = b.ins().iadd_imm_s(env.regs, reg_offset(dst) as i64);
-        let storage_addr = b.ins().iadd_imm_s(env.regs, reg_offset(s) as i64);
-        let shape_addr = b.ins().iadd_imm_s(env.consts, reg_offset(shape_c) as i64);
-        let dtype_addr = b.ins().iadd_imm_s(env.consts, reg_offset(dtype_c) as i64);
+        let dst_addr = b.ins().iadd_imm_s(env.regs, self.reg(dst) as i64);
+        let storage_addr = b.ins().iadd_imm_s(env.regs, self.reg(s) as i64);
+        let shape_addr = b.ins().iadd_imm_s(env.consts, any_offset(shape_c) as i64);
+        let dtype_addr = b.ins().iadd_imm_s(env.consts, any_offset(dtype_c) as i64);
         let off = b.ins().iconst(types::I64, offset);
         let call = b.ins().call(into, &[dst_addr, storage_addr, off, shape_addr, dtype_addr]);
         let rc = b.inst_results(call)[0];
@@ -455,21 +406,31 @@ impl<'a> Lowering<'a> {
         self.known.written(dst);
     }
 
-    /// A builtin's work written inline; false when `callee` is not one compiled mode inlines.
-    fn inline_builtin(&mut self, b: &mut FunctionBuilder, env: &Env, dst: i64, callee: i64, args: &[Arg]) -> bool {
+    /// Whether this call is a builtin compiled mode writes inline.
+    fn inlines(&self, callee: i64, args: &[Arg]) -> bool {
         let options = self.shared.options;
         if !options.inline_builtins || options.instrument {
             return false;
         }
-        let Some(builtin) = self.builtin(callee).filter(|b| b.inlined) else {
+        match self.builtin(callee).filter(|b| b.inlined).map(|b| (b.name, args)) {
+            Some(("vm.builtin.null_value", [])) => true,
+            Some(("vm.builtin.copy", [Arg::Reg(src)])) => *src < VOID_REG,
+            _ => false,
+        }
+    }
+
+    /// A builtin's work written inline; false when `callee` is not one compiled mode inlines.
+    fn inline_builtin(&mut self, b: &mut FunctionBuilder, env: &Env, dst: i64, callee: i64, args: &[Arg]) -> bool {
+        if !self.inlines(callee, args) {
             return false;
-        };
-        match (builtin.name, args) {
+        }
+        let name = self.builtin(callee).map(|b| b.name);
+        match (name.unwrap_or_default(), args) {
             // Drop what dst holds (a virtual register already holds None).
             ("vm.builtin.null_value", []) => {
                 if self.known.virtual_regs.remove(&dst).is_none() && dst < VOID_REG {
-                    self.release(b, env.regs, reg_offset(dst));
-                    zero_any(b, env.regs, reg_offset(dst));
+                    self.release(b, env.regs, self.reg(dst));
+                    zero_any(b, env.regs, self.reg(dst));
                     self.known.written(dst);
                 }
                 true
@@ -478,12 +439,12 @@ impl<'a> Lowering<'a> {
             ("vm.builtin.copy", [Arg::Reg(src)]) if *src < VOID_REG => {
                 debug_assert!(!self.known.virtual_regs.contains_key(src), "only kernels read virtual registers");
                 if dst < VOID_REG {
-                    let t = b.ins().load(types::I64, flags(), env.regs, reg_offset(*src) + ANY_TYPE_INDEX);
-                    let v = b.ins().load(types::I64, flags(), env.regs, reg_offset(*src) + ANY_PAYLOAD);
+                    let t = b.ins().load(types::I64, flags(), env.regs, self.reg(*src) + ANY_TYPE_INDEX);
+                    let v = b.ins().load(types::I64, flags(), env.regs, self.reg(*src) + ANY_PAYLOAD);
                     self.retain(b, t, v);
-                    self.release(b, env.regs, reg_offset(dst));
-                    b.ins().store(flags(), t, env.regs, reg_offset(dst) + ANY_TYPE_INDEX);
-                    b.ins().store(flags(), v, env.regs, reg_offset(dst) + ANY_PAYLOAD);
+                    self.release(b, env.regs, self.reg(dst));
+                    b.ins().store(flags(), t, env.regs, self.reg(dst) + ANY_TYPE_INDEX);
+                    b.ins().store(flags(), v, env.regs, self.reg(dst) + ANY_PAYLOAD);
                     self.known.written(dst);
                 }
                 true
@@ -496,9 +457,10 @@ impl<'a> Lowering<'a> {
         if self.inline_builtin(b, env, dst, callee, args) {
             return;
         }
-        for (i, a) in args.iter().enumerate() {
-            self.stage_arg(b, env, i, *a);
-        }
+        let words = self.call_words(args, &self.known.virtual_regs);
+        let array = self.argument_array(&words);
+        self.stage(b, env, array, &words);
+        let argv = env.argv[array];
         if dst < VOID_REG || self.known.ret_dirty {
             // A callee that writes no result leaves None.
             let zero = b.ins().iconst(types::I64, 0);
@@ -511,17 +473,17 @@ impl<'a> Lowering<'a> {
             _ if shared.options.instrument => {
                 let fref = self.callee(shared.shim.instrumented_call, b);
                 let index = b.ins().iconst(types::I64, callee);
-                b.ins().call(fref, &[env.vm, index, env.argv, nargs, env.ret])
+                b.ins().call(fref, &[env.vm, index, argv, nargs, env.ret])
             }
             Some(id) if shared.symbols[callee as usize].is_some() => {
                 let fref = self.callee(*id, b);
                 let null = b.ins().iconst(types::I64, 0);
-                b.ins().call(fref, &[null, env.argv, nargs, env.ret])
+                b.ins().call(fref, &[null, argv, nargs, env.ret])
             }
             _ => {
                 let fref = self.callee(shared.shim.invoke, b);
                 let index = b.ins().iconst(types::I64, callee);
-                b.ins().call(fref, &[env.vm, index, env.argv, nargs, env.ret])
+                b.ins().call(fref, &[env.vm, index, argv, nargs, env.ret])
             }
         };
         let rc = b.inst_results(call)[0];
@@ -529,8 +491,8 @@ impl<'a> Lowering<'a> {
         self.branch_on_failure(b, env, rc, pc, cont);
         b.switch_to_block(cont);
         if dst < VOID_REG {
-            self.release(b, env.regs, reg_offset(dst));
-            copy_any(b, env.ret, 0, env.regs, reg_offset(dst));
+            self.release(b, env.regs, self.reg(dst));
+            copy_any(b, env.ret, 0, env.regs, self.reg(dst));
             self.known.written(dst);
             // The result cell still holds the bits of what dst now owns.
             self.known.ret_dirty = true;
@@ -557,12 +519,12 @@ impl<'a> Lowering<'a> {
         b.switch_to_block(after);
     }
 
-    /// The two words argument `a` is staged as.
-    fn arg_words(&self, a: Arg) -> (Word, Word) {
+    /// The two words argument `a` is staged as, given which registers are virtual.
+    fn arg_words(&self, a: Arg, virtual_regs: &HashMap<i64, usize>) -> (Word, Word) {
         match a {
             Arg::Reg(VOID_REG) => (Word::Bits(abi::TYPE_NONE as i64), Word::Bits(0)),
             Arg::Reg(VM_REG) => (Word::Bits(abi::TYPE_OPAQUE_PTR as i64), Word::Vm),
-            Arg::Reg(r) => match self.known.virtual_regs.get(&r) {
+            Arg::Reg(r) => match virtual_regs.get(&r) {
                 Some(&slot) => (Word::Bits(abi::TYPE_DLTENSOR_PTR as i64), Word::Slot(slot)),
                 None => (Word::Reg(r), Word::Reg(r)),
             },
@@ -581,25 +543,88 @@ impl<'a> Lowering<'a> {
         }
     }
 
-    /// Writes argument `a` as a borrowed view into slot `index` of the argument array, storing
-    /// only the words that do not already hold it.
-    fn stage_arg(&mut self, b: &mut FunctionBuilder, env: &Env, index: usize, a: Arg) {
-        let (type_word, payload) = self.arg_words(a);
-        let at = reg_offset(index as i64);
-        for (k, (word, field)) in [(type_word, ANY_TYPE_INDEX), (payload, ANY_PAYLOAD)].into_iter().enumerate() {
-            if self.track && self.known.argv[2 * index + k] == Some(word) {
+    /// The words of a call's argument array: each argument's type word, then its payload.
+    fn call_words(&self, args: &[Arg], virtual_regs: &HashMap<i64, usize>) -> Vec<Word> {
+        args.iter().flat_map(|&a| <[Word; 2]>::from(self.arg_words(a, virtual_regs))).collect()
+    }
+
+    /// The words each call of the chunk will stage, by a pass ahead of the lowering that tracks
+    /// virtual registers as the lowering will (stack tensors make them, writes and block starts
+    /// end them). Only `argument_array` reads it, so a wrong guess costs stores, never bits.
+    fn plan_calls(
+        &self,
+        instrs: &[Instr],
+        leader: &[bool],
+        tensor_slots: &HashMap<usize, (usize, Site)>,
+    ) -> Vec<Option<Vec<Word>>> {
+        let mut virtual_regs = HashMap::new();
+        let mut plan = Vec::with_capacity(instrs.len());
+        for (i, ins) in instrs.iter().enumerate() {
+            if leader[i] || !self.track {
+                virtual_regs.clear();
+            }
+            plan.push(match ins {
+                Instr::Call { dst, func, args } => match tensor_slots.get(&i) {
+                    Some(&(slot, site)) if site.proven => {
+                        virtual_regs.insert(*dst, slot);
+                        None
+                    }
+                    Some(_) => {
+                        virtual_regs.remove(dst);
+                        None
+                    }
+                    None => {
+                        let words = (!self.inlines(*func, args)).then(|| self.call_words(args, &virtual_regs));
+                        virtual_regs.remove(dst);
+                        words
+                    }
+                },
+                _ => None,
+            });
+        }
+        plan
+    }
+
+    /// The argument array to stage a call's `words` in: one that holds them already; else one
+    /// no call shortly ahead in the block finds its arguments in, with the fewest stores. A
+    /// chain alternating between two argument lists thus settles into one array each.
+    fn argument_array(&self, words: &[Word]) -> usize {
+        if !self.track {
+            return 0;
+        }
+        let held = &self.known.argv;
+        let holds = |k: usize, ws: &[Word]| ws.iter().zip(&held[k]).all(|(w, h)| *h == Some(*w));
+        let stores = |k: usize| words.iter().zip(&held[k]).filter(|(w, h)| **h != Some(**w)).count();
+        let next = self.at + 1;
+        let ahead: Vec<&Vec<Word>> = self.plan[next.min(self.plan.len())..]
+            .iter()
+            .zip(&self.leader[next.min(self.leader.len())..])
+            .take_while(|(_, starts_block)| !**starts_block)
+            .filter_map(|(words, _)| words.as_ref())
+            .take(LOOKAHEAD_CALLS)
+            .collect();
+        let wanted_ahead = |k: usize| ahead.iter().any(|ws| holds(k, ws));
+        (0..ARGUMENT_ARRAYS).min_by_key(|&k| (stores(k) != 0, wanted_ahead(k), stores(k))).unwrap_or(0)
+    }
+
+    /// Writes a call's argument words (borrowed views) into argument array `array`, storing
+    /// only the words it does not already hold.
+    fn stage(&mut self, b: &mut FunctionBuilder, env: &Env, array: usize, words: &[Word]) {
+        for (j, &word) in words.iter().enumerate() {
+            if self.track && self.known.argv[array][j] == Some(word) {
                 continue;
             }
+            let field = if j % 2 == 0 { ANY_TYPE_INDEX } else { ANY_PAYLOAD };
             let value = match word {
                 Word::Bits(v) => b.ins().iconst(types::I64, v),
-                Word::Reg(r) => b.ins().load(types::I64, flags(), env.regs, reg_offset(r) + field),
-                Word::Const(c) => b.ins().load(types::I64, flags(), env.consts, reg_offset(c) + field),
-                Word::Func(g) => b.ins().load(types::I64, flags(), env.funcs, reg_offset(g) + field),
+                Word::Reg(r) => b.ins().load(types::I64, flags(), env.regs, self.reg(r) + field),
+                Word::Const(c) => b.ins().load(types::I64, flags(), env.consts, any_offset(c) + field),
+                Word::Func(g) => b.ins().load(types::I64, flags(), env.funcs, any_offset(g) + field),
                 Word::Slot(slot) => b.ins().stack_addr(types::I64, env.slots[slot], 0),
                 Word::Vm => env.vm,
             };
-            b.ins().store(flags(), value, env.argv, at + field);
-            self.known.argv[2 * index + k] = Some(word);
+            b.ins().store(flags(), value, env.argv[array], any_offset(j as i64 / 2) + field);
+            self.known.argv[array][j] = Some(word);
         }
     }
 
@@ -640,39 +665,4 @@ impl<'a> Lowering<'a> {
         b.ins().jump(after, &[]);
         b.switch_to_block(after);
     }
-}
-
-/// The entry block: the function's parameters, the argument staging array and the result
-/// cell on the stack, and the (not yet filled) error block.
-fn prologue(b: &mut FunctionBuilder, max_args: usize) -> Env {
-    let entry = b.create_block();
-    b.append_block_params_for_function_params(entry);
-    b.switch_to_block(entry);
-    let p = b.block_params(entry).to_vec();
-    let argv_slot = b.create_sized_stack_slot(StackSlotData::new(
-        StackSlotKind::ExplicitSlot,
-        (ANY_SIZE as u32) * max_args as u32,
-        SLOT_ALIGN_SHIFT,
-    ));
-    let ret_slot =
-        b.create_sized_stack_slot(StackSlotData::new(StackSlotKind::ExplicitSlot, ANY_SIZE as u32, SLOT_ALIGN_SHIFT));
-    let argv = b.ins().stack_addr(types::I64, argv_slot, 0);
-    let ret = b.ins().stack_addr(types::I64, ret_slot, 0);
-    let error = b.create_block();
-    Env { vm: p[0], regs: p[1], result: p[2], consts: p[3], funcs: p[4], argv, ret, error, slots: Vec::new() }
-}
-
-/// Copies the 16-byte Any at `from + from_off` to `to + to_off` (no reference taken).
-fn copy_any(b: &mut FunctionBuilder, from: Value, from_off: i32, to: Value, to_off: i32) {
-    let t = b.ins().load(types::I64, flags(), from, from_off + ANY_TYPE_INDEX);
-    let v = b.ins().load(types::I64, flags(), from, from_off + ANY_PAYLOAD);
-    b.ins().store(flags(), t, to, to_off + ANY_TYPE_INDEX);
-    b.ins().store(flags(), v, to, to_off + ANY_PAYLOAD);
-}
-
-/// Stores None at `at + off`.
-fn zero_any(b: &mut FunctionBuilder, at: Value, off: i32) {
-    let z = b.ins().iconst(types::I64, 0);
-    b.ins().store(flags(), z, at, off + ANY_TYPE_INDEX);
-    b.ins().store(flags(), z, at, off + ANY_PAYLOAD);
 }

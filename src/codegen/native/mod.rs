@@ -4,6 +4,7 @@
 //! (`stack_tensors`) and where a long function is cut into chunks (`chunks`).
 
 mod chunks;
+mod frame;
 mod lower;
 mod stack_tensors;
 
@@ -27,11 +28,20 @@ pub fn native_symbol(name: &str) -> String {
     format!("__vmtir__{name}")
 }
 
+/// The native body of a Relax function.
+#[derive(Debug, Clone, Copy)]
+pub struct NativeBody {
+    pub id: FuncId,
+    /// Size of the register file it works on: the registers it really uses, which may be far
+    /// fewer than the bytecode's (see `frame::RegisterFile`).
+    pub registers: i64,
+}
+
 /// What compiled mode did with each function.
 #[derive(Debug, Default)]
 pub struct NativeResult {
     /// Per function-table entry: the native body, for Relax functions that got one.
-    pub compiled: Vec<Option<FuncId>>,
+    pub compiled: Vec<Option<NativeBody>>,
     /// Functions left as bytecode, with the reason.
     pub notes: Vec<(String, String)>,
     /// The CLIF of every native function before optimization, when asked for.
@@ -144,14 +154,14 @@ struct Compiled {
 }
 
 /// Builds Relax function `index` as Cranelift IR: one native function, or its chunks and a
-/// driver calling them. Returns the id of the function the tables point at.
+/// driver calling them. Returns the function the tables point at.
 fn build_function(
     module: &mut ObjectModule,
     shared: &Shared,
     index: usize,
     fctx: &mut FunctionBuilderContext,
     pending: &mut Vec<Pending>,
-) -> Result<FuncId, CodegenError> {
+) -> Result<NativeBody, CodegenError> {
     let exec = shared.exec;
     let f = &exec.funcs[index];
     let sig = super::shim::compiled_signature(module);
@@ -159,6 +169,7 @@ fn build_function(
         (f.start_instr..f.end_instr).map(|k| exec.instr(k as usize).expect("verified executable")).collect();
     let bounds = chunks::chunk_bounds(&instrs);
     let facts = stack_tensors::FunctionFacts::of(exec, &instrs, f.num_args);
+    let registers = std::cell::RefCell::new(frame::RegisterFile::new(f.num_args));
     let mut parts = Vec::new();
     for (k, &(lo, hi)) in bounds.iter().enumerate() {
         let symbol =
@@ -167,7 +178,7 @@ fn build_function(
         let mut ctx = module.make_context();
         ctx.func.signature = sig.clone();
         let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
-        lower::Lowering::new(shared, index, module).lower(&mut b, &instrs, &facts, lo, hi);
+        lower::Lowering::new(shared, index, module, &registers).lower(&mut b, &instrs, &facts, lo, hi);
         b.finalize(module.isa().frontend_config());
         let mut clif = String::new();
         if shared.options.emit_clif {
@@ -180,8 +191,9 @@ fn build_function(
         pending.push(Pending { id, ctx, clif, source });
         parts.push(id);
     }
+    let registers = registers.borrow().size();
     if parts.len() == 1 {
-        return Ok(parts[0]);
+        return Ok(NativeBody { id: parts[0], registers });
     }
     let id = module.declare_function(&native_symbol(&f.name), Linkage::Local, &sig)?;
     let mut ctx = module.make_context();
@@ -190,7 +202,7 @@ fn build_function(
     chunks::chunk_driver(module, &mut b, &parts);
     b.finalize(module.isa().frontend_config());
     pending.push(Pending { id, ctx, clif: String::new(), source: None });
-    Ok(id)
+    Ok(NativeBody { id, registers })
 }
 
 /// Compiles every pending function, on up to `jobs` threads (0: one per core).
