@@ -17,6 +17,10 @@
 
 #include "rk.h"
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 typedef struct pad_job {
   const conv_params *p;
   const float *src;
@@ -184,6 +188,43 @@ RK_AVX2_TARGET static void pack_conv_b_avx2(const void *source, int64_t p0, int6
                                             float *dst) {
   pack_conv_b(source, p0, panels, k0, kc, dst);
 }
+
+/* Stride-1 panels under AVX-512, where small layers spend a quarter of their time packing (32
+ * -> 32 3x3 at 56 x 56: 26%): a panel's row is one 16-lane load and store, and a row crossing
+ * an output row two masked loads into one register (masked-off lanes read nothing, so no read
+ * strays past the runs, as with the AVX2 copies). The same values as pack_conv_b, which takes
+ * every other panel. */
+RK_AVX512_TARGET static void pack_conv_b_avx512(const void *source, int64_t p0, int64_t panels, int64_t k0,
+                                                int64_t kc, float *dst) {
+  const conv_b *b = source;
+  for (int64_t q = 0; q < panels; q++) {
+    int64_t offset[RK_NR], first = (p0 + q) * RK_NR;
+    float *out = dst + q * kc * RK_NR;
+    if (b->p->sw != 1 || b->pixels - first < RK_NR) {
+      pack_conv_b(source, p0 + q, 1, k0, kc, out);
+      continue;
+    }
+    pixel_offsets(b, first, RK_NR, offset);
+    int64_t split = 1;
+    while (split < RK_NR && offset[split] == offset[split - 1] + 1) split++;
+    bool two_runs = true;
+    for (int64_t j = split + 1; j < RK_NR; j++) two_runs = two_runs && offset[j] == offset[j - 1] + 1;
+    if (!two_runs) {
+      pack_conv_b(source, p0 + q, 1, k0, kc, out);
+      continue;
+    }
+    __mmask16 head = split == RK_NR ? (__mmask16)0xffff : (__mmask16)((1u << split) - 1);
+    /* Lane j >= split reads offset[split] + (j - split). */
+    int64_t tail = split == RK_NR ? 0 : offset[split] - split;
+    conv_tap t = first_tap(b, k0);
+    for (int64_t k = 0; k < kc; k++, next_tap(b, &t)) {
+      const float *src = tap_source(b, &t);
+      __m512 v = _mm512_maskz_loadu_ps(head, src + offset[0]);
+      if (split < RK_NR) v = _mm512_mask_loadu_ps(v, (__mmask16)~head, src + tail);
+      _mm512_storeu_ps(out + k * RK_NR, v);
+    }
+  }
+}
 #endif
 
 /* Rows [m0, m0 + mr) (pixels) and reduction steps [k0, k0 + kc) of the image as the GEMM's A
@@ -265,7 +306,7 @@ int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, T
   }
   rk_pack_b_fn pack_b = pack_conv_b_generic;
 #if defined(__x86_64__)
-  if (rk_cpu_isa() == RK_ISA_AVX2) pack_b = pack_conv_b_avx2;
+  if (rk_cpu_isa() == RK_ISA_AVX2) pack_b = rk_use_avx512() ? pack_conv_b_avx512 : pack_conv_b_avx2;
 #endif
   for (int64_t i = 0; i < count; i++) {
     int64_t n = i / groups, g = i % groups;
