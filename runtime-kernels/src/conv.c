@@ -125,6 +125,16 @@ static inline __attribute__((always_inline)) void copy_run(float *dst, const flo
   }
 }
 
+/* Where a full panel's second run of neighbouring pixels begins: RK_NR when the panel is one
+ * run, 0 when it is more than two (rows it crosses at other strides, several rows). */
+static inline int64_t second_run(const int64_t *offset) {
+  int64_t split = 1;
+  while (split < RK_NR && offset[split] == offset[split - 1] + 1) split++;
+  for (int64_t j = split + 1; j < RK_NR; j++)
+    if (offset[j] != offset[j - 1] + 1) return 0;
+  return split;
+}
+
 static inline __attribute__((always_inline)) void pack_conv_b(const void *source, int64_t p0, int64_t panels, int64_t k0,
                                                                  int64_t kc, float *dst) {
   const conv_b *b = source;
@@ -137,15 +147,8 @@ static inline __attribute__((always_inline)) void pack_conv_b(const void *source
     int64_t offset[RK_NR], first = (p0 + q) * RK_NR;
     int64_t valid = b->pixels - first < RK_NR ? b->pixels - first : RK_NR;
     pixel_offsets(b, first, valid, offset);
-    bool one_run = valid == RK_NR && offset[RK_NR - 1] - offset[0] == RK_NR - 1;
-    /* Two runs (the panel crosses one output row at stride 1): where the second begins. */
-    int64_t split = 0;
-    if (valid == RK_NR && !one_run && p->sw == 1) {
-      split = 1;
-      while (split < RK_NR && offset[split] == offset[split - 1] + 1) split++;
-      for (int64_t j = split + 1; j < RK_NR && split; j++)
-        if (offset[j] != offset[j - 1] + 1) split = 0;
-    }
+    int64_t split = valid == RK_NR ? second_run(offset) : 0;
+    bool one_run = split == RK_NR;
     /* Every other pixel of one input row (stride 2 within one output row: MobileNet's first
      * layer): 32 neighbours loaded as vectors and their even lanes kept, where all 32 are inside
      * the input. */
@@ -164,7 +167,7 @@ static inline __attribute__((always_inline)) void pack_conv_b(const void *source
       } else if (one_run) {
         RK_F8_STORE(row, rk_f8_load(src + offset[0]));
         RK_F8_STORE(row + 8, rk_f8_load(src + offset[0] + 8));
-      } else if (split) {
+      } else if (split) { /* two runs: the panel crosses one output row at stride 1 */
         copy_run(row, src + offset[0], split);
         copy_run(row + split, src + offset[split], RK_NR - split);
       } else if (valid == RK_NR) {
@@ -205,11 +208,8 @@ RK_AVX512_TARGET static void pack_conv_b_avx512(const void *source, int64_t p0, 
       continue;
     }
     pixel_offsets(b, first, RK_NR, offset);
-    int64_t split = 1;
-    while (split < RK_NR && offset[split] == offset[split - 1] + 1) split++;
-    bool two_runs = true;
-    for (int64_t j = split + 1; j < RK_NR; j++) two_runs = two_runs && offset[j] == offset[j - 1] + 1;
-    if (!two_runs) {
+    int64_t split = second_run(offset);
+    if (!split) {
       pack_conv_b(source, p0 + q, 1, k0, kc, out);
       continue;
     }

@@ -218,9 +218,10 @@ impl Writer {
             }
             t.put_at(base + offset_of!(FuncInfo, start_instr), &f.start_instr.to_le_bytes());
             t.put_at(base + offset_of!(FuncInfo, end_instr), &f.end_instr.to_le_bytes());
-            let registers = compiled.get(i).copied().flatten().map_or(f.register_file_size, |body| body.registers);
+            let body = compiled.get(i).copied().flatten();
+            let registers = body.map_or(f.register_file_size, |body| body.registers);
             t.put_at(base + offset_of!(FuncInfo, register_file_size), &registers.to_le_bytes());
-            let (kind, id) = match (f.kind, compiled.get(i).copied().flatten()) {
+            let (kind, id) = match (f.kind, body) {
                 (FuncKind::Packed, _) => (abi::FUNC_PACKED, None),
                 (_, Some(body)) => (abi::FUNC_COMPILED, Some(body.id)),
                 _ => (abi::FUNC_BYTECODE, None),

@@ -64,6 +64,14 @@ impl Shim {
     }
 }
 
+/// A builtin call compiled mode writes inline.
+#[derive(Clone, Copy)]
+enum Inlined {
+    NullValue,
+    /// `copy` of this register.
+    Copy(i64),
+}
+
 /// The ndim and dtype fields of a DLTensor share one 8-byte word, written with one store.
 const NDIM_DTYPE_SHIFT: i64 = 8 * (offset_of!(DLTensor, dtype) - offset_of!(DLTensor, ndim)) as i64;
 const _: () = assert!(offset_of!(DLTensor, dtype) == offset_of!(DLTensor, ndim) + size_of::<i32>());
@@ -185,9 +193,8 @@ impl<'a> Lowering<'a> {
         }
         self.known = Known::new(max_args, env.slots.len());
         self.plan = self.plan_calls(instrs, &leader, &tensor_slots);
-        self.leader = leader.clone();
-
         let blocks: Vec<Option<Block>> = leader.iter().map(|&l| l.then(|| b.create_block())).collect();
+        self.leader = leader;
         b.ins().jump(blocks[0].expect("first block"), &[]);
         let mut open = false;
         for (i, ins) in instrs.iter().enumerate() {
@@ -406,28 +413,27 @@ impl<'a> Lowering<'a> {
         self.known.written(dst);
     }
 
-    /// Whether this call is a builtin compiled mode writes inline.
-    fn inlines(&self, callee: i64, args: &[Arg]) -> bool {
+    /// The builtin compiled mode writes inline that this call is, if it is one.
+    fn inlined(&self, callee: i64, args: &[Arg]) -> Option<Inlined> {
         let options = self.shared.options;
         if !options.inline_builtins || options.instrument {
-            return false;
+            return None;
         }
         match self.builtin(callee).filter(|b| b.inlined).map(|b| (b.name, args)) {
-            Some(("vm.builtin.null_value", [])) => true,
-            Some(("vm.builtin.copy", [Arg::Reg(src)])) => *src < VOID_REG,
-            _ => false,
+            Some(("vm.builtin.null_value", [])) => Some(Inlined::NullValue),
+            Some(("vm.builtin.copy", [Arg::Reg(src)])) if *src < VOID_REG => Some(Inlined::Copy(*src)),
+            _ => None,
         }
     }
 
     /// A builtin's work written inline; false when `callee` is not one compiled mode inlines.
     fn inline_builtin(&mut self, b: &mut FunctionBuilder, env: &Env, dst: i64, callee: i64, args: &[Arg]) -> bool {
-        if !self.inlines(callee, args) {
+        let Some(inlined) = self.inlined(callee, args) else {
             return false;
-        }
-        let name = self.builtin(callee).map(|b| b.name);
-        match (name.unwrap_or_default(), args) {
+        };
+        match inlined {
             // Drop what dst holds (a virtual register already holds None).
-            ("vm.builtin.null_value", []) => {
+            Inlined::NullValue => {
                 if self.known.virtual_regs.remove(&dst).is_none() && dst < VOID_REG {
                     self.release(b, env.regs, self.reg(dst));
                     zero_any(b, env.regs, self.reg(dst));
@@ -436,11 +442,11 @@ impl<'a> Lowering<'a> {
                 true
             }
             // dst = a new reference to src.
-            ("vm.builtin.copy", [Arg::Reg(src)]) if *src < VOID_REG => {
-                debug_assert!(!self.known.virtual_regs.contains_key(src), "only kernels read virtual registers");
+            Inlined::Copy(src) => {
+                debug_assert!(!self.known.virtual_regs.contains_key(&src), "only kernels read virtual registers");
                 if dst < VOID_REG {
-                    let t = b.ins().load(types::I64, flags(), env.regs, self.reg(*src) + ANY_TYPE_INDEX);
-                    let v = b.ins().load(types::I64, flags(), env.regs, self.reg(*src) + ANY_PAYLOAD);
+                    let t = b.ins().load(types::I64, flags(), env.regs, self.reg(src) + ANY_TYPE_INDEX);
+                    let v = b.ins().load(types::I64, flags(), env.regs, self.reg(src) + ANY_PAYLOAD);
                     self.retain(b, t, v);
                     self.release(b, env.regs, self.reg(dst));
                     b.ins().store(flags(), t, env.regs, self.reg(dst) + ANY_TYPE_INDEX);
@@ -449,7 +455,6 @@ impl<'a> Lowering<'a> {
                 }
                 true
             }
-            _ => false,
         }
     }
 
@@ -574,7 +579,7 @@ impl<'a> Lowering<'a> {
                         None
                     }
                     None => {
-                        let words = (!self.inlines(*func, args)).then(|| self.call_words(args, &virtual_regs));
+                        let words = self.inlined(*func, args).is_none().then(|| self.call_words(args, &virtual_regs));
                         virtual_regs.remove(dst);
                         words
                     }
@@ -595,10 +600,9 @@ impl<'a> Lowering<'a> {
         let held = &self.known.argv;
         let holds = |k: usize, ws: &[Word]| ws.iter().zip(&held[k]).all(|(w, h)| *h == Some(*w));
         let stores = |k: usize| words.iter().zip(&held[k]).filter(|(w, h)| **h != Some(**w)).count();
-        let next = self.at + 1;
-        let ahead: Vec<&Vec<Word>> = self.plan[next.min(self.plan.len())..]
+        let ahead: Vec<&Vec<Word>> = self.plan[self.at + 1..]
             .iter()
-            .zip(&self.leader[next.min(self.leader.len())..])
+            .zip(&self.leader[self.at + 1..])
             .take_while(|(_, starts_block)| !**starts_block)
             .filter_map(|(words, _)| words.as_ref())
             .take(LOOKAHEAD_CALLS)
