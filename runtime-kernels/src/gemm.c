@@ -233,6 +233,8 @@ typedef struct gemm_job {
   rk_ukernel2_fn ukernel2;                       /* two panels at once; NULL where none */
   rk_ukernel2_c_fn ukernel2_c;
   rk_gemv4_fn gemv4;
+  rk_ukernel_rows_c_fn ukernel_rows;             /* for B read in place; NULL where none */
+  rk_ukernel_rows_wide_c_fn ukernel_rows_wide;
 } gemm_job;
 
 /* What a C-writing micro-kernel applies to the tile at (i0, j0): the epilogue up to its
@@ -286,6 +288,34 @@ static inline __attribute__((always_inline)) void compute_tile2(const gemm_job *
   store_tile(g, tiles + RK_MR * RK_NR, i0, mr, j0 + RK_NR, nr1, first, last);
 }
 
+/* Panels [p_begin, p_end) of a B read in place against the strips of rows [m_begin, m_end), for
+ * reduction steps [k0, k0 + kc): two panels a call where two remain (n is whole panels). */
+static inline __attribute__((always_inline)) void run_in_place(const gemm_job *job, const rk_gemm *g, int64_t m_begin,
+                                                              int64_t m_end, int64_t p_begin, int64_t p_end,
+                                                              int64_t k0, int64_t kc, bool first, bool last) {
+  const rk_epilogue *ep = &g->ep;
+  for (int64_t p = p_begin; p < p_end;) {
+    int panels = p + 1 < p_end ? 2 : 1;
+    int64_t j0 = p * RK_NR;
+    for (int64_t i0 = m_begin; i0 < m_end;) {
+      int64_t mr = m_end - i0 < RK_MR ? m_end - i0 : RK_MR;
+      bool wide = panels == 2 && job->ukernel_rows_wide && m_end - i0 >= 2 * RK_MR;
+      rk_tile_epilogue t = tile_epilogue(ep, first, last, i0, j0);
+      float *c = g->c + i0 * g->c_rs + j0;
+      const float *strip = g->a_packed + ((i0 / RK_MR) * g->k + k0) * RK_MR;
+      if (wide) {
+        mr = 2 * RK_MR;
+        job->ukernel_rows_wide(kc, strip, strip + g->k * RK_MR, g->b_in_place + j0, g->b_rows + k0, c, g->c_rs, &t);
+      } else {
+        job->ukernel_rows(kc, strip, g->b_in_place + j0, g->b_rows + k0, panels, c, g->c_rs, (int)mr, &t);
+      }
+      if (last && ep->act > RK_ACT_CLIP) rk_activate_rows(c, g->c_rs, mr, panels * RK_NR, ep->act, ep->lo, ep->hi);
+      i0 += mr;
+    }
+    p += panels;
+  }
+}
+
 /* Computes rows [m_begin, m_end) and column panels [p_begin, p_end) of one product, one block of
  * rk_kc(k) reduction steps at a time: A's strips (packed here unless prepacked) and B's panels
  * (gathered here when B has a packer) for the block, then every strip against every panel. */
@@ -297,6 +327,10 @@ static inline __attribute__((always_inline)) void run_block(const gemm_job *job,
   for (int64_t k0 = 0; k0 < g->k; k0 += step) {
     int64_t kc = g->k - k0 < step ? g->k - k0 : step;
     bool first = k0 == 0, last = k0 + kc == g->k;
+    if (g->b_in_place) {
+      run_in_place(job, g, m_begin, m_end, p_begin, p_end, k0, kc, first, last);
+      continue;
+    }
     if (!g->a_packed)
       for (int64_t s = 0; s < strips; s++) {
         int64_t i0 = m_begin + s * RK_MR, mr = m_end - i0 < RK_MR ? m_end - i0 : RK_MR;
@@ -401,6 +435,7 @@ static inline __attribute__((always_inline)) void run_units(const gemm_job *job,
     } else {
       int64_t m_begin = mb * job->mc, m_end = m_begin + job->mc < g->m ? m_begin + job->mc : g->m;
       run_block(job, g, job->b_packed[p], m_begin, m_end, p_begin, p_end, a_pack, b_block);
+      if (g->finish) g->finish(g, m_begin, m_end, p_begin * RK_NR, p_end * RK_NR < g->n ? p_end * RK_NR : g->n);
     }
   }
 }
@@ -455,7 +490,7 @@ static int pack_b_task(int task, int num_tasks, void *ctx) {
   for (int64_t u = begin; u < end; u++) {
     int64_t p = u / j->panels, panel = u % j->panels;
     const rk_gemm *g = &j->problems[p];
-    if (g->b_packed || g->pack_b) continue;
+    if (g->b_packed || g->pack_b || g->b_in_place) continue;
     rk_pack_b(&g->b, g->k, g->n, panel * RK_NR, 1, (float *)j->b_packed[p] + panel * g->k * RK_NR);
   }
   return 0;
@@ -504,14 +539,16 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
   if (!b_packed) return rk_out_of_memory("gemm");
   size_t pack_floats = (size_t)(panels * g0->k * RK_NR);
   int64_t to_pack = 0;
-  for (int64_t p = 0; p < count; p++) to_pack += problems[p].b_packed || problems[p].pack_b ? 0 : 1;
+  for (int64_t p = 0; p < count; p++) to_pack += problems[p].b_packed || problems[p].pack_b || problems[p].b_in_place ? 0 : 1;
   float *packs = NULL;
   if (to_pack) {
     packs = rk_scratch(RK_SLOT_B_PACK, sizeof(float) * pack_floats * (size_t)to_pack);
     if (!packs) return rk_out_of_memory("gemm");
   }
   for (int64_t p = 0, i = 0; p < count; p++)
-    b_packed[p] = problems[p].b_packed || problems[p].pack_b ? problems[p].b_packed : packs + pack_floats * (size_t)i++;
+    b_packed[p] = problems[p].b_packed || problems[p].pack_b || problems[p].b_in_place
+                      ? problems[p].b_packed
+                      : packs + pack_floats * (size_t)i++;
   if (to_pack) {
     /* In parallel over panels: a transposed convolution's B is its whole input (PP-OCR's
      * detector: 96 x 160 x 160 floats), which one thread packing alone held two to 1.27x. */
@@ -548,7 +585,10 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
   bool streaming = takes_streaming_path(g0);
   gemm_job job = {problems, count, (g0->m + mc - 1) / mc, 1, panels, mc, b_packed,
                   rk_ukernel(rk_cpu_isa(), streaming), rk_ukernel_c(rk_cpu_isa(), streaming),
-                  rk_ukernel2(rk_cpu_isa()), rk_ukernel2_c(rk_cpu_isa()), rk_gemv4(rk_cpu_isa())};
+                  rk_ukernel2(rk_cpu_isa()), rk_ukernel2_c(rk_cpu_isa()), rk_gemv4(rk_cpu_isa()),
+                  rk_ukernel_rows_c(rk_cpu_isa()), rk_ukernel_rows_wide_c(rk_cpu_isa())};
+  if (g0->b_in_place && (!job.ukernel_rows || !g0->a_packed))
+    return rvm_raise("RuntimeError", "gemm: B read in place needs a prepacked A and a CPU with its kernel");
   double macs = (double)count * (double)g0->m * (double)g0->n * (double)g0->k;
   int64_t threads = macs < RK_PARALLEL_MIN_MACS ? 1 : rk_max_threads();
   /* Blocks of at most RK_NC_PANELS panels, sizes within one panel of each other. With several
@@ -556,7 +596,7 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
    * split gives every thread the same number of panels (13 panels on 2 threads: 6 and 7, not
    * 8 and 5); one thread takes every panel in one block, so that A is read once. */
   int64_t n_blocks = (panels + RK_NC_PANELS - 1) / RK_NC_PANELS;
-  if (threads > 1 && count < threads && g0->a_packed && g0->pack_b && g0->m > 3 * g0->n) {
+  if (threads > 1 && count < threads && g0->a_packed && (g0->pack_b || g0->b_in_place) && g0->m > 3 * g0->n) {
     /* Few pixels against many weights (ResNet's last stage: 49 pixels, 2.4 MB of weights): the
      * threads split the rows, so that each reads its share of the weights once, and each gathers
      * all the pixels (splitting the panels instead read the weights once per block from memory:

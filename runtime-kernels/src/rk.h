@@ -175,9 +175,18 @@ typedef struct rk_gemm {
   rk_pack_b_fn pack_b;
   const void *b_source; /* what pack_b reads */
   rk_matrix b;
+  /* Or B read in place, never packed: element (k, j) at b_in_place[b_rows[k] + j] (a stride-1
+   * convolution's padded image, one offset per tap). n must then be a multiple of RK_NR, and
+   * C's columns contiguous. */
+  const float *b_in_place;
+  const int64_t *b_rows;
   float *c;
   int64_t c_rs, c_cs;
   rk_epilogue ep;
+  /* NULL, or called once rows [m0, m1) and columns [j0, j1) of C are final (epilogue applied),
+   * on the thread that computed them, while they are still in its cache. */
+  void (*finish)(const struct rk_gemm *g, int64_t m0, int64_t m1, int64_t j0, int64_t j1);
+  const void *finish_ctx;
 } rk_gemm;
 
 RVM_HIDDEN void rk_pack_a_strided(const void *a, int64_t m0, int64_t mr, int64_t k0, int64_t kc, float *dst);
@@ -228,6 +237,18 @@ typedef void (*rk_ukernel2_c_fn)(int64_t kc, const float *a, const float *b, int
                                  int mr, const rk_tile_epilogue *ep);
 RVM_HIDDEN rk_ukernel2_fn rk_ukernel2(rk_isa isa);
 RVM_HIDDEN rk_ukernel2_c_fn rk_ukernel2_c(rk_isa isa);
+
+/* The C-writing kernel over `panels` (1 or 2) full panels of a B read in place: step k's
+ * columns are the floats at b + rows[k]. The same sums as the packed kernels, bit for bit. NULL
+ * where the instruction set has none (then B is packed). */
+typedef void (*rk_ukernel_rows_c_fn)(int64_t kc, const float *a, const float *b, const int64_t *rows, int panels,
+                                     float *c, int64_t c_rs, int mr, const rk_tile_epilogue *ep);
+RVM_HIDDEN rk_ukernel_rows_c_fn rk_ukernel_rows_c(rk_isa isa);
+/* The same over two full strips of A (12 rows: a0's, then a1's) and two full panels; NULL where
+ * none. */
+typedef void (*rk_ukernel_rows_wide_c_fn)(int64_t kc, const float *a0, const float *a1, const float *b,
+                                          const int64_t *rows, float *c, int64_t c_rs, const rk_tile_epilogue *ep);
+RVM_HIDDEN rk_ukernel_rows_wide_c_fn rk_ukernel_rows_wide_c(rk_isa isa);
 
 /* Applies an activation to one value, as every kernel's epilogue does (rk_math.h's functions). */
 RVM_HIDDEN float rk_activate(float x, rk_act act, float lo, float hi);

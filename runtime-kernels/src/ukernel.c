@@ -9,7 +9,9 @@
  * x86-64: AVX2 + FMA (12 accumulators, 2 loads of B and 6 broadcasts of A per step), chosen at
  * run time by cpuid so one model runs on any x86-64 CPU, and where the CPU has AVX-512 the same
  * kernel with a 16-lane register per row, and one over two panels at once (12 accumulators of 16
- * lanes), both with the same bits; others take the portable kernel.
+ * lanes), both with the same bits; others take the portable kernel. Under AVX-512, kernels that
+ * read B in place (a row offset per step: a stride-1 convolution's padded image) spare a
+ * convolution its packing, over 6 or 12 rows, again with the packed kernels' bits.
  * aarch64: NEON (24 accumulators, lane-indexed FMA). Elsewhere (riscv64): portable C.
  */
 #include <math.h>
@@ -391,6 +393,105 @@ RK_AVX512 static void avx512_ukernel2_c(int64_t kc, const float *a, const float 
   }
 }
 
+/* B read in place (a stride-1 convolution's padded image): step k's columns start at b +
+ * rows[k], so no panel is ever packed. The loads, products and stores of the packed kernels
+ * above, in the same order, so the same bits. */
+#define AVX512_ACCUMULATE_ROWS(panels)                                                             \
+  __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;         \
+  __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;                         \
+  for (int64_t k = 0; k < kc; k++) {                                                               \
+    const float *row = b + rows[k];                                                                \
+    __m512 bv0 = _mm512_loadu_ps(row), bv1 = (panels) == 2 ? _mm512_loadu_ps(row + RK_NR) : bv0;  \
+    AVX512_ROW_ROWS(0, panels) AVX512_ROW_ROWS(1, panels) AVX512_ROW_ROWS(2, panels)               \
+    AVX512_ROW_ROWS(3, panels) AVX512_ROW_ROWS(4, panels) AVX512_ROW_ROWS(5, panels)               \
+    a += RK_MR;                                                                                    \
+  }
+#define AVX512_ROW_ROWS(r, panels)                                  \
+  if (mr > r) {                                                     \
+    __m512 ar = _mm512_set1_ps(a[r]);                               \
+    c##r##0 = _mm512_fmadd_ps(ar, bv0, c##r##0);                     \
+    if ((panels) == 2) c##r##1 = _mm512_fmadd_ps(ar, bv1, c##r##1); \
+  }
+#define AVX512_ROWS_OUT(r, panels)                                                     \
+  if (mr > r) {                                                                        \
+    float *cr = c + r * c_rs;                                                          \
+    const float *res = ep->residual ? ep->residual + r * ep->res_rs : NULL;            \
+    __m512 v0 = c##r##0, v1 = c##r##1;                                                 \
+    AVX512_HALF_OUT(v0, cr, 0, r, res)                                                 \
+    if ((panels) == 2) AVX512_HALF_OUT(v1, cr, RK_NR, r, res)                          \
+  }
+
+RK_AVX512 static inline __attribute__((always_inline)) void avx512_body_rows_c(
+    int64_t kc, const float *a, const float *b, const int64_t *rows, const int panels, float *c, int64_t c_rs,
+    const int mr, const rk_tile_epilogue *ep) {
+  AVX512_ACCUMULATE_ROWS(panels)
+  __m512 zero = _mm512_setzero_ps(), alpha = _mm512_set1_ps(ep->alpha);
+  __m512 lo = _mm512_set1_ps(ep->lo), hi = _mm512_set1_ps(ep->hi);
+  AVX512_ROWS_OUT(0, panels) AVX512_ROWS_OUT(1, panels) AVX512_ROWS_OUT(2, panels)
+  AVX512_ROWS_OUT(3, panels) AVX512_ROWS_OUT(4, panels) AVX512_ROWS_OUT(5, panels)
+}
+
+#define AVX512_ROWS_CASES(panels)                                                        \
+  switch (mr) {                                                                          \
+    case 1: avx512_body_rows_c(kc, a, b, rows, panels, c, c_rs, 1, ep); break;           \
+    case 2: avx512_body_rows_c(kc, a, b, rows, panels, c, c_rs, 2, ep); break;           \
+    case 3: avx512_body_rows_c(kc, a, b, rows, panels, c, c_rs, 3, ep); break;           \
+    case 4: avx512_body_rows_c(kc, a, b, rows, panels, c, c_rs, 4, ep); break;           \
+    case 5: avx512_body_rows_c(kc, a, b, rows, panels, c, c_rs, 5, ep); break;           \
+    default: avx512_body_rows_c(kc, a, b, rows, panels, c, c_rs, 6, ep); break;          \
+  }
+
+RK_AVX512 static void avx512_ukernel_rows_c(int64_t kc, const float *a, const float *b, const int64_t *rows,
+                                            int panels, float *c, int64_t c_rs, int mr, const rk_tile_epilogue *ep) {
+  if (panels == 2) {
+    AVX512_ROWS_CASES(2)
+  } else {
+    AVX512_ROWS_CASES(1)
+  }
+}
+
+/* Two full strips (12 rows, A's strips at a0 and a1) by two full panels: 24 sums in flight and
+ * half the loads of B per multiply-add, where 6 x 32 spent 10 of its 12 load slots a step on 2
+ * unaligned B rows and 6 broadcasts. The same products in the same order: the same bits. */
+#define AVX512_WIDE_ROW(r, a)                                   \
+  {                                                             \
+    __m512 ar = _mm512_set1_ps(a[r % RK_MR]);                   \
+    c##r##_0 = _mm512_fmadd_ps(ar, bv0, c##r##_0);               \
+    c##r##_1 = _mm512_fmadd_ps(ar, bv1, c##r##_1);               \
+  }
+#define AVX512_WIDE_OUT(r)                                                             \
+  {                                                                                    \
+    float *cr = c + r * c_rs;                                                          \
+    const float *res = ep->residual ? ep->residual + r * ep->res_rs : NULL;            \
+    __m512 v0 = c##r##_0, v1 = c##r##_1;                                               \
+    AVX512_HALF_OUT(v0, cr, 0, r, res)                                                 \
+    AVX512_HALF_OUT(v1, cr, RK_NR, r, res)                                             \
+  }
+#define AVX512_WIDE_ZERO(r) __m512 c##r##_0 = _mm512_setzero_ps(), c##r##_1 = c##r##_0;
+
+RK_AVX512 static void avx512_ukernel_rows_wide_c(int64_t kc, const float *a0, const float *a1, const float *b,
+                                                 const int64_t *rows, float *c, int64_t c_rs,
+                                                 const rk_tile_epilogue *ep) {
+  AVX512_WIDE_ZERO(0) AVX512_WIDE_ZERO(1) AVX512_WIDE_ZERO(2) AVX512_WIDE_ZERO(3) AVX512_WIDE_ZERO(4)
+  AVX512_WIDE_ZERO(5) AVX512_WIDE_ZERO(6) AVX512_WIDE_ZERO(7) AVX512_WIDE_ZERO(8) AVX512_WIDE_ZERO(9)
+  AVX512_WIDE_ZERO(10) AVX512_WIDE_ZERO(11)
+  for (int64_t k = 0; k < kc; k++) {
+    const float *row = b + rows[k];
+    __m512 bv0 = _mm512_loadu_ps(row), bv1 = _mm512_loadu_ps(row + RK_NR);
+    AVX512_WIDE_ROW(0, a0) AVX512_WIDE_ROW(1, a0) AVX512_WIDE_ROW(2, a0)
+    AVX512_WIDE_ROW(3, a0) AVX512_WIDE_ROW(4, a0) AVX512_WIDE_ROW(5, a0)
+    AVX512_WIDE_ROW(6, a1) AVX512_WIDE_ROW(7, a1) AVX512_WIDE_ROW(8, a1)
+    AVX512_WIDE_ROW(9, a1) AVX512_WIDE_ROW(10, a1) AVX512_WIDE_ROW(11, a1)
+    a0 += RK_MR;
+    a1 += RK_MR;
+  }
+  __m512 zero = _mm512_setzero_ps(), alpha = _mm512_set1_ps(ep->alpha);
+  __m512 lo = _mm512_set1_ps(ep->lo), hi = _mm512_set1_ps(ep->hi);
+  AVX512_WIDE_OUT(0) AVX512_WIDE_OUT(1) AVX512_WIDE_OUT(2) AVX512_WIDE_OUT(3) AVX512_WIDE_OUT(4)
+  AVX512_WIDE_OUT(5) AVX512_WIDE_OUT(6) AVX512_WIDE_OUT(7) AVX512_WIDE_OUT(8) AVX512_WIDE_OUT(9)
+  AVX512_WIDE_OUT(10) AVX512_WIDE_OUT(11)
+}
+
 bool rk_use_avx512(void) {
   static atomic_int decided = -1;
   int v = atomic_load_explicit(&decided, memory_order_relaxed);
@@ -543,6 +644,22 @@ rk_ukernel2_fn rk_ukernel2(rk_isa isa) {
 rk_ukernel2_c_fn rk_ukernel2_c(rk_isa isa) {
 #if defined(__x86_64__)
   if (isa == RK_ISA_AVX2 && rk_use_avx512()) return avx512_ukernel2_c;
+#endif
+  (void)isa;
+  return NULL;
+}
+
+rk_ukernel_rows_c_fn rk_ukernel_rows_c(rk_isa isa) {
+#if defined(__x86_64__)
+  if (isa == RK_ISA_AVX2 && rk_use_avx512()) return avx512_ukernel_rows_c;
+#endif
+  (void)isa;
+  return NULL;
+}
+
+rk_ukernel_rows_wide_c_fn rk_ukernel_rows_wide_c(rk_isa isa) {
+#if defined(__x86_64__)
+  if (isa == RK_ISA_AVX2 && rk_use_avx512()) return avx512_ukernel_rows_wide_c;
 #endif
   (void)isa;
   return NULL;
