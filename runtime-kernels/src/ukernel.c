@@ -9,9 +9,9 @@
  * x86-64: AVX2 + FMA (12 accumulators, 2 loads of B and 6 broadcasts of A per step), chosen at
  * run time by cpuid so one model runs on any x86-64 CPU, and where the CPU has AVX-512 the same
  * kernel with a 16-lane register per row, and one over two panels at once (12 accumulators of 16
- * lanes), both with the same bits; others take the portable kernel. Under AVX-512, kernels that
- * read B in place (a row offset per step: a stride-1 convolution's padded image) spare a
- * convolution its packing, over 6 or 12 rows, again with the packed kernels' bits.
+ * lanes), both with the same bits; others take the portable kernel. With AVX2 and AVX-512,
+ * kernels that read B in place (a row offset per step: a stride-1 convolution's padded image)
+ * spare a convolution its packing (AVX-512 over 6 or 12 rows), with the packed kernels' bits.
  * aarch64: NEON (24 accumulators, lane-indexed FMA). Elsewhere (riscv64): portable C.
  */
 #include <math.h>
@@ -220,6 +220,47 @@ RK_AVX2 static inline __attribute__((always_inline)) void avx2_body_c(int64_t kc
   }
 AVX2_UKERNEL_C(avx2_ukernel_c, UKERNEL_PREFETCH)
 AVX2_UKERNEL_C(avx2_ukernel_c_stream, UKERNEL_PREFETCH_STREAM)
+
+/* B read in place (see the AVX-512 kernels below): step k's columns start at b + rows[k]. One
+ * panel at a time, as 16 registers hold no more sums. */
+#define AVX2_ACCUMULATE_ROWS                                                                     \
+  __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00; \
+  __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;             \
+  for (int64_t k = 0; k < kc; k++) {                                                  \
+    const float *row = b + rows[k];                                                   \
+    __m256 b0 = _mm256_loadu_ps(row), b1 = _mm256_loadu_ps(row + 8);                  \
+    AVX2_ROW(0) AVX2_ROW(1) AVX2_ROW(2) AVX2_ROW(3) AVX2_ROW(4) AVX2_ROW(5)           \
+    a += RK_MR;                                                                       \
+  }
+
+RK_AVX2 static inline __attribute__((always_inline)) void avx2_body_rows_c(int64_t kc, const float *a, const float *b,
+                                                                           const int64_t *rows, float *c, int64_t c_rs,
+                                                                           const int mr, const rk_tile_epilogue *ep) {
+  AVX2_ACCUMULATE_ROWS
+  __m256 zero = _mm256_setzero_ps(), alpha = _mm256_set1_ps(ep->alpha);
+  __m256 lo = _mm256_set1_ps(ep->lo), hi = _mm256_set1_ps(ep->hi);
+  AVX2_ROW_OUT(0) AVX2_ROW_OUT(1) AVX2_ROW_OUT(2) AVX2_ROW_OUT(3) AVX2_ROW_OUT(4) AVX2_ROW_OUT(5)
+}
+
+RK_AVX2 static void avx2_ukernel_rows_c(int64_t kc, const float *a, const float *b, const int64_t *rows, int panels,
+                                        float *c, int64_t c_rs, int mr, const rk_tile_epilogue *ep) {
+  for (int q = 0; q < panels; q++) {
+    /* The second panel's epilogue: its columns of the bias (per column) and of the residual. */
+    rk_tile_epilogue t = *ep;
+    if (t.bias && !t.bias_per_row) t.bias += q * RK_NR;
+    if (t.residual) t.residual += q * RK_NR;
+    const float *bq = b + q * RK_NR;
+    float *cq = c + q * RK_NR;
+    switch (mr) {
+      case 1: avx2_body_rows_c(kc, a, bq, rows, cq, c_rs, 1, &t); break;
+      case 2: avx2_body_rows_c(kc, a, bq, rows, cq, c_rs, 2, &t); break;
+      case 3: avx2_body_rows_c(kc, a, bq, rows, cq, c_rs, 3, &t); break;
+      case 4: avx2_body_rows_c(kc, a, bq, rows, cq, c_rs, 4, &t); break;
+      case 5: avx2_body_rows_c(kc, a, bq, rows, cq, c_rs, 5, &t); break;
+      default: avx2_body_rows_c(kc, a, bq, rows, cq, c_rs, 6, &t); break;
+    }
+  }
+}
 
 /* ---- x86-64: AVX-512 (the AVX2 path's kernels, one 16-lane register per row) ----------------- */
 
@@ -652,6 +693,7 @@ rk_ukernel2_c_fn rk_ukernel2_c(rk_isa isa) {
 rk_ukernel_rows_c_fn rk_ukernel_rows_c(rk_isa isa) {
 #if defined(__x86_64__)
   if (isa == RK_ISA_AVX2 && rk_use_avx512()) return avx512_ukernel_rows_c;
+  if (isa == RK_ISA_AVX2) return avx2_ukernel_rows_c;
 #endif
   (void)isa;
   return NULL;

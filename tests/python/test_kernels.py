@@ -179,7 +179,7 @@ CONVS = [  # n, c, h, w, oc, kh, kw, stride, pad (t, l, b, r), dilation, groups
     (3, 16, 6, 6, 40, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 2),
     (1, 32, 17, 13, 33, 1, 1, (2, 1), (0, 0, 0, 0), (1, 1), 1),
     (1, 3, 36, 37, 8, 3, 3, (2, 2), (1, 1, 1, 1), (1, 1), 1),  # panels of every other input pixel
-    # Stride 1 over wide rows: B read in place from the padded image (AVX-512), 12-row strips
+    # Stride 1 over wide rows: B read in place from the padded image (AVX2, AVX-512 with 12-row strips)
     (2, 5, 20, 30, 13, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
     (1, 8, 24, 46, 12, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2), 2),
 ]
