@@ -9,10 +9,10 @@
  * the usual case, NCHW's rows come out whole) or, where a layer has fewer pixels than channels
  * (a late stage: 7 x 7 pixels, 256 channels), channels as columns (weights in panels of 16, the
  * pixels gathered in strips of 6), so that neither wastes most of a 16-wide panel on 49 pixels.
- * The packers read the (padded) image directly, so no im2col matrix is ever built; at stride 1
- * with AVX2 or AVX-512 nothing is packed at all (the micro-kernel reads the padded image in place, see
- * "stride 1: B read in place"). Either way every output sums the same products in the same
- * order: the same bits. (Depthwise convolution, whose reduction is only kh * kw, is
+ * The packers read the (padded) image directly, so no im2col matrix is ever built; at strides 1
+ * and 2 with AVX2 or AVX-512 nothing is packed at all (the micro-kernel reads the image in
+ * place, see "stride 1 and 2: B read in place"). Either way every output sums the same products
+ * in the same order: the same bits. (Depthwise convolution, whose reduction is only kh * kw, is
  * depthwise.c.)
  */
 #include <string.h>
@@ -267,34 +267,137 @@ static int transpose_task(int task, int num_tasks, void *ctx) {
   return 0;
 }
 
-/* ---- stride 1: B read in place ----------------------------------------------------------- */
+/* ---- stride 1 and 2: B read in place ----------------------------------------------------- */
 
 /* At stride 1 the products are computed over the padded grid: output pixel (y, x) is column y *
  * wp + x, so step k of every column reads the padded image at one offset (the tap's) plus the
  * column, and the micro-kernel reads B where it lies; nothing is packed (packing was a quarter
- * of a 32-channel 3x3 layer's time, 13% of a YOLO's). The last wp - ow columns of each row are
- * computed and dropped as each block of C is finished. */
+ * of a 32-channel 3x3 layer's time, 13% of a YOLO's). At stride 2 the padded image is first
+ * split into its four phases (even and odd rows by even and odd columns, each [hq][wq]): tap
+ * (r, s) of pixel (y, x) is then pixel (y + r / 2, x + s / 2) of phase (r % 2, s % 2), again one
+ * offset per tap plus the column y * wq + x, for one copy of the input instead of a gather per
+ * block of the reduction. The last columns of each grid row (past ow) are computed and dropped
+ * as each block of C is finished. */
+typedef struct in_place_layout {
+  int64_t hp, wp;         /* the padded image */
+  int64_t hq, wq;         /* stride 2: a phase's extents */
+  int64_t grid_width;     /* columns per output row: wp, or wq */
+  int64_t channel_floats; /* an input channel's floats: hp * wp, or its four phases */
+} in_place_layout;
+
+static in_place_layout layout_in_place(const conv_params *p, int64_t h, int64_t w) {
+  in_place_layout l = {h + p->pad_top + p->pad_bottom, w + p->pad_left + p->pad_right, 0, 0, 0, 0};
+  l.hq = (l.hp + 1) / 2, l.wq = (l.wp + 1) / 2;
+  l.grid_width = p->sw == 1 ? l.wp : l.wq;
+  l.channel_floats = p->sw == 1 ? l.hp * l.wp : 4 * l.hq * l.wq;
+  return l;
+}
+
+typedef struct phase_job {
+  const conv_params *p;
+  const float *src;
+  float *dst;
+  int64_t channels, h, w;
+  in_place_layout l;
+} phase_job;
+
+/* src[0..n) of one input row, whose first float is padded column x0, into its two phase rows:
+ * padded column X goes to position X / 2 of the even or the odd row. */
+static inline __attribute__((always_inline)) void split_row(const float *src, int64_t n, int64_t x0, float *even,
+                                                            float *odd) {
+  float *first = (x0 & 1 ? odd : even) + (x0 >> 1), *second = (x0 & 1 ? even : odd) + ((x0 + 1) >> 1);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    rk_f8 v0 = rk_f8_load(src + i), v1 = rk_f8_load(src + i + 8);
+    RK_F8_STORE(first + i / 2, __builtin_shufflevector(v0, v1, 0, 2, 4, 6, 8, 10, 12, 14));
+    RK_F8_STORE(second + i / 2, __builtin_shufflevector(v0, v1, 1, 3, 5, 7, 9, 11, 13, 15));
+  }
+  for (; i < n; i++) (i & 1 ? second : first)[i >> 1] = src[i];
+}
+
+/* Channels [begin, end) split into their zero-padded phases. */
+static inline __attribute__((always_inline)) void split_channels(const phase_job *j, int64_t begin, int64_t end) {
+  const in_place_layout *l = &j->l;
+  int64_t phase = l->hq * l->wq;
+  for (int64_t c = begin; c < end; c++) {
+    float *d = j->dst + c * l->channel_floats;
+    const float *s = j->src + c * j->h * j->w;
+    memset(d, 0, sizeof(float) * (size_t)l->channel_floats);
+    for (int64_t y = 0; y < j->h; y++) {
+      int64_t row = y + j->p->pad_top, at = (row & 1) * 2 * phase + (row >> 1) * l->wq;
+      split_row(s + y * j->w, j->w, j->p->pad_left, d + at, d + at + phase);
+    }
+  }
+}
+
+static void split_channels_generic(const phase_job *j, int64_t begin, int64_t end) { split_channels(j, begin, end); }
+#if defined(__x86_64__)
+/* Its shuffles are single AVX2 instructions (the portable build's 8-lane shuffles are slow). */
+RK_AVX2_TARGET static void split_channels_avx2(const phase_job *j, int64_t begin, int64_t end) {
+  split_channels(j, begin, end);
+}
+#endif
+
+static int phase_task(int task, int num_tasks, void *ctx) {
+  const phase_job *j = ctx;
+  int64_t begin, end;
+  rk_split(j->channels, task, num_tasks, &begin, &end);
+#if defined(__x86_64__)
+  if (rk_cpu_isa() == RK_ISA_AVX2) {
+    split_channels_avx2(j, begin, end);
+    return 0;
+  }
+#endif
+  split_channels_generic(j, begin, end);
+  return 0;
+}
+
+/* x as the in-place path reads it: padded (stride 1) or split into padded phases (stride 2),
+ * followed by RK_NR zeros (the last grid row's dropped columns read up to RK_NR - 1 floats past
+ * the last image). */
+static const float *image_in_place(const conv_params *p, const DLTensor *x, const in_place_layout *l) {
+  if (p->sw == 1) {
+    int64_t hp, wp;
+    return padded_input(p, x, RK_NR, &hp, &wp);
+  }
+  int64_t channels = x->shape[0] * x->shape[1], floats = channels * l->channel_floats;
+  float *dst = rk_scratch(RK_SLOT_INPUT, sizeof(float) * (size_t)(floats + RK_NR));
+  if (!dst) return NULL;
+  memset(dst + floats, 0, sizeof(float) * RK_NR);
+  phase_job job = {p, rk_data(x), dst, channels, x->shape[2], x->shape[3], *l};
+  rk_parallel(floats < 16384 ? 1 : channels, phase_task, &job);
+  return dst;
+}
+
+/* Where tap (r, s) of input channel c starts reading, relative to channel 0's image. */
+static int64_t tap_offset(const conv_params *p, const in_place_layout *l, int64_t c, int64_t r, int64_t s) {
+  if (p->sw == 1) return c * l->channel_floats + r * p->dh * l->wp + s * p->dw;
+  return c * l->channel_floats + ((r & 1) * 2 + (s & 1)) * l->hq * l->wq + (r >> 1) * l->wq + (s >> 1);
+}
+
 typedef struct in_place_out {
   float *out;            /* the problem's output planes [c_out][pixels] */
   const float *residual; /* laid out as out, or NULL */
-  int64_t wp, ow, pixels, grid; /* grid: columns up to the last pixel's, (oh - 1) * wp + ow */
+  int64_t grid_width, ow, pixels;
+  int64_t grid; /* columns up to the last pixel's: (oh - 1) * grid_width + ow */
   rk_act act;
   float lo, hi;
 } in_place_out;
 
-/* Rows [m0, m1) x grid columns [j0, j1) of C into the output: each row's columns x < ow, the
- * residual added and the activation applied there (what the epilogue leaves to this pass, in
- * its order: the same bits as the packed path). */
+/* Rows [m0, m1) x grid columns [j0, j1) of C into the output: each grid row's columns x < ow,
+ * the residual added and the activation applied there (what the epilogue leaves to this pass,
+ * in its order: the same bits as the packed path). */
 static void finish_in_place(const rk_gemm *g, int64_t m0, int64_t m1, int64_t j0, int64_t j1) {
   const in_place_out *o = g->finish_ctx;
+  int64_t gw = o->grid_width;
   if (j1 > o->grid) j1 = o->grid; /* the columns rounded up to a whole panel are past the image */
   for (int64_t r = m0; r < m1; r++) {
     const float *src = g->c + r * g->c_rs;
     float *dst = o->out + r * o->pixels;
     const float *res = o->residual ? o->residual + r * o->pixels : NULL;
     int64_t begin = -1, end = 0;
-    for (int64_t y = j0 / o->wp, j = j0; j < j1; y++, j = y * o->wp) {
-      int64_t x = j - y * o->wp, run = o->ow - x < j1 - j ? o->ow - x : j1 - j;
+    for (int64_t y = j0 / gw, j = j0; j < j1; y++, j = y * gw) {
+      int64_t x = j - y * gw, run = o->ow - x < j1 - j ? o->ow - x : j1 - j;
       if (run <= 0) continue;
       int64_t at = y * o->ow + x;
       if (res) {
@@ -310,14 +413,17 @@ static void finish_in_place(const rk_gemm *g, int64_t m0, int64_t m1, int64_t j0
   }
 }
 
-/* Whether a layer takes the in-place path: stride 1, a kernel wider than one pixel (a 1x1 layer
- * packs with whole-row copies already), a CPU with the kernel (AVX2: 32x56x56 -> 32 3x3 went
- * from 579 to 519 us on Zen 5 with AVX-512 turned off), and few dropped columns. */
-static bool takes_b_in_place(const conv_params *p, int64_t oh, int64_t ow) {
-  if (p->sh != 1 || p->sw != 1 || p->kh * p->kw == 1 || !rk_ukernel_rows_c(rk_cpu_isa())) return false;
+/* Whether a layer takes the in-place path: stride 1, or 2 without dilation; a kernel wider than
+ * one pixel (a 1x1 layer packs with whole-row copies already); a CPU with the kernel (AVX2:
+ * 32x56x56 -> 32 3x3 went from 579 to 519 us on Zen 5 with AVX-512 turned off); and few dropped
+ * columns. */
+static bool takes_b_in_place(const conv_params *p, const DLTensor *x, int64_t oh, int64_t ow) {
+  bool stride1 = p->sh == 1 && p->sw == 1, stride2 = p->sh == 2 && p->sw == 2 && p->dh == 1 && p->dw == 1;
+  if (!(stride1 || stride2) || p->kh * p->kw == 1 || !rk_ukernel_rows_c(rk_cpu_isa())) return false;
+  in_place_layout l = layout_in_place(p, x->shape[2], x->shape[3]);
   /* Against the packed path's whole panels: 52 x 52 (YOLO) computes 6% more columns and is 10%
    * faster, 13 x 13 18% more and was 4% slower. */
-  int64_t wp = ow + (p->kw - 1) * p->dw, columns = ((oh - 1) * wp + ow + RK_NR - 1) / RK_NR * RK_NR;
+  int64_t columns = ((oh - 1) * l.grid_width + ow + RK_NR - 1) / RK_NR * RK_NR;
   int64_t packed = (oh * ow + RK_NR - 1) / RK_NR * RK_NR;
   return 10 * columns <= 11 * packed;
 }
@@ -325,32 +431,33 @@ static bool takes_b_in_place(const conv_params *p, int64_t oh, int64_t ow) {
 static int conv_b_in_place(const char *kernel, const conv_args *a, int64_t c_in, int64_t c_out, int64_t k,
                            int64_t strips) {
   const conv_params *p = &a->p;
-  int64_t hp, wp, batch = a->x->shape[0], groups = p->groups, pixels = a->oh * a->ow;
-  const float *image = padded_input(p, a->x, RK_NR, &hp, &wp);
+  in_place_layout l = layout_in_place(p, a->x->shape[2], a->x->shape[3]);
+  int64_t batch = a->x->shape[0], groups = p->groups, pixels = a->oh * a->ow;
+  const float *image = image_in_place(p, a->x, &l);
   if (!image) return rk_out_of_memory(kernel);
-  /* Reads run up to RK_NR - 1 floats past the last image's grid: the tail's zeros. */
-  int64_t columns = ((a->oh - 1) * wp + a->ow + RK_NR - 1) / RK_NR * RK_NR, count = batch * groups;
+  int64_t grid = (a->oh - 1) * l.grid_width + a->ow, columns = (grid + RK_NR - 1) / RK_NR * RK_NR;
+  int64_t count = batch * groups;
   rk_gemm *problems =
       rk_scratch(RK_SLOT_PROBLEMS, (size_t)count * (sizeof(rk_gemm) + sizeof(in_place_out)) + sizeof(int64_t) * (size_t)k);
-  float *grid = rk_scratch(RK_SLOT_OUTPUT, sizeof(float) * (size_t)(count * c_out * columns));
-  if (!problems || !grid) return rk_out_of_memory(kernel);
+  float *results = rk_scratch(RK_SLOT_OUTPUT, sizeof(float) * (size_t)(count * c_out * columns));
+  if (!problems || !results) return rk_out_of_memory(kernel);
   in_place_out *outs = (in_place_out *)(problems + count);
   int64_t *rows = (int64_t *)(outs + count);
   /* The taps in the packed weights' order of k: (input channel, kernel row, kernel column). */
   for (int64_t ic = 0, kk = 0; ic < c_in; ic++)
     for (int64_t kr = 0; kr < p->kh; kr++)
-      for (int64_t ks = 0; ks < p->kw; ks++) rows[kk++] = ic * hp * wp + kr * p->dh * wp + ks * p->dw;
+      for (int64_t ks = 0; ks < p->kw; ks++) rows[kk++] = tap_offset(p, &l, ic, kr, ks);
   for (int64_t i = 0; i < count; i++) {
     int64_t n = i / groups, g = i % groups, out_offset = (n * a->out->shape[1] + g * c_out) * pixels;
     outs[i] = (in_place_out){rk_data(a->out) + out_offset, a->residual ? rk_data(a->residual) + out_offset : NULL,
-                             wp, a->ow, pixels, (a->oh - 1) * wp + a->ow, a->ep.act, a->ep.lo, a->ep.hi};
+                             l.grid_width, a->ow, pixels, grid, a->ep.act, a->ep.lo, a->ep.hi};
     rk_gemm *gm = &problems[i];
     *gm = (rk_gemm){0};
     gm->m = c_out, gm->n = columns, gm->k = k;
     gm->a_packed = rk_data(a->w) + g * strips * k * RK_MR;
-    gm->b_in_place = image + (n * a->x->shape[1] + g * c_in) * hp * wp;
+    gm->b_in_place = image + (n * a->x->shape[1] + g * c_in) * l.channel_floats;
     gm->b_rows = rows;
-    gm->c = grid + i * c_out * columns, gm->c_rs = columns, gm->c_cs = 1;
+    gm->c = results + i * c_out * columns, gm->c_rs = columns, gm->c_cs = 1;
     gm->ep = a->ep;
     gm->ep.act = RK_ACT_NONE, gm->ep.residual = NULL;
     gm->ep.bias = a->bias ? rk_data(a->bias) + g * c_out : NULL;
@@ -386,7 +493,7 @@ int rvm_builtin_kl_conv2d(void *self, const TVMFFIAny *args, int32_t num_args, T
                           "[groups, ceil(oc / groups / 16), c / groups * kh * kw, 16]",
                           w);
   if (batch == 0 || pixels == 0 || c_out == 0) return 0;
-  if (channels_as_rows && takes_b_in_place(&p, oh, ow)) return conv_b_in_place(kernel, &a, c_in, c_out, k, strips);
+  if (channels_as_rows && takes_b_in_place(&p, x, oh, ow)) return conv_b_in_place(kernel, &a, c_in, c_out, k, strips);
   int64_t hp, wp;
   const float *image = padded_input(&p, x, 0, &hp, &wp);
   if (!image) return rk_out_of_memory(kernel);

@@ -299,13 +299,15 @@ static inline __attribute__((always_inline)) void run_in_place(const gemm_job *j
     int64_t j0 = p * RK_NR;
     for (int64_t i0 = m_begin; i0 < m_end;) {
       int64_t mr = m_end - i0 < RK_MR ? m_end - i0 : RK_MR;
-      bool wide = panels == 2 && job->ukernel_rows_wide && m_end - i0 >= 2 * RK_MR;
+      bool wide = panels == 2 && job->ukernel_rows_wide && m_end - i0 > RK_MR;
       rk_tile_epilogue t = tile_epilogue(ep, first, last, i0, j0);
       float *c = g->c + i0 * g->c_rs + j0;
       const float *strip = g->a_packed + ((i0 / RK_MR) * g->k + k0) * RK_MR;
       if (wide) {
-        mr = 2 * RK_MR;
-        job->ukernel_rows_wide(kc, strip, strip + g->k * RK_MR, g->b_in_place + j0, g->b_rows + k0, c, g->c_rs, &t);
+        int64_t mr1 = m_end - i0 - RK_MR < RK_MR ? m_end - i0 - RK_MR : RK_MR;
+        mr = RK_MR + mr1;
+        job->ukernel_rows_wide(kc, strip, strip + g->k * RK_MR, (int)mr1, g->b_in_place + j0, g->b_rows + k0, c,
+                               g->c_rs, &t);
       } else {
         job->ukernel_rows(kc, strip, g->b_in_place + j0, g->b_rows + k0, panels, c, g->c_rs, (int)mr, &t);
       }

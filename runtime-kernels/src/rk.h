@@ -244,9 +244,9 @@ RVM_HIDDEN rk_ukernel2_c_fn rk_ukernel2_c(rk_isa isa);
 typedef void (*rk_ukernel_rows_c_fn)(int64_t kc, const float *a, const float *b, const int64_t *rows, int panels,
                                      float *c, int64_t c_rs, int mr, const rk_tile_epilogue *ep);
 RVM_HIDDEN rk_ukernel_rows_c_fn rk_ukernel_rows_c(rk_isa isa);
-/* The same over two full strips of A (12 rows: a0's, then a1's) and two full panels; NULL where
- * none. */
-typedef void (*rk_ukernel_rows_wide_c_fn)(int64_t kc, const float *a0, const float *a1, const float *b,
+/* The same over two strips of A (a0's full strip, then mr1 rows of a1's: 7 to 12 rows) and two
+ * full panels; NULL where none. */
+typedef void (*rk_ukernel_rows_wide_c_fn)(int64_t kc, const float *a0, const float *a1, int mr1, const float *b,
                                           const int64_t *rows, float *c, int64_t c_rs, const rk_tile_epilogue *ep);
 RVM_HIDDEN rk_ukernel_rows_wide_c_fn rk_ukernel_rows_wide_c(rk_isa isa);
 
