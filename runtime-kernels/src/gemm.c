@@ -237,11 +237,11 @@ typedef struct gemm_job {
   rk_ukernel_rows_wide_c_fn ukernel_rows_wide;
 } gemm_job;
 
-/* What a C-writing micro-kernel applies to the tile at (i0, j0): the epilogue up to its
- * activation where that is none, relu or clip; the others its caller applies to the tile after
- * (the same values in the same order as store_tile's, so the same bits). */
+/* What a C-writing micro-kernel applies to the tile at (i0, j0): the epilogue with its activation
+ * where rk_kernel_activates; the others its caller applies to the tile after (the same values in
+ * the same order as store_tile's, so the same bits). */
 static inline rk_tile_epilogue tile_epilogue(const rk_epilogue *ep, bool first, bool last, int64_t i0, int64_t j0) {
-  rk_act act = ep->act <= RK_ACT_CLIP ? ep->act : RK_ACT_NONE;
+  rk_act act = rk_kernel_activates(ep->act) ? ep->act : RK_ACT_NONE;
   rk_tile_epilogue t = {first, last, ep->alpha, ep->lo, ep->hi, act, NULL, ep->bias_per_row, NULL, ep->res_rs};
   if (ep->bias) t.bias = ep->bias + (ep->bias_per_row ? i0 : j0);
   if (ep->residual) t.residual = ep->residual + i0 * ep->res_rs + j0;
@@ -260,7 +260,7 @@ static inline __attribute__((always_inline)) void compute_tile(const gemm_job *j
     rk_tile_epilogue t = tile_epilogue(ep, first, last, i0, j0);
     float *c = g->c + i0 * g->c_rs + j0;
     job->ukernel_c(kc, strip, panel, c, g->c_rs, (int)mr, &t);
-    if (last && ep->act > RK_ACT_CLIP) rk_activate_rows(c, g->c_rs, mr, RK_NR, ep->act, ep->lo, ep->hi);
+    if (last && !rk_kernel_activates(ep->act)) rk_activate_rows(c, g->c_rs, mr, RK_NR, ep->act, ep->lo, ep->hi);
     return;
   }
   float tile[RK_MR * RK_NR] __attribute__((aligned(64)));
@@ -279,7 +279,7 @@ static inline __attribute__((always_inline)) void compute_tile2(const gemm_job *
     rk_tile_epilogue t = tile_epilogue(ep, first, last, i0, j0);
     float *c = g->c + i0 * g->c_rs + j0;
     job->ukernel2_c(kc, strip, panel, b_stride, c, g->c_rs, (int)mr, &t);
-    if (last && ep->act > RK_ACT_CLIP) rk_activate_rows(c, g->c_rs, mr, 2 * RK_NR, ep->act, ep->lo, ep->hi);
+    if (last && !rk_kernel_activates(ep->act)) rk_activate_rows(c, g->c_rs, mr, 2 * RK_NR, ep->act, ep->lo, ep->hi);
     return;
   }
   float tiles[2 * RK_MR * RK_NR] __attribute__((aligned(64)));
@@ -311,7 +311,7 @@ static inline __attribute__((always_inline)) void run_in_place(const gemm_job *j
       } else {
         job->ukernel_rows(kc, strip, g->b_in_place + j0, g->b_rows + k0, panels, c, g->c_rs, (int)mr, &t);
       }
-      if (last && ep->act > RK_ACT_CLIP) rk_activate_rows(c, g->c_rs, mr, panels * RK_NR, ep->act, ep->lo, ep->hi);
+      if (last && !rk_kernel_activates(ep->act)) rk_activate_rows(c, g->c_rs, mr, panels * RK_NR, ep->act, ep->lo, ep->hi);
       i0 += mr;
     }
     p += panels;

@@ -214,12 +214,18 @@ RVM_HIDDEN rk_gemv4_fn rk_gemv4(rk_isa isa);
 typedef struct rk_tile_epilogue {
   bool first, last;
   float alpha, lo, hi;
-  rk_act act;              /* RK_ACT_NONE, RK_ACT_RELU or RK_ACT_CLIP */
+  rk_act act;              /* one rk_kernel_activates: none, relu, clip, hard_sigmoid, hard_swish */
   const float *bias;       /* NULL, or the tile's first row's value (per row) or first column's */
   bool bias_per_row;
   const float *residual;   /* NULL, or the tile's first row of the residual */
   int64_t res_rs;
 } rk_tile_epilogue;
+
+/* Whether the C-writing micro-kernels apply this activation themselves (a few operations a value,
+ * in registers); the others their callers apply to the tile after, out of line. */
+static inline bool rk_kernel_activates(rk_act act) {
+  return act <= RK_ACT_CLIP || act == RK_ACT_HARD_SIGMOID || act == RK_ACT_HARD_SWISH;
+}
 
 /* The micro-kernel writing rows of C (c, row stride c_rs) itself; NULL where the instruction set
  * has none (the portable and NEON builds write through a tile). */

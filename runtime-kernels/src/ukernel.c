@@ -153,6 +153,16 @@ RK_AVX2 static void avx2_gemv4(int64_t kc, const float *a, const float *b, int64
   _mm256_storeu_ps(tile + 56, c31);
 }
 
+/* rk_hard_sigmoid(x, lo, hi) on 8 lanes (x times it for hard_swish), its operations in its order:
+ * y = lo * x + hi, then y < 0 ? 0 : (y > 1 ? 1 : y) by compare and blend (NaN stays NaN). */
+RK_AVX2 static inline __attribute__((always_inline)) __m256 avx2_hard(__m256 x, __m256 lo, __m256 hi, bool swish) {
+  __m256 zero = _mm256_setzero_ps(), one = _mm256_set1_ps(1.0f);
+  __m256 y = _mm256_add_ps(_mm256_mul_ps(lo, x), hi);
+  y = _mm256_blendv_ps(y, zero, _mm256_cmp_ps(y, zero, _CMP_LT_OQ));
+  y = _mm256_blendv_ps(y, one, _mm256_cmp_ps(y, one, _CMP_GT_OQ));
+  return swish ? _mm256_mul_ps(x, y) : y;
+}
+
 /* One row r of the tile into C: the epilogue of rk_tile_epilogue, in store_tile's order. relu
  * and clip by comparison and blend, as the scalar `x > 0 ? x : 0` and
  * `x < lo ? lo : (x > hi ? hi : x)`: NaN and -0.0 come out as they do there. */
@@ -191,6 +201,9 @@ RK_AVX2 static void avx2_gemv4(int64_t kc, const float *a, const float *b, int64
                               _mm256_cmp_ps(v0, lo, _CMP_LT_OQ));                                \
         v1 = _mm256_blendv_ps(_mm256_blendv_ps(v1, hi, _mm256_cmp_ps(v1, hi, _CMP_GT_OQ)), lo,   \
                               _mm256_cmp_ps(v1, lo, _CMP_LT_OQ));                                \
+      } else if (ep->act == RK_ACT_HARD_SIGMOID || ep->act == RK_ACT_HARD_SWISH) {               \
+        v0 = avx2_hard(v0, lo, hi, ep->act == RK_ACT_HARD_SWISH);                                \
+        v1 = avx2_hard(v1, lo, hi, ep->act == RK_ACT_HARD_SWISH);                                \
       }                                                                                          \
     }                                                                                            \
     _mm256_storeu_ps(cr, v0);                                                                    \
@@ -303,6 +316,15 @@ RK_AVX512 static inline __attribute__((always_inline)) void avx512_body(int64_t 
 AVX512_UKERNEL(avx512_ukernel, UKERNEL_PREFETCH)
 AVX512_UKERNEL(avx512_ukernel_stream, UKERNEL_PREFETCH_STREAM)
 
+/* avx2_hard on 16 lanes. */
+RK_AVX512 static inline __attribute__((always_inline)) __m512 avx512_hard(__m512 x, __m512 lo, __m512 hi, bool swish) {
+  __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
+  __m512 y = _mm512_add_ps(_mm512_mul_ps(lo, x), hi);
+  y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(y, zero, _CMP_LT_OQ), zero);
+  y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(y, one, _CMP_GT_OQ), one);
+  return swish ? _mm512_mul_ps(x, y) : y;
+}
+
 /* The AVX2 kernel's epilogue on one 16-lane register of row r, C's columns [col, col + 16): relu
  * and clip by compare and mask, as the scalar `x > 0 ? x : 0` and `x < lo ? lo : (x > hi ? hi :
  * x)` (NaN and -0.0 as there); `res` is the row's residual or NULL. */
@@ -320,6 +342,8 @@ AVX512_UKERNEL(avx512_ukernel_stream, UKERNEL_PREFETCH_STREAM)
       } else if (ep->act == RK_ACT_CLIP) {                                                               \
         v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, hi, _CMP_GT_OQ), hi);                            \
         v = _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask(v, lo, _CMP_LT_OQ), lo);                            \
+      } else if (ep->act == RK_ACT_HARD_SIGMOID || ep->act == RK_ACT_HARD_SWISH) {                       \
+        v = avx512_hard(v, lo, hi, ep->act == RK_ACT_HARD_SWISH);                                        \
       }                                                                                                  \
     }                                                                                                    \
     _mm512_storeu_ps((cr) + (col), v);                                                                   \

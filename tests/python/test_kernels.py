@@ -83,6 +83,21 @@ def test_dense_epilogues(library, act):
     close(out, epilogue(x.astype(np.float64) @ w, act, 0.5, b, r))
 
 
+@pytest.mark.parametrize("act", ["hard_sigmoid", "hard_swish"])
+def test_hard_activations_give_their_float32_formula_bit_for_bit(library, act):
+    """Applied in the micro-kernel's registers (the two full panels) or after it (the 5 columns
+    past them): either way y = slope * x + offset clamped to [0, 1] (times x for hard_swish), one
+    float32 operation at a time, as numpy computes it."""
+    rng = np.random.default_rng(11)
+    x, w, b = rand(rng, 30, 64), rand(rng, 64, 37), rand(rng, 37)
+    slope_offset = t(np.array([1.0, 1 / 6, 0.5], np.float32))
+    plain, out = np.zeros((30, 37), np.float32), np.zeros((30, 37), np.float32)
+    library["relaxc.dense"](t(x), t(pack_columns(w)), t(b), None, "none", slope_offset, t(plain))
+    library["relaxc.dense"](t(x), t(pack_columns(w)), t(b), None, act, slope_offset, t(out))
+    y = np.clip(np.float32(1 / 6) * plain + np.float32(0.5), np.float32(0), np.float32(1))
+    np.testing.assert_array_equal(out, plain * y if act == "hard_swish" else y)
+
+
 def test_dense_empty_reduction_is_the_epilogue_of_zero(library):
     b = np.arange(5, dtype=np.float32)
     out = np.full((3, 5), 9.0, np.float32)
