@@ -353,12 +353,13 @@ static int phase_task(int task, int num_tasks, void *ctx) {
 }
 
 /* x as the in-place path reads it: padded (stride 1) or split into padded phases (stride 2),
- * followed by RK_NR zeros (the last grid row's dropped columns read up to RK_NR - 1 floats past
- * the last image). */
-static const float *image_in_place(const conv_params *p, const DLTensor *x, const in_place_layout *l) {
+ * followed by RK_NR zeros where the grid's last panel `overreads` (its columns past the grid read
+ * up to RK_NR - 1 floats past the last image); x itself at stride 1 with neither padding nor
+ * overread (a 1x1 layer whose pixels fill whole panels). */
+static const float *image_in_place(const conv_params *p, const DLTensor *x, const in_place_layout *l, bool overreads) {
   if (p->sw == 1) {
     int64_t hp, wp;
-    return padded_input(p, x, RK_NR, &hp, &wp);
+    return padded_input(p, x, overreads ? RK_NR : 0, &hp, &wp);
   }
   int64_t channels = x->shape[0] * x->shape[1], floats = channels * l->channel_floats;
   float *dst = rk_scratch(RK_SLOT_INPUT, sizeof(float) * (size_t)(floats + RK_NR));
@@ -413,13 +414,19 @@ static void finish_in_place(const rk_gemm *g, int64_t m0, int64_t m1, int64_t j0
   }
 }
 
-/* Whether a layer takes the in-place path: stride 1, or 2 without dilation; a kernel wider than
- * one pixel (a 1x1 layer packs with whole-row copies already); a CPU with the kernel (AVX2:
- * 32x56x56 -> 32 3x3 went from 579 to 519 us on Zen 5 with AVX-512 turned off); and few dropped
- * columns. */
+/* Whether a layer takes the in-place path: stride 1, or 2 without dilation; a CPU with the
+ * kernel (AVX2: 32x56x56 -> 32 3x3 went from 579 to 519 us on Zen 5 with AVX-512 turned off);
+ * and few dropped columns. A 1x1 layer reads its input and writes its output as they are, with
+ * the 12-row kernel, where its pixels fill whole panels. */
 static bool takes_b_in_place(const conv_params *p, const DLTensor *x, int64_t oh, int64_t ow) {
   bool stride1 = p->sh == 1 && p->sw == 1, stride2 = p->sh == 2 && p->sw == 2 && p->dh == 1 && p->dw == 1;
-  if (!(stride1 || stride2) || p->kh * p->kw == 1 || !rk_ukernel_rows_c(rk_cpu_isa())) return false;
+  if (!(stride1 || stride2) || !rk_ukernel_rows_c(rk_cpu_isa())) return false;
+  if (p->kh * p->kw == 1) {
+    /* Only where nothing is copied: 256x14x14 -> 256 1x1 (196 pixels) copied its input and cut
+     * its results, 121 -> 146 us; 128x28x28 -> 128 1x1 (784) went 159 -> 112 us. */
+    bool padded = p->pad_top || p->pad_left || p->pad_bottom || p->pad_right;
+    return stride1 && !padded && (oh * ow) % RK_NR == 0;
+  }
   in_place_layout l = layout_in_place(p, x->shape[2], x->shape[3]);
   /* Against the packed path's whole panels: 52 x 52 (YOLO) computes 6% more columns and is 10%
    * faster, 13 x 13 18% more and was 4% slower. */
@@ -433,14 +440,17 @@ static int conv_b_in_place(const char *kernel, const conv_args *a, int64_t c_in,
   const conv_params *p = &a->p;
   in_place_layout l = layout_in_place(p, a->x->shape[2], a->x->shape[3]);
   int64_t batch = a->x->shape[0], groups = p->groups, pixels = a->oh * a->ow;
-  const float *image = image_in_place(p, a->x, &l);
-  if (!image) return rk_out_of_memory(kernel);
   int64_t grid = (a->oh - 1) * l.grid_width + a->ow, columns = (grid + RK_NR - 1) / RK_NR * RK_NR;
+  const float *image = image_in_place(p, a->x, &l, columns > grid);
+  if (!image) return rk_out_of_memory(kernel);
+  /* The grid is the output itself (no dropped column, whole panels): C is written in place too,
+   * the whole epilogue in the micro-kernel. */
+  bool direct = columns == pixels;
   int64_t count = batch * groups;
   rk_gemm *problems =
       rk_scratch(RK_SLOT_PROBLEMS, (size_t)count * (sizeof(rk_gemm) + sizeof(in_place_out)) + sizeof(int64_t) * (size_t)k);
-  float *results = rk_scratch(RK_SLOT_OUTPUT, sizeof(float) * (size_t)(count * c_out * columns));
-  if (!problems || !results) return rk_out_of_memory(kernel);
+  float *results = direct ? NULL : rk_scratch(RK_SLOT_OUTPUT, sizeof(float) * (size_t)(count * c_out * columns));
+  if (!problems || (!direct && !results)) return rk_out_of_memory(kernel);
   in_place_out *outs = (in_place_out *)(problems + count);
   int64_t *rows = (int64_t *)(outs + count);
   /* The taps in the packed weights' order of k: (input channel, kernel row, kernel column). */
@@ -457,11 +467,16 @@ static int conv_b_in_place(const char *kernel, const conv_args *a, int64_t c_in,
     gm->a_packed = rk_data(a->w) + g * strips * k * RK_MR;
     gm->b_in_place = image + (n * a->x->shape[1] + g * c_in) * l.channel_floats;
     gm->b_rows = rows;
-    gm->c = results + i * c_out * columns, gm->c_rs = columns, gm->c_cs = 1;
     gm->ep = a->ep;
-    gm->ep.act = RK_ACT_NONE, gm->ep.residual = NULL;
     gm->ep.bias = a->bias ? rk_data(a->bias) + g * c_out : NULL;
     gm->ep.bias_per_row = true;
+    if (direct) {
+      gm->c = outs[i].out, gm->c_rs = pixels, gm->c_cs = 1;
+      gm->ep.residual = outs[i].residual, gm->ep.res_rs = pixels, gm->ep.res_cs = 1;
+      continue;
+    }
+    gm->c = results + i * c_out * columns, gm->c_rs = columns, gm->c_cs = 1;
+    gm->ep.act = RK_ACT_NONE, gm->ep.residual = NULL;
     gm->finish = finish_in_place, gm->finish_ctx = &outs[i];
   }
   return rk_gemm_run(problems, count);
