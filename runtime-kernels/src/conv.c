@@ -279,15 +279,24 @@ static int transpose_task(int task, int num_tasks, void *ctx) {
  * block of the reduction. The last columns of each grid row (past ow) are computed and dropped
  * as each block of C is finished. */
 typedef struct in_place_layout {
-  int64_t hp, wp;         /* the padded image */
+  int64_t hp, wp;         /* the padded image (stride 1: rows of `gap` zeros, then w values) */
+  int64_t gap;            /* stride 1: max(pad_left, pad_right) */
   int64_t hq, wq;         /* stride 2: a phase's extents */
   int64_t grid_width;     /* columns per output row: wp, or wq */
   int64_t channel_floats; /* an input channel's floats: hp * wp, or its four phases */
 } in_place_layout;
 
+/* At stride 1 one run of zeros between rows pads both sides: a row's right padding is the next
+ * row's left (a read past the row's end lands there), so the grid is w + max(pad_left,
+ * pad_right) wide, not w + pad_left + pad_right: YOLO's 26 x 26 layers drop 1 column of 27, not
+ * 2 of 28. */
 static in_place_layout layout_in_place(const conv_params *p, int64_t h, int64_t w) {
-  in_place_layout l = {h + p->pad_top + p->pad_bottom, w + p->pad_left + p->pad_right, 0, 0, 0, 0};
+  in_place_layout l = {h + p->pad_top + p->pad_bottom, w + p->pad_left + p->pad_right, 0, 0, 0, 0, 0};
   l.hq = (l.hp + 1) / 2, l.wq = (l.wp + 1) / 2;
+  if (p->sw == 1) {
+    l.gap = p->pad_left > p->pad_right ? p->pad_left : p->pad_right;
+    l.wp = w + l.gap;
+  }
   l.grid_width = p->sw == 1 ? l.wp : l.wq;
   l.channel_floats = p->sw == 1 ? l.hp * l.wp : 4 * l.hq * l.wq;
   return l;
@@ -354,12 +363,16 @@ static int phase_task(int task, int num_tasks, void *ctx) {
 
 /* x as the in-place path reads it: padded (stride 1) or split into padded phases (stride 2),
  * followed by RK_NR zeros where the grid's last panel `overreads` (its columns past the grid read
- * up to RK_NR - 1 floats past the last image); x itself at stride 1 with neither padding nor
- * overread (a 1x1 layer whose pixels fill whole panels). */
+ * up to RK_NR - 1 floats past the last image), and at stride 1 the last row's right padding; x
+ * itself at stride 1 with neither padding nor overread (a 1x1 layer whose pixels fill whole
+ * panels). */
 static const float *image_in_place(const conv_params *p, const DLTensor *x, const in_place_layout *l, bool overreads) {
   if (p->sw == 1) {
+    /* Each row's zeros before it; the last row's right padding is in the tail. */
+    conv_params shared = *p;
+    shared.pad_left = l->gap, shared.pad_right = 0;
     int64_t hp, wp;
-    return padded_input(p, x, overreads ? RK_NR : 0, &hp, &wp);
+    return padded_input(&shared, x, (overreads ? RK_NR : 0) + l->gap, &hp, &wp);
   }
   int64_t channels = x->shape[0] * x->shape[1], floats = channels * l->channel_floats;
   float *dst = rk_scratch(RK_SLOT_INPUT, sizeof(float) * (size_t)(floats + RK_NR));
@@ -372,7 +385,7 @@ static const float *image_in_place(const conv_params *p, const DLTensor *x, cons
 
 /* Where tap (r, s) of input channel c starts reading, relative to channel 0's image. */
 static int64_t tap_offset(const conv_params *p, const in_place_layout *l, int64_t c, int64_t r, int64_t s) {
-  if (p->sw == 1) return c * l->channel_floats + r * p->dh * l->wp + s * p->dw;
+  if (p->sw == 1) return c * l->channel_floats + r * p->dh * l->wp + s * p->dw + l->gap - p->pad_left;
   return c * l->channel_floats + ((r & 1) * 2 + (s & 1)) * l->hq * l->wq + (r >> 1) * l->wq + (s >> 1);
 }
 

@@ -197,6 +197,7 @@ CONVS = [  # n, c, h, w, oc, kh, kw, stride, pad (t, l, b, r), dilation, groups
     # Stride 1 over wide rows: B read in place from the padded image (AVX2, AVX-512 with 12-row strips)
     (2, 5, 20, 30, 13, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),
     (1, 8, 24, 46, 12, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2), 2),
+    (1, 5, 20, 40, 8, 3, 3, (1, 1), (1, 2, 1, 0), (1, 1), 1),  # one run of zeros pads both sides
     # Stride 2 in place: the image split into its four phases (odd padding, groups, a 5x5 kernel)
     (2, 6, 21, 34, 9, 3, 3, (2, 2), (0, 1, 1, 0), (1, 1), 3),
     (1, 4, 30, 48, 7, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 1),
