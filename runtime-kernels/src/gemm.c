@@ -598,14 +598,12 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
    * split gives every thread the same number of panels (13 panels on 2 threads: 6 and 7, not
    * 8 and 5); one thread takes every panel in one block, so that A is read once. */
   int64_t n_blocks = (panels + RK_NC_PANELS - 1) / RK_NC_PANELS;
-  /* B read in place costs a second thread nothing to gather again, so its rows are split as
-   * soon as they outnumber the columns. */
-  bool rows_split = g0->b_in_place ? g0->m > g0->n : g0->m > 3 * g0->n;
-  if (threads > 1 && count < threads && g0->a_packed && (g0->pack_b || g0->b_in_place) && rows_split) {
-    /* Few pixels against many weights (ResNet's last stage: 49 pixels, 2.4 MB of weights): the
+  if (threads > 1 && count < threads && g0->a_packed && (g0->pack_b || g0->b_in_place) && g0->m > g0->n) {
+    /* Fewer pixels than weight rows (ResNet's last stage: 49 pixels, 2.4 MB of weights): the
      * threads split the rows, so that each reads its share of the weights once, and each gathers
      * all the pixels (splitting the panels instead read the weights once per block from memory:
-     * 0.65x of one thread's time, not 0.5x). */
+     * 0.65x of one thread's time, not 0.5x; 256x14x14 -> 256 1x1 cut its 13 panels into blocks
+     * of one or two, each reading all the weights: 1.62x faster than one thread, not 1.9x). */
     int64_t strips = (g0->m + RK_MR - 1) / RK_MR, m_blocks = threads < strips ? threads : strips;
     job.mc = (strips + m_blocks - 1) / m_blocks * RK_MR;
     job.m_blocks = (g0->m + job.mc - 1) / job.mc;
