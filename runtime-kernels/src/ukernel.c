@@ -163,51 +163,57 @@ RK_AVX2 static inline __attribute__((always_inline)) __m256 avx2_hard(__m256 x, 
   return swish ? _mm256_mul_ps(x, y) : y;
 }
 
-/* One row r of the tile into C: the epilogue of rk_tile_epilogue, in store_tile's order. relu
- * and clip by comparison and blend, as the scalar `x > 0 ? x : 0` and
- * `x < lo ? lo : (x > hi ? hi : x)`: NaN and -0.0 come out as they do there. */
+/* Row r's sums, two 8-lane halves v0 and v1, into C's row cr: the epilogue of rk_tile_epilogue,
+ * in store_tile's order. relu and clip by comparison and blend, as the scalar `x > 0 ? x : 0`
+ * and `x < lo ? lo : (x > hi ? hi : x)`: NaN and -0.0 come out as they do there. */
+#define AVX2_OUT(v0, v1, cr, r)                                                                     \
+  {                                                                                                 \
+    if (!ep->first) {                                                                               \
+      v0 = _mm256_add_ps(_mm256_loadu_ps(cr), v0);                                                  \
+      v1 = _mm256_add_ps(_mm256_loadu_ps(cr + 8), v1);                                              \
+    }                                                                                               \
+    if (ep->last) {                                                                                 \
+      if (ep->alpha != 1.0f) {                                                                      \
+        v0 = _mm256_mul_ps(v0, alpha);                                                              \
+        v1 = _mm256_mul_ps(v1, alpha);                                                              \
+      }                                                                                             \
+      if (ep->bias) {                                                                               \
+        if (ep->bias_per_row) {                                                                     \
+          __m256 b = _mm256_broadcast_ss(ep->bias + r);                                             \
+          v0 = _mm256_add_ps(v0, b);                                                                \
+          v1 = _mm256_add_ps(v1, b);                                                                \
+        } else {                                                                                    \
+          v0 = _mm256_add_ps(v0, _mm256_loadu_ps(ep->bias));                                        \
+          v1 = _mm256_add_ps(v1, _mm256_loadu_ps(ep->bias + 8));                                    \
+        }                                                                                           \
+      }                                                                                             \
+      if (ep->residual) {                                                                           \
+        v0 = _mm256_add_ps(v0, _mm256_loadu_ps(ep->residual + r * ep->res_rs));                     \
+        v1 = _mm256_add_ps(v1, _mm256_loadu_ps(ep->residual + r * ep->res_rs + 8));                 \
+      }                                                                                             \
+      if (ep->act == RK_ACT_RELU) {                                                                 \
+        v0 = _mm256_blendv_ps(zero, v0, _mm256_cmp_ps(v0, zero, _CMP_GT_OQ));                       \
+        v1 = _mm256_blendv_ps(zero, v1, _mm256_cmp_ps(v1, zero, _CMP_GT_OQ));                       \
+      } else if (ep->act == RK_ACT_CLIP) {                                                          \
+        v0 = _mm256_blendv_ps(_mm256_blendv_ps(v0, hi, _mm256_cmp_ps(v0, hi, _CMP_GT_OQ)), lo,      \
+                              _mm256_cmp_ps(v0, lo, _CMP_LT_OQ));                                   \
+        v1 = _mm256_blendv_ps(_mm256_blendv_ps(v1, hi, _mm256_cmp_ps(v1, hi, _CMP_GT_OQ)), lo,      \
+                              _mm256_cmp_ps(v1, lo, _CMP_LT_OQ));                                   \
+      } else if (ep->act == RK_ACT_HARD_SIGMOID || ep->act == RK_ACT_HARD_SWISH) {                  \
+        v0 = avx2_hard(v0, lo, hi, ep->act == RK_ACT_HARD_SWISH);                                   \
+        v1 = avx2_hard(v1, lo, hi, ep->act == RK_ACT_HARD_SWISH);                                   \
+      }                                                                                             \
+    }                                                                                               \
+    _mm256_storeu_ps(cr, v0);                                                                       \
+    _mm256_storeu_ps(cr + 8, v1);                                                                   \
+  }
+
+/* Row r of the tile in registers (c<r>0, c<r>1) into C. */
 #define AVX2_ROW_OUT(r)                                                                          \
   if (mr > r) {                                                                                  \
     float *cr = c + r * c_rs;                                                                    \
     __m256 v0 = c##r##0, v1 = c##r##1;                                                           \
-    if (!ep->first) {                                                                            \
-      v0 = _mm256_add_ps(_mm256_loadu_ps(cr), v0);                                               \
-      v1 = _mm256_add_ps(_mm256_loadu_ps(cr + 8), v1);                                           \
-    }                                                                                            \
-    if (ep->last) {                                                                              \
-      if (ep->alpha != 1.0f) {                                                                   \
-        v0 = _mm256_mul_ps(v0, alpha);                                                           \
-        v1 = _mm256_mul_ps(v1, alpha);                                                           \
-      }                                                                                          \
-      if (ep->bias) {                                                                            \
-        if (ep->bias_per_row) {                                                                  \
-          __m256 b = _mm256_broadcast_ss(ep->bias + r);                                          \
-          v0 = _mm256_add_ps(v0, b);                                                             \
-          v1 = _mm256_add_ps(v1, b);                                                             \
-        } else {                                                                                 \
-          v0 = _mm256_add_ps(v0, _mm256_loadu_ps(ep->bias));                                     \
-          v1 = _mm256_add_ps(v1, _mm256_loadu_ps(ep->bias + 8));                                 \
-        }                                                                                        \
-      }                                                                                          \
-      if (ep->residual) {                                                                        \
-        v0 = _mm256_add_ps(v0, _mm256_loadu_ps(ep->residual + r * ep->res_rs));                  \
-        v1 = _mm256_add_ps(v1, _mm256_loadu_ps(ep->residual + r * ep->res_rs + 8));              \
-      }                                                                                          \
-      if (ep->act == RK_ACT_RELU) {                                                              \
-        v0 = _mm256_blendv_ps(zero, v0, _mm256_cmp_ps(v0, zero, _CMP_GT_OQ));                    \
-        v1 = _mm256_blendv_ps(zero, v1, _mm256_cmp_ps(v1, zero, _CMP_GT_OQ));                    \
-      } else if (ep->act == RK_ACT_CLIP) {                                                       \
-        v0 = _mm256_blendv_ps(_mm256_blendv_ps(v0, hi, _mm256_cmp_ps(v0, hi, _CMP_GT_OQ)), lo,   \
-                              _mm256_cmp_ps(v0, lo, _CMP_LT_OQ));                                \
-        v1 = _mm256_blendv_ps(_mm256_blendv_ps(v1, hi, _mm256_cmp_ps(v1, hi, _CMP_GT_OQ)), lo,   \
-                              _mm256_cmp_ps(v1, lo, _CMP_LT_OQ));                                \
-      } else if (ep->act == RK_ACT_HARD_SIGMOID || ep->act == RK_ACT_HARD_SWISH) {               \
-        v0 = avx2_hard(v0, lo, hi, ep->act == RK_ACT_HARD_SWISH);                                \
-        v1 = avx2_hard(v1, lo, hi, ep->act == RK_ACT_HARD_SWISH);                                \
-      }                                                                                          \
-    }                                                                                            \
-    _mm256_storeu_ps(cr, v0);                                                                    \
-    _mm256_storeu_ps(cr + 8, v1);                                                                \
+    AVX2_OUT(v0, v1, cr, r)                                                                      \
   }
 
 RK_AVX2 static inline __attribute__((always_inline)) void avx2_body_c(int64_t kc, const float *a, const float *b,
@@ -246,32 +252,51 @@ AVX2_UKERNEL_C(avx2_ukernel_c_stream, UKERNEL_PREFETCH_STREAM)
     a += RK_MR;                                                                       \
   }
 
-RK_AVX2 static inline __attribute__((always_inline)) void avx2_body_rows_c(int64_t kc, const float *a, const float *b,
-                                                                           const int64_t *rows, float *c, int64_t c_rs,
-                                                                           const int mr, const rk_tile_epilogue *ep) {
-  AVX2_ACCUMULATE_ROWS
+/* The rows of a tile of sums (row stride RK_NR) into C, the epilogue out of line and shared by
+ * every variant of the in-place kernel: unrolled into each, it made them 12 KB; spilling the sums
+ * costs two stores and loads a row against hundreds of steps of the reduction. */
+RK_AVX2 static __attribute__((noinline)) void avx2_tile_out(const float *tile, int mr, float *c, int64_t c_rs,
+                                                            const rk_tile_epilogue *ep) {
   __m256 zero = _mm256_setzero_ps(), alpha = _mm256_set1_ps(ep->alpha);
   __m256 lo = _mm256_set1_ps(ep->lo), hi = _mm256_set1_ps(ep->hi);
-  AVX2_ROW_OUT(0) AVX2_ROW_OUT(1) AVX2_ROW_OUT(2) AVX2_ROW_OUT(3) AVX2_ROW_OUT(4) AVX2_ROW_OUT(5)
+  for (int r = 0; r < mr; r++) {
+    float *cr = c + r * c_rs;
+    __m256 v0 = _mm256_load_ps(tile + r * RK_NR), v1 = _mm256_load_ps(tile + r * RK_NR + 8);
+    AVX2_OUT(v0, v1, cr, r)
+  }
+}
+
+#define AVX2_SPILL(r)                                    \
+  if (mr > r) {                                          \
+    _mm256_store_ps(tile + r * RK_NR, c##r##0);          \
+    _mm256_store_ps(tile + r * RK_NR + 8, c##r##1);      \
+  }
+
+RK_AVX2 static inline __attribute__((always_inline)) void avx2_body_rows(int64_t kc, const float *a, const float *b,
+                                                                         const int64_t *rows, float *tile,
+                                                                         const int mr) {
+  AVX2_ACCUMULATE_ROWS
+  AVX2_SPILL(0) AVX2_SPILL(1) AVX2_SPILL(2) AVX2_SPILL(3) AVX2_SPILL(4) AVX2_SPILL(5)
 }
 
 RK_AVX2 static void avx2_ukernel_rows_c(int64_t kc, const float *a, const float *b, const int64_t *rows, int panels,
                                         float *c, int64_t c_rs, int mr, const rk_tile_epilogue *ep) {
+  float tile[RK_MR * RK_NR] __attribute__((aligned(32)));
   for (int q = 0; q < panels; q++) {
     /* The second panel's epilogue: its columns of the bias (per column) and of the residual. */
     rk_tile_epilogue t = *ep;
     if (t.bias && !t.bias_per_row) t.bias += q * RK_NR;
     if (t.residual) t.residual += q * RK_NR;
     const float *bq = b + q * RK_NR;
-    float *cq = c + q * RK_NR;
     switch (mr) {
-      case 1: avx2_body_rows_c(kc, a, bq, rows, cq, c_rs, 1, &t); break;
-      case 2: avx2_body_rows_c(kc, a, bq, rows, cq, c_rs, 2, &t); break;
-      case 3: avx2_body_rows_c(kc, a, bq, rows, cq, c_rs, 3, &t); break;
-      case 4: avx2_body_rows_c(kc, a, bq, rows, cq, c_rs, 4, &t); break;
-      case 5: avx2_body_rows_c(kc, a, bq, rows, cq, c_rs, 5, &t); break;
-      default: avx2_body_rows_c(kc, a, bq, rows, cq, c_rs, 6, &t); break;
+      case 1: avx2_body_rows(kc, a, bq, rows, tile, 1); break;
+      case 2: avx2_body_rows(kc, a, bq, rows, tile, 2); break;
+      case 3: avx2_body_rows(kc, a, bq, rows, tile, 3); break;
+      case 4: avx2_body_rows(kc, a, bq, rows, tile, 4); break;
+      case 5: avx2_body_rows(kc, a, bq, rows, tile, 5); break;
+      default: avx2_body_rows(kc, a, bq, rows, tile, 6); break;
     }
+    avx2_tile_out(tile, mr, c + q * RK_NR, c_rs, &t);
   }
 }
 
@@ -477,42 +502,58 @@ RK_AVX512 static void avx512_ukernel2_c(int64_t kc, const float *a, const float 
     c##r##0 = _mm512_fmadd_ps(ar, bv0, c##r##0);                     \
     if ((panels) == 2) c##r##1 = _mm512_fmadd_ps(ar, bv1, c##r##1); \
   }
-#define AVX512_ROWS_OUT(r, panels)                                                     \
-  if (mr > r) {                                                                        \
-    float *cr = c + r * c_rs;                                                          \
-    const float *res = ep->residual ? ep->residual + r * ep->res_rs : NULL;            \
-    __m512 v0 = c##r##0, v1 = c##r##1;                                                 \
-    AVX512_HALF_OUT(v0, cr, 0, r, res)                                                 \
-    if ((panels) == 2) AVX512_HALF_OUT(v1, cr, RK_NR, r, res)                          \
-  }
-
-RK_AVX512 static inline __attribute__((always_inline)) void avx512_body_rows_c(
-    int64_t kc, const float *a, const float *b, const int64_t *rows, const int panels, float *c, int64_t c_rs,
-    const int mr, const rk_tile_epilogue *ep) {
-  AVX512_ACCUMULATE_ROWS(panels)
+/* The in-place kernels' sums, spilled as a tile of up to 12 rows of 32 (row stride 2 * RK_NR),
+ * into C: the epilogue out of line and shared by every variant. Unrolled into each (18 variants
+ * of 6 to 24 registers), it made them 60 KB; spilling costs a store and a load a register
+ * against hundreds of steps of the reduction. */
+RK_AVX512 static __attribute__((noinline)) void avx512_tile_out(const float *tile, int rows_in_tile, int panels,
+                                                                float *c, int64_t c_rs, const rk_tile_epilogue *ep) {
   __m512 zero = _mm512_setzero_ps(), alpha = _mm512_set1_ps(ep->alpha);
   __m512 lo = _mm512_set1_ps(ep->lo), hi = _mm512_set1_ps(ep->hi);
-  AVX512_ROWS_OUT(0, panels) AVX512_ROWS_OUT(1, panels) AVX512_ROWS_OUT(2, panels)
-  AVX512_ROWS_OUT(3, panels) AVX512_ROWS_OUT(4, panels) AVX512_ROWS_OUT(5, panels)
+  for (int r = 0; r < rows_in_tile; r++) {
+    float *cr = c + r * c_rs;
+    const float *res = ep->residual ? ep->residual + r * ep->res_rs : NULL;
+    for (int q = 0; q < panels; q++) {
+      __m512 v = _mm512_load_ps(tile + r * 2 * RK_NR + q * RK_NR);
+      AVX512_HALF_OUT(v, cr, q * RK_NR, r, res)
+    }
+  }
 }
 
-#define AVX512_ROWS_CASES(panels)                                                        \
-  switch (mr) {                                                                          \
-    case 1: avx512_body_rows_c(kc, a, b, rows, panels, c, c_rs, 1, ep); break;           \
-    case 2: avx512_body_rows_c(kc, a, b, rows, panels, c, c_rs, 2, ep); break;           \
-    case 3: avx512_body_rows_c(kc, a, b, rows, panels, c, c_rs, 3, ep); break;           \
-    case 4: avx512_body_rows_c(kc, a, b, rows, panels, c, c_rs, 4, ep); break;           \
-    case 5: avx512_body_rows_c(kc, a, b, rows, panels, c, c_rs, 5, ep); break;           \
-    default: avx512_body_rows_c(kc, a, b, rows, panels, c, c_rs, 6, ep); break;          \
+#define AVX512_ROWS_SPILL(r, panels)                                           \
+  if (mr > r) {                                                                \
+    _mm512_store_ps(tile + r * 2 * RK_NR, c##r##0);                            \
+    if ((panels) == 2) _mm512_store_ps(tile + r * 2 * RK_NR + RK_NR, c##r##1); \
+  }
+
+RK_AVX512 static inline __attribute__((always_inline)) void avx512_body_rows(int64_t kc, const float *a,
+                                                                             const float *b, const int64_t *rows,
+                                                                             const int panels, float *tile,
+                                                                             const int mr) {
+  AVX512_ACCUMULATE_ROWS(panels)
+  AVX512_ROWS_SPILL(0, panels) AVX512_ROWS_SPILL(1, panels) AVX512_ROWS_SPILL(2, panels)
+  AVX512_ROWS_SPILL(3, panels) AVX512_ROWS_SPILL(4, panels) AVX512_ROWS_SPILL(5, panels)
+}
+
+#define AVX512_ROWS_CASES(panels)                                          \
+  switch (mr) {                                                            \
+    case 1: avx512_body_rows(kc, a, b, rows, panels, tile, 1); break;      \
+    case 2: avx512_body_rows(kc, a, b, rows, panels, tile, 2); break;      \
+    case 3: avx512_body_rows(kc, a, b, rows, panels, tile, 3); break;      \
+    case 4: avx512_body_rows(kc, a, b, rows, panels, tile, 4); break;      \
+    case 5: avx512_body_rows(kc, a, b, rows, panels, tile, 5); break;      \
+    default: avx512_body_rows(kc, a, b, rows, panels, tile, 6); break;     \
   }
 
 RK_AVX512 static void avx512_ukernel_rows_c(int64_t kc, const float *a, const float *b, const int64_t *rows,
                                             int panels, float *c, int64_t c_rs, int mr, const rk_tile_epilogue *ep) {
+  float tile[RK_MR * 2 * RK_NR] __attribute__((aligned(64)));
   if (panels == 2) {
     AVX512_ROWS_CASES(2)
   } else {
     AVX512_ROWS_CASES(1)
   }
+  avx512_tile_out(tile, mr, panels, c, c_rs, ep);
 }
 
 /* Two strips (a full one at a0, then mr1 rows at a1: 7 to 12 rows) by two full panels: 24 sums
@@ -526,19 +567,17 @@ RK_AVX512 static void avx512_ukernel_rows_c(int64_t kc, const float *a, const fl
     c##r##_0 = _mm512_fmadd_ps(ar, bv0, c##r##_0);               \
     c##r##_1 = _mm512_fmadd_ps(ar, bv1, c##r##_1);               \
   }
-#define AVX512_WIDE_OUT(r, rows_of_a)                                                  \
-  if ((rows_of_a) > r % RK_MR) {                                                       \
-    float *cr = c + r * c_rs;                                                          \
-    const float *res = ep->residual ? ep->residual + r * ep->res_rs : NULL;            \
-    __m512 v0 = c##r##_0, v1 = c##r##_1;                                               \
-    AVX512_HALF_OUT(v0, cr, 0, r, res)                                                 \
-    AVX512_HALF_OUT(v1, cr, RK_NR, r, res)                                             \
+#define AVX512_WIDE_SPILL(r, rows_of_a)                          \
+  if ((rows_of_a) > r % RK_MR) {                                 \
+    _mm512_store_ps(tile + r * 2 * RK_NR, c##r##_0);             \
+    _mm512_store_ps(tile + r * 2 * RK_NR + RK_NR, c##r##_1);     \
   }
 #define AVX512_WIDE_ZERO(r) __m512 c##r##_0 = _mm512_setzero_ps(), c##r##_1 = c##r##_0;
 
-RK_AVX512 static inline __attribute__((always_inline)) void avx512_body_rows_wide_c(
-    int64_t kc, const float *a0, const float *a1, const int mr1, const float *b, const int64_t *rows, float *c,
-    int64_t c_rs, const rk_tile_epilogue *ep) {
+RK_AVX512 static inline __attribute__((always_inline)) void avx512_body_rows_wide(int64_t kc, const float *a0,
+                                                                                  const float *a1, const int mr1,
+                                                                                  const float *b,
+                                                                                  const int64_t *rows, float *tile) {
   AVX512_WIDE_ZERO(0) AVX512_WIDE_ZERO(1) AVX512_WIDE_ZERO(2) AVX512_WIDE_ZERO(3) AVX512_WIDE_ZERO(4)
   AVX512_WIDE_ZERO(5) AVX512_WIDE_ZERO(6) AVX512_WIDE_ZERO(7) AVX512_WIDE_ZERO(8) AVX512_WIDE_ZERO(9)
   AVX512_WIDE_ZERO(10) AVX512_WIDE_ZERO(11)
@@ -555,24 +594,24 @@ RK_AVX512 static inline __attribute__((always_inline)) void avx512_body_rows_wid
     a0 += RK_MR;
     a1 += RK_MR;
   }
-  __m512 zero = _mm512_setzero_ps(), alpha = _mm512_set1_ps(ep->alpha);
-  __m512 lo = _mm512_set1_ps(ep->lo), hi = _mm512_set1_ps(ep->hi);
-  AVX512_WIDE_OUT(0, RK_MR) AVX512_WIDE_OUT(1, RK_MR) AVX512_WIDE_OUT(2, RK_MR) AVX512_WIDE_OUT(3, RK_MR)
-  AVX512_WIDE_OUT(4, RK_MR) AVX512_WIDE_OUT(5, RK_MR) AVX512_WIDE_OUT(6, mr1) AVX512_WIDE_OUT(7, mr1)
-  AVX512_WIDE_OUT(8, mr1) AVX512_WIDE_OUT(9, mr1) AVX512_WIDE_OUT(10, mr1) AVX512_WIDE_OUT(11, mr1)
+  AVX512_WIDE_SPILL(0, RK_MR) AVX512_WIDE_SPILL(1, RK_MR) AVX512_WIDE_SPILL(2, RK_MR) AVX512_WIDE_SPILL(3, RK_MR)
+  AVX512_WIDE_SPILL(4, RK_MR) AVX512_WIDE_SPILL(5, RK_MR) AVX512_WIDE_SPILL(6, mr1) AVX512_WIDE_SPILL(7, mr1)
+  AVX512_WIDE_SPILL(8, mr1) AVX512_WIDE_SPILL(9, mr1) AVX512_WIDE_SPILL(10, mr1) AVX512_WIDE_SPILL(11, mr1)
 }
 
 RK_AVX512 static void avx512_ukernel_rows_wide_c(int64_t kc, const float *a0, const float *a1, int mr1,
                                                  const float *b, const int64_t *rows, float *c, int64_t c_rs,
                                                  const rk_tile_epilogue *ep) {
+  float tile[2 * RK_MR * 2 * RK_NR] __attribute__((aligned(64)));
   switch (mr1) {
-    case 1: avx512_body_rows_wide_c(kc, a0, a1, 1, b, rows, c, c_rs, ep); break;
-    case 2: avx512_body_rows_wide_c(kc, a0, a1, 2, b, rows, c, c_rs, ep); break;
-    case 3: avx512_body_rows_wide_c(kc, a0, a1, 3, b, rows, c, c_rs, ep); break;
-    case 4: avx512_body_rows_wide_c(kc, a0, a1, 4, b, rows, c, c_rs, ep); break;
-    case 5: avx512_body_rows_wide_c(kc, a0, a1, 5, b, rows, c, c_rs, ep); break;
-    default: avx512_body_rows_wide_c(kc, a0, a1, 6, b, rows, c, c_rs, ep); break;
+    case 1: avx512_body_rows_wide(kc, a0, a1, 1, b, rows, tile); break;
+    case 2: avx512_body_rows_wide(kc, a0, a1, 2, b, rows, tile); break;
+    case 3: avx512_body_rows_wide(kc, a0, a1, 3, b, rows, tile); break;
+    case 4: avx512_body_rows_wide(kc, a0, a1, 4, b, rows, tile); break;
+    case 5: avx512_body_rows_wide(kc, a0, a1, 5, b, rows, tile); break;
+    default: avx512_body_rows_wide(kc, a0, a1, 6, b, rows, tile); break;
   }
+  avx512_tile_out(tile, RK_MR + (mr1 < RK_MR ? mr1 : RK_MR), 2, c, c_rs, ep);
 }
 
 bool rk_use_avx512(void) {
