@@ -361,23 +361,20 @@ static int phase_task(int task, int num_tasks, void *ctx) {
   return 0;
 }
 
-/* x as the in-place path reads it: padded (stride 1) or split into padded phases (stride 2),
- * followed by RK_NR zeros where the grid's last panel `overreads` (its columns past the grid read
- * up to RK_NR - 1 floats past the last image), and at stride 1 the last row's right padding; x
- * itself at stride 1 with neither padding nor overread (a 1x1 layer whose pixels fill whole
- * panels). */
-static const float *image_in_place(const conv_params *p, const DLTensor *x, const in_place_layout *l, bool overreads) {
+/* x as the in-place path reads it: padded (stride 1, followed by the last row's right padding)
+ * or split into padded phases (stride 2); x itself at stride 1 without padding (a 1x1 layer).
+ * Nothing past the grid is read: the last panel's loads are masked. */
+static const float *image_in_place(const conv_params *p, const DLTensor *x, const in_place_layout *l) {
   if (p->sw == 1) {
     /* Each row's zeros before it; the last row's right padding is in the tail. */
     conv_params shared = *p;
     shared.pad_left = l->gap, shared.pad_right = 0;
     int64_t hp, wp;
-    return padded_input(&shared, x, (overreads ? RK_NR : 0) + l->gap, &hp, &wp);
+    return padded_input(&shared, x, l->gap, &hp, &wp);
   }
   int64_t channels = x->shape[0] * x->shape[1], floats = channels * l->channel_floats;
-  float *dst = rk_scratch(RK_SLOT_INPUT, sizeof(float) * (size_t)(floats + RK_NR));
+  float *dst = rk_scratch(RK_SLOT_INPUT, sizeof(float) * (size_t)floats);
   if (!dst) return NULL;
-  memset(dst + floats, 0, sizeof(float) * RK_NR);
   phase_job job = {p, rk_data(x), dst, channels, x->shape[2], x->shape[3], *l};
   rk_parallel(floats < 16384 ? 1 : channels, phase_task, &job);
   return dst;
@@ -435,10 +432,11 @@ static bool takes_b_in_place(const conv_params *p, const DLTensor *x, int64_t oh
   bool stride1 = p->sh == 1 && p->sw == 1, stride2 = p->sh == 2 && p->sw == 2 && p->dh == 1 && p->dw == 1;
   if (!(stride1 || stride2) || !rk_ukernel_rows_c(rk_cpu_isa())) return false;
   if (p->kh * p->kw == 1) {
-    /* Only where nothing is copied: 256x14x14 -> 256 1x1 (196 pixels) copied its input and cut
-     * its results, 121 -> 146 us; 128x28x28 -> 128 1x1 (784) went 159 -> 112 us. */
+    /* Only where nothing is copied (no padding: the input read and the output written as they
+     * are): 128x28x28 -> 128 1x1 went 159 -> 112 us; 256x14x14 -> 256 1x1 through a copy of its
+     * input and cut results, 121 -> 146 us. */
     bool padded = p->pad_top || p->pad_left || p->pad_bottom || p->pad_right;
-    return stride1 && !padded && (oh * ow) % RK_NR == 0;
+    return stride1 && !padded;
   }
   in_place_layout l = layout_in_place(p, x->shape[2], x->shape[3]);
   /* Against the packed path's whole panels: 52 x 52 (YOLO) computes 6% more columns and is 10%
@@ -453,11 +451,12 @@ static int conv_b_in_place(const char *kernel, const conv_args *a, int64_t c_in,
   const conv_params *p = &a->p;
   in_place_layout l = layout_in_place(p, a->x->shape[2], a->x->shape[3]);
   int64_t batch = a->x->shape[0], groups = p->groups, pixels = a->oh * a->ow;
-  int64_t grid = (a->oh - 1) * l.grid_width + a->ow, columns = (grid + RK_NR - 1) / RK_NR * RK_NR;
-  const float *image = image_in_place(p, a->x, &l, columns > grid);
+  /* The last panel's loads and stores are masked to the grid: nothing is read past it. */
+  int64_t grid = (a->oh - 1) * l.grid_width + a->ow, columns = grid;
+  const float *image = image_in_place(p, a->x, &l);
   if (!image) return rk_out_of_memory(kernel);
-  /* The grid is the output itself (no dropped column, whole panels): C is written in place too,
-   * the whole epilogue in the micro-kernel. */
+  /* The grid is the output itself (no dropped column: a 1x1 layer, or one output row): C is
+   * written in place too, the whole epilogue in the micro-kernel. */
   bool direct = columns == pixels;
   int64_t count = batch * groups;
   rk_gemm *problems =

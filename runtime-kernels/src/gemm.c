@@ -295,8 +295,9 @@ static inline __attribute__((always_inline)) void run_in_place(const gemm_job *j
                                                               int64_t k0, int64_t kc, bool first, bool last) {
   const rk_epilogue *ep = &g->ep;
   for (int64_t p = p_begin; p < p_end;) {
-    int panels = p + 1 < p_end ? 2 : 1;
-    int64_t j0 = p * RK_NR;
+    /* Two panels where both are full; a last panel short of RK_NR columns alone, masked. */
+    int64_t j0 = p * RK_NR, nr = g->n - j0 < RK_NR ? g->n - j0 : RK_NR;
+    int panels = p + 1 < p_end && g->n - j0 >= 2 * RK_NR ? 2 : 1;
     for (int64_t i0 = m_begin; i0 < m_end;) {
       int64_t mr = m_end - i0 < RK_MR ? m_end - i0 : RK_MR;
       bool wide = panels == 2 && job->ukernel_rows_wide && m_end - i0 > RK_MR;
@@ -309,9 +310,10 @@ static inline __attribute__((always_inline)) void run_in_place(const gemm_job *j
         job->ukernel_rows_wide(kc, strip, strip + g->k * RK_MR, (int)mr1, g->b_in_place + j0, g->b_rows + k0, c,
                                g->c_rs, &t);
       } else {
-        job->ukernel_rows(kc, strip, g->b_in_place + j0, g->b_rows + k0, panels, c, g->c_rs, (int)mr, &t);
+        job->ukernel_rows(kc, strip, g->b_in_place + j0, g->b_rows + k0, panels, (int)nr, c, g->c_rs, (int)mr, &t);
       }
-      if (last && !rk_kernel_activates(ep->act)) rk_activate_rows(c, g->c_rs, mr, panels * RK_NR, ep->act, ep->lo, ep->hi);
+      if (last && !rk_kernel_activates(ep->act))
+        rk_activate_rows(c, g->c_rs, mr, panels == 2 ? 2 * RK_NR : nr, ep->act, ep->lo, ep->hi);
       i0 += mr;
     }
     p += panels;

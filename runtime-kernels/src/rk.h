@@ -175,9 +175,9 @@ typedef struct rk_gemm {
   rk_pack_b_fn pack_b;
   const void *b_source; /* what pack_b reads */
   rk_matrix b;
-  /* Or B read in place, never packed: element (k, j) at b_in_place[b_rows[k] + j] (a stride-1
-   * convolution's padded image, one offset per tap). n must then be a multiple of RK_NR, and
-   * C's columns contiguous. */
+  /* Or B read in place, never packed: element (k, j) at b_in_place[b_rows[k] + j] (a
+   * convolution's padded image, one offset per tap), read only for j < n (the last panel's loads
+   * are masked); C's columns contiguous. */
   const float *b_in_place;
   const int64_t *b_rows;
   float *c;
@@ -244,11 +244,12 @@ typedef void (*rk_ukernel2_c_fn)(int64_t kc, const float *a, const float *b, int
 RVM_HIDDEN rk_ukernel2_fn rk_ukernel2(rk_isa isa);
 RVM_HIDDEN rk_ukernel2_c_fn rk_ukernel2_c(rk_isa isa);
 
-/* The C-writing kernel over `panels` (1 or 2) full panels of a B read in place: step k's
- * columns are the floats at b + rows[k]. The same sums as the packed kernels, bit for bit. NULL
- * where the instruction set has none (then B is packed). */
+/* The C-writing kernel over `panels` (1 or 2) panels of a B read in place: step k's columns are
+ * the floats at b + rows[k]; of a single panel only the first nr are read and written (masked).
+ * The same sums as the packed kernels, bit for bit. NULL where the instruction set has none
+ * (then B is packed). */
 typedef void (*rk_ukernel_rows_c_fn)(int64_t kc, const float *a, const float *b, const int64_t *rows, int panels,
-                                     float *c, int64_t c_rs, int mr, const rk_tile_epilogue *ep);
+                                     int nr, float *c, int64_t c_rs, int mr, const rk_tile_epilogue *ep);
 RVM_HIDDEN rk_ukernel_rows_c_fn rk_ukernel_rows_c(rk_isa isa);
 /* The same over two strips of A (a0's full strip, then mr1 rows of a1's: 7 to 12 rows) and two
  * full panels; NULL where none. */

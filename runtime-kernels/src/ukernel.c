@@ -247,7 +247,8 @@ AVX2_UKERNEL_C(avx2_ukernel_c_stream, UKERNEL_PREFETCH_STREAM)
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;             \
   for (int64_t k = 0; k < kc; k++) {                                                  \
     const float *row = b + rows[k];                                                   \
-    __m256 b0 = _mm256_loadu_ps(row), b1 = _mm256_loadu_ps(row + 8);                  \
+    __m256 b0 = masked ? _mm256_maskload_ps(row, mask0) : _mm256_loadu_ps(row);       \
+    __m256 b1 = masked ? _mm256_maskload_ps(row + 8, mask1) : _mm256_loadu_ps(row + 8); \
     AVX2_ROW(0) AVX2_ROW(1) AVX2_ROW(2) AVX2_ROW(3) AVX2_ROW(4) AVX2_ROW(5)           \
     a += RK_MR;                                                                       \
   }
@@ -255,10 +256,29 @@ AVX2_UKERNEL_C(avx2_ukernel_c_stream, UKERNEL_PREFETCH_STREAM)
 /* The rows of a tile of sums (row stride RK_NR) into C, the epilogue out of line and shared by
  * every variant of the in-place kernel: unrolled into each, it made them 12 KB; spilling the sums
  * costs two stores and loads a row against hundreds of steps of the reduction. */
-RK_AVX2 static __attribute__((noinline)) void avx2_tile_out(const float *tile, int mr, float *c, int64_t c_rs,
+RK_AVX2 static __attribute__((noinline)) void avx2_tile_out(const float *tile, int mr, int nr, float *c, int64_t c_rs,
                                                             const rk_tile_epilogue *ep) {
   __m256 zero = _mm256_setzero_ps(), alpha = _mm256_set1_ps(ep->alpha);
   __m256 lo = _mm256_set1_ps(ep->lo), hi = _mm256_set1_ps(ep->hi);
+  if (nr < RK_NR) {
+    /* A short panel through a full row of copies: nothing read or written past nr. */
+    rk_tile_epilogue t = *ep;
+    float bias[RK_NR] = {0}, residual[RK_NR] = {0};
+    if (t.bias && !t.bias_per_row) memcpy(bias, t.bias, sizeof(float) * (size_t)nr), t.bias = bias;
+    for (int r = 0; r < mr; r++) {
+      float row[RK_NR] = {0};
+      memcpy(row, c + r * c_rs, sizeof(float) * (size_t)nr);
+      if (ep->residual) memcpy(residual, ep->residual + r * ep->res_rs, sizeof(float) * (size_t)nr);
+      t.residual = ep->residual ? residual : NULL, t.res_rs = 0;
+      const rk_tile_epilogue *saved = ep;
+      ep = &t;
+      __m256 v0 = _mm256_load_ps(tile + r * RK_NR), v1 = _mm256_load_ps(tile + r * RK_NR + 8);
+      AVX2_OUT(v0, v1, row, r)
+      ep = saved;
+      memcpy(c + r * c_rs, row, sizeof(float) * (size_t)nr);
+    }
+    return;
+  }
   for (int r = 0; r < mr; r++) {
     float *cr = c + r * c_rs;
     __m256 v0 = _mm256_load_ps(tile + r * RK_NR), v1 = _mm256_load_ps(tile + r * RK_NR + 8);
@@ -274,29 +294,41 @@ RK_AVX2 static __attribute__((noinline)) void avx2_tile_out(const float *tile, i
 
 RK_AVX2 static inline __attribute__((always_inline)) void avx2_body_rows(int64_t kc, const float *a, const float *b,
                                                                          const int64_t *rows, float *tile,
-                                                                         const int mr) {
+                                                                         const int mr, const bool masked, __m256i mask0,
+                                                                         __m256i mask1) {
   AVX2_ACCUMULATE_ROWS
   AVX2_SPILL(0) AVX2_SPILL(1) AVX2_SPILL(2) AVX2_SPILL(3) AVX2_SPILL(4) AVX2_SPILL(5)
 }
 
+#define AVX2_ROWS_CASES(masked)                                                               \
+  switch (mr) {                                                                               \
+    case 1: avx2_body_rows(kc, a, bq, rows, tile, 1, masked, mask0, mask1); break;            \
+    case 2: avx2_body_rows(kc, a, bq, rows, tile, 2, masked, mask0, mask1); break;            \
+    case 3: avx2_body_rows(kc, a, bq, rows, tile, 3, masked, mask0, mask1); break;            \
+    case 4: avx2_body_rows(kc, a, bq, rows, tile, 4, masked, mask0, mask1); break;            \
+    case 5: avx2_body_rows(kc, a, bq, rows, tile, 5, masked, mask0, mask1); break;            \
+    default: avx2_body_rows(kc, a, bq, rows, tile, 6, masked, mask0, mask1); break;           \
+  }
+
 RK_AVX2 static void avx2_ukernel_rows_c(int64_t kc, const float *a, const float *b, const int64_t *rows, int panels,
-                                        float *c, int64_t c_rs, int mr, const rk_tile_epilogue *ep) {
+                                        int nr, float *c, int64_t c_rs, int mr, const rk_tile_epilogue *ep) {
   float tile[RK_MR * RK_NR] __attribute__((aligned(32)));
+  /* Lanes past nr of a short panel: masked loads read nothing there (and cannot fault). */
+  __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256i mask0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr), lane);
+  __m256i mask1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(nr - 8), lane);
   for (int q = 0; q < panels; q++) {
     /* The second panel's epilogue: its columns of the bias (per column) and of the residual. */
     rk_tile_epilogue t = *ep;
     if (t.bias && !t.bias_per_row) t.bias += q * RK_NR;
     if (t.residual) t.residual += q * RK_NR;
     const float *bq = b + q * RK_NR;
-    switch (mr) {
-      case 1: avx2_body_rows(kc, a, bq, rows, tile, 1); break;
-      case 2: avx2_body_rows(kc, a, bq, rows, tile, 2); break;
-      case 3: avx2_body_rows(kc, a, bq, rows, tile, 3); break;
-      case 4: avx2_body_rows(kc, a, bq, rows, tile, 4); break;
-      case 5: avx2_body_rows(kc, a, bq, rows, tile, 5); break;
-      default: avx2_body_rows(kc, a, bq, rows, tile, 6); break;
+    if (panels == 1 && nr < RK_NR) {
+      AVX2_ROWS_CASES(true)
+    } else {
+      AVX2_ROWS_CASES(false)
     }
-    avx2_tile_out(tile, mr, c + q * RK_NR, c_rs, &t);
+    avx2_tile_out(tile, mr, panels == 1 ? nr : RK_NR, c + q * RK_NR, c_rs, &t);
   }
 }
 
@@ -491,7 +523,8 @@ RK_AVX512 static void avx512_ukernel2_c(int64_t kc, const float *a, const float 
   __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;                         \
   for (int64_t k = 0; k < kc; k++) {                                                               \
     const float *row = b + rows[k];                                                                \
-    __m512 bv0 = _mm512_loadu_ps(row), bv1 = (panels) == 2 ? _mm512_loadu_ps(row + RK_NR) : bv0;  \
+    __m512 bv0 = (panels) == 2 ? _mm512_loadu_ps(row) : _mm512_maskz_loadu_ps(mask, row);          \
+    __m512 bv1 = (panels) == 2 ? _mm512_loadu_ps(row + RK_NR) : bv0;                               \
     AVX512_ROW_ROWS(0, panels) AVX512_ROW_ROWS(1, panels) AVX512_ROW_ROWS(2, panels)               \
     AVX512_ROW_ROWS(3, panels) AVX512_ROW_ROWS(4, panels) AVX512_ROW_ROWS(5, panels)               \
     a += RK_MR;                                                                                    \
@@ -507,9 +540,29 @@ RK_AVX512 static void avx512_ukernel2_c(int64_t kc, const float *a, const float 
  * of 6 to 24 registers), it made them 60 KB; spilling costs a store and a load a register
  * against hundreds of steps of the reduction. */
 RK_AVX512 static __attribute__((noinline)) void avx512_tile_out(const float *tile, int rows_in_tile, int panels,
-                                                                float *c, int64_t c_rs, const rk_tile_epilogue *ep) {
+                                                                int nr, float *c, int64_t c_rs,
+                                                                const rk_tile_epilogue *ep) {
   __m512 zero = _mm512_setzero_ps(), alpha = _mm512_set1_ps(ep->alpha);
   __m512 lo = _mm512_set1_ps(ep->lo), hi = _mm512_set1_ps(ep->hi);
+  if (nr < RK_NR) {
+    /* A short (single) panel through a full row of copies: nothing read or written past nr. */
+    rk_tile_epilogue t = *ep;
+    float bias[RK_NR] = {0}, residual[RK_NR] = {0};
+    if (t.bias && !t.bias_per_row) memcpy(bias, t.bias, sizeof(float) * (size_t)nr), t.bias = bias;
+    for (int r = 0; r < rows_in_tile; r++) {
+      float row[RK_NR] = {0};
+      memcpy(row, c + r * c_rs, sizeof(float) * (size_t)nr);
+      if (ep->residual) memcpy(residual, ep->residual + r * ep->res_rs, sizeof(float) * (size_t)nr);
+      const float *res = ep->residual ? residual : NULL;
+      const rk_tile_epilogue *saved = ep;
+      ep = &t;
+      __m512 v = _mm512_load_ps(tile + r * 2 * RK_NR);
+      AVX512_HALF_OUT(v, row, 0, r, res)
+      ep = saved;
+      memcpy(c + r * c_rs, row, sizeof(float) * (size_t)nr);
+    }
+    return;
+  }
   for (int r = 0; r < rows_in_tile; r++) {
     float *cr = c + r * c_rs;
     const float *res = ep->residual ? ep->residual + r * ep->res_rs : NULL;
@@ -528,32 +581,35 @@ RK_AVX512 static __attribute__((noinline)) void avx512_tile_out(const float *til
 
 RK_AVX512 static inline __attribute__((always_inline)) void avx512_body_rows(int64_t kc, const float *a,
                                                                              const float *b, const int64_t *rows,
-                                                                             const int panels, float *tile,
-                                                                             const int mr) {
+                                                                             const int panels, __mmask16 mask,
+                                                                             float *tile, const int mr) {
   AVX512_ACCUMULATE_ROWS(panels)
   AVX512_ROWS_SPILL(0, panels) AVX512_ROWS_SPILL(1, panels) AVX512_ROWS_SPILL(2, panels)
   AVX512_ROWS_SPILL(3, panels) AVX512_ROWS_SPILL(4, panels) AVX512_ROWS_SPILL(5, panels)
 }
 
-#define AVX512_ROWS_CASES(panels)                                          \
-  switch (mr) {                                                            \
-    case 1: avx512_body_rows(kc, a, b, rows, panels, tile, 1); break;      \
-    case 2: avx512_body_rows(kc, a, b, rows, panels, tile, 2); break;      \
-    case 3: avx512_body_rows(kc, a, b, rows, panels, tile, 3); break;      \
-    case 4: avx512_body_rows(kc, a, b, rows, panels, tile, 4); break;      \
-    case 5: avx512_body_rows(kc, a, b, rows, panels, tile, 5); break;      \
-    default: avx512_body_rows(kc, a, b, rows, panels, tile, 6); break;     \
+#define AVX512_ROWS_CASES(panels)                                                \
+  switch (mr) {                                                                  \
+    case 1: avx512_body_rows(kc, a, b, rows, panels, mask, tile, 1); break;      \
+    case 2: avx512_body_rows(kc, a, b, rows, panels, mask, tile, 2); break;      \
+    case 3: avx512_body_rows(kc, a, b, rows, panels, mask, tile, 3); break;      \
+    case 4: avx512_body_rows(kc, a, b, rows, panels, mask, tile, 4); break;      \
+    case 5: avx512_body_rows(kc, a, b, rows, panels, mask, tile, 5); break;      \
+    default: avx512_body_rows(kc, a, b, rows, panels, mask, tile, 6); break;     \
   }
 
 RK_AVX512 static void avx512_ukernel_rows_c(int64_t kc, const float *a, const float *b, const int64_t *rows,
-                                            int panels, float *c, int64_t c_rs, int mr, const rk_tile_epilogue *ep) {
+                                            int panels, int nr, float *c, int64_t c_rs, int mr,
+                                            const rk_tile_epilogue *ep) {
   float tile[RK_MR * 2 * RK_NR] __attribute__((aligned(64)));
+  /* A single panel's loads are masked to its first nr columns (masked-off lanes cannot fault). */
+  __mmask16 mask = (__mmask16)((1u << nr) - 1);
   if (panels == 2) {
     AVX512_ROWS_CASES(2)
   } else {
     AVX512_ROWS_CASES(1)
   }
-  avx512_tile_out(tile, mr, panels, c, c_rs, ep);
+  avx512_tile_out(tile, mr, panels, panels == 1 ? nr : RK_NR, c, c_rs, ep);
 }
 
 /* Two strips (a full one at a0, then mr1 rows at a1: 7 to 12 rows) by two full panels: 24 sums
@@ -611,7 +667,7 @@ RK_AVX512 static void avx512_ukernel_rows_wide_c(int64_t kc, const float *a0, co
     case 5: avx512_body_rows_wide(kc, a0, a1, 5, b, rows, tile); break;
     default: avx512_body_rows_wide(kc, a0, a1, 6, b, rows, tile); break;
   }
-  avx512_tile_out(tile, RK_MR + (mr1 < RK_MR ? mr1 : RK_MR), 2, c, c_rs, ep);
+  avx512_tile_out(tile, RK_MR + (mr1 < RK_MR ? mr1 : RK_MR), 2, RK_NR, c, c_rs, ep);
 }
 
 bool rk_use_avx512(void) {

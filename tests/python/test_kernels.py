@@ -201,8 +201,10 @@ CONVS = [  # n, c, h, w, oc, kh, kw, stride, pad (t, l, b, r), dilation, groups
     # Stride 2 in place: the image split into its four phases (odd padding, groups, a 5x5 kernel)
     (2, 6, 21, 34, 9, 3, 3, (2, 2), (0, 1, 1, 0), (1, 1), 3),
     (1, 4, 30, 48, 7, 5, 5, (2, 2), (2, 2, 2, 2), (1, 1), 1),
-    # 1x1 in place: pixels in whole panels (the input read and the output written as they are)
+    # 1x1 in place: the input read and the output written as they are, in whole panels and with
+    # a short last panel (masked loads and stores)
     (2, 20, 8, 12, 14, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
+    (2, 20, 7, 9, 14, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),
 ]
 
 
