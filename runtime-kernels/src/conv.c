@@ -390,7 +390,6 @@ typedef struct in_place_out {
   float *out;            /* the problem's output planes [c_out][pixels] */
   const float *residual; /* laid out as out, or NULL */
   int64_t grid_width, ow, pixels;
-  int64_t grid; /* columns up to the last pixel's: (oh - 1) * grid_width + ow */
   rk_act act;
   float lo, hi;
 } in_place_out;
@@ -401,7 +400,6 @@ typedef struct in_place_out {
 static void finish_in_place(const rk_gemm *g, int64_t m0, int64_t m1, int64_t j0, int64_t j1) {
   const in_place_out *o = g->finish_ctx;
   int64_t gw = o->grid_width;
-  if (j1 > o->grid) j1 = o->grid; /* the columns rounded up to a whole panel are past the image */
   for (int64_t r = m0; r < m1; r++) {
     const float *src = g->c + r * g->c_rs;
     float *dst = o->out + r * o->pixels;
@@ -426,8 +424,8 @@ static void finish_in_place(const rk_gemm *g, int64_t m0, int64_t m1, int64_t j0
 
 /* Whether a layer takes the in-place path: stride 1, or 2 without dilation; a CPU with the
  * kernel (AVX2: 32x56x56 -> 32 3x3 went from 579 to 519 us on Zen 5 with AVX-512 turned off);
- * and few dropped columns. A 1x1 layer reads its input and writes its output as they are, with
- * the 12-row kernel, where its pixels fill whole panels. */
+ * and few dropped columns. A 1x1 layer without padding reads its input and writes its output as
+ * they are. */
 static bool takes_b_in_place(const conv_params *p, const DLTensor *x, int64_t oh, int64_t ow) {
   bool stride1 = p->sh == 1 && p->sw == 1, stride2 = p->sh == 2 && p->sw == 2 && p->dh == 1 && p->dw == 1;
   if (!(stride1 || stride2) || !rk_ukernel_rows_c(rk_cpu_isa())) return false;
@@ -451,17 +449,18 @@ static int conv_b_in_place(const char *kernel, const conv_args *a, int64_t c_in,
   const conv_params *p = &a->p;
   in_place_layout l = layout_in_place(p, a->x->shape[2], a->x->shape[3]);
   int64_t batch = a->x->shape[0], groups = p->groups, pixels = a->oh * a->ow;
-  /* The last panel's loads and stores are masked to the grid: nothing is read past it. */
-  int64_t grid = (a->oh - 1) * l.grid_width + a->ow, columns = grid;
+  /* The GEMM's columns run up to the last pixel's (the last panel's loads and stores are masked
+   * there, so nothing past it is read). */
+  int64_t grid = (a->oh - 1) * l.grid_width + a->ow;
   const float *image = image_in_place(p, a->x, &l);
   if (!image) return rk_out_of_memory(kernel);
   /* The grid is the output itself (no dropped column: a 1x1 layer, or one output row): C is
    * written in place too, the whole epilogue in the micro-kernel. */
-  bool direct = columns == pixels;
+  bool direct = grid == pixels;
   int64_t count = batch * groups;
   rk_gemm *problems =
       rk_scratch(RK_SLOT_PROBLEMS, (size_t)count * (sizeof(rk_gemm) + sizeof(in_place_out)) + sizeof(int64_t) * (size_t)k);
-  float *results = direct ? NULL : rk_scratch(RK_SLOT_OUTPUT, sizeof(float) * (size_t)(count * c_out * columns));
+  float *results = direct ? NULL : rk_scratch(RK_SLOT_OUTPUT, sizeof(float) * (size_t)(count * c_out * grid));
   if (!problems || (!direct && !results)) return rk_out_of_memory(kernel);
   in_place_out *outs = (in_place_out *)(problems + count);
   int64_t *rows = (int64_t *)(outs + count);
@@ -472,10 +471,10 @@ static int conv_b_in_place(const char *kernel, const conv_args *a, int64_t c_in,
   for (int64_t i = 0; i < count; i++) {
     int64_t n = i / groups, g = i % groups, out_offset = (n * a->out->shape[1] + g * c_out) * pixels;
     outs[i] = (in_place_out){rk_data(a->out) + out_offset, a->residual ? rk_data(a->residual) + out_offset : NULL,
-                             l.grid_width, a->ow, pixels, grid, a->ep.act, a->ep.lo, a->ep.hi};
+                             l.grid_width, a->ow, pixels, a->ep.act, a->ep.lo, a->ep.hi};
     rk_gemm *gm = &problems[i];
     *gm = (rk_gemm){0};
-    gm->m = c_out, gm->n = columns, gm->k = k;
+    gm->m = c_out, gm->n = grid, gm->k = k;
     gm->a_packed = rk_data(a->w) + g * strips * k * RK_MR;
     gm->b_in_place = image + (n * a->x->shape[1] + g * c_in) * l.channel_floats;
     gm->b_rows = rows;
@@ -487,7 +486,7 @@ static int conv_b_in_place(const char *kernel, const conv_args *a, int64_t c_in,
       gm->ep.residual = outs[i].residual, gm->ep.res_rs = pixels, gm->ep.res_cs = 1;
       continue;
     }
-    gm->c = results + i * c_out * columns, gm->c_rs = columns, gm->c_cs = 1;
+    gm->c = results + i * c_out * grid, gm->c_rs = grid, gm->c_cs = 1;
     gm->ep.act = RK_ACT_NONE, gm->ep.residual = NULL;
     gm->finish = finish_in_place, gm->finish_ctx = &outs[i];
   }

@@ -289,7 +289,7 @@ static inline __attribute__((always_inline)) void compute_tile2(const gemm_job *
 }
 
 /* Panels [p_begin, p_end) of a B read in place against the strips of rows [m_begin, m_end), for
- * reduction steps [k0, k0 + kc): two panels a call where two remain (n is whole panels). */
+ * reduction steps [k0, k0 + kc): two panels a call where both are full. */
 static inline __attribute__((always_inline)) void run_in_place(const gemm_job *job, const rk_gemm *g, int64_t m_begin,
                                                               int64_t m_end, int64_t p_begin, int64_t p_end,
                                                               int64_t k0, int64_t kc, bool first, bool last) {
@@ -479,6 +479,9 @@ static int gemm_task(int task, int num_tasks, void *ctx) {
   return 0;
 }
 
+/* Whether rk_gemm_run packs this product's B itself, once (a strided matrix). */
+static inline bool b_packed_once(const rk_gemm *g) { return !g->b_packed && !g->pack_b && !g->b_in_place; }
+
 typedef struct pack_b_job {
   const rk_gemm *problems;
   int64_t count;
@@ -494,7 +497,7 @@ static int pack_b_task(int task, int num_tasks, void *ctx) {
   for (int64_t u = begin; u < end; u++) {
     int64_t p = u / j->panels, panel = u % j->panels;
     const rk_gemm *g = &j->problems[p];
-    if (g->b_packed || g->pack_b || g->b_in_place) continue;
+    if (!b_packed_once(g)) continue;
     rk_pack_b(&g->b, g->k, g->n, panel * RK_NR, 1, (float *)j->b_packed[p] + panel * g->k * RK_NR);
   }
   return 0;
@@ -543,16 +546,14 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
   if (!b_packed) return rk_out_of_memory("gemm");
   size_t pack_floats = (size_t)(panels * g0->k * RK_NR);
   int64_t to_pack = 0;
-  for (int64_t p = 0; p < count; p++) to_pack += problems[p].b_packed || problems[p].pack_b || problems[p].b_in_place ? 0 : 1;
+  for (int64_t p = 0; p < count; p++) to_pack += b_packed_once(&problems[p]) ? 1 : 0;
   float *packs = NULL;
   if (to_pack) {
     packs = rk_scratch(RK_SLOT_B_PACK, sizeof(float) * pack_floats * (size_t)to_pack);
     if (!packs) return rk_out_of_memory("gemm");
   }
   for (int64_t p = 0, i = 0; p < count; p++)
-    b_packed[p] = problems[p].b_packed || problems[p].pack_b || problems[p].b_in_place
-                      ? problems[p].b_packed
-                      : packs + pack_floats * (size_t)i++;
+    b_packed[p] = b_packed_once(&problems[p]) ? packs + pack_floats * (size_t)i++ : problems[p].b_packed;
   if (to_pack) {
     /* In parallel over panels: a transposed convolution's B is its whole input (PP-OCR's
      * detector: 96 x 160 x 160 floats), which one thread packing alone held two to 1.27x. */

@@ -240,6 +240,28 @@ RK_AVX2 static inline __attribute__((always_inline)) void avx2_body_c(int64_t kc
 AVX2_UKERNEL_C(avx2_ukernel_c, UKERNEL_PREFETCH)
 AVX2_UKERNEL_C(avx2_ukernel_c_stream, UKERNEL_PREFETCH_STREAM)
 
+/* Row r of a tile whose panel has only nr < RK_NR columns in C, as a full one-row tile: C's nr
+ * values (and the residual's, and a per-column bias's) copied into 16-wide rows, zeros past nr,
+ * so the full-width epilogue runs on them and nothing past nr of C is read or written; the
+ * caller copies `row`'s first nr values back. cols[0] holds the bias, cols[1] the residual. */
+static inline rk_tile_epilogue short_row(const rk_tile_epilogue *ep, int r, int nr, const float *c_row, float *row,
+                                         float cols[2][RK_NR]) {
+  rk_tile_epilogue t = *ep;
+  size_t bytes = sizeof(float) * (size_t)nr;
+  memset(row, 0, sizeof(float) * RK_NR);
+  memcpy(row, c_row, bytes);
+  if (ep->bias && ep->bias_per_row) t.bias = ep->bias + r;
+  if (ep->bias && !ep->bias_per_row) {
+    memset(cols[0], 0, sizeof cols[0]);
+    t.bias = memcpy(cols[0], ep->bias, bytes);
+  }
+  if (ep->residual) {
+    memset(cols[1], 0, sizeof cols[1]);
+    t.residual = memcpy(cols[1], ep->residual + r * ep->res_rs, bytes);
+  }
+  return t;
+}
+
 /* B read in place (see the AVX-512 kernels below): step k's columns start at b + rows[k]. One
  * panel at a time, as 16 registers hold no more sums. */
 #define AVX2_ACCUMULATE_ROWS                                                                     \
@@ -261,20 +283,11 @@ RK_AVX2 static __attribute__((noinline)) void avx2_tile_out(const float *tile, i
   __m256 zero = _mm256_setzero_ps(), alpha = _mm256_set1_ps(ep->alpha);
   __m256 lo = _mm256_set1_ps(ep->lo), hi = _mm256_set1_ps(ep->hi);
   if (nr < RK_NR) {
-    /* A short panel through a full row of copies: nothing read or written past nr. */
-    rk_tile_epilogue t = *ep;
-    float bias[RK_NR] = {0}, residual[RK_NR] = {0};
-    if (t.bias && !t.bias_per_row) memcpy(bias, t.bias, sizeof(float) * (size_t)nr), t.bias = bias;
+    /* A short panel: see short_row. */
     for (int r = 0; r < mr; r++) {
-      float row[RK_NR] = {0};
-      memcpy(row, c + r * c_rs, sizeof(float) * (size_t)nr);
-      if (ep->residual) memcpy(residual, ep->residual + r * ep->res_rs, sizeof(float) * (size_t)nr);
-      t.residual = ep->residual ? residual : NULL, t.res_rs = 0;
-      const rk_tile_epilogue *saved = ep;
-      ep = &t;
-      __m256 v0 = _mm256_load_ps(tile + r * RK_NR), v1 = _mm256_load_ps(tile + r * RK_NR + 8);
-      AVX2_OUT(v0, v1, row, r)
-      ep = saved;
+      float row[RK_NR] __attribute__((aligned(32))), cols[2][RK_NR];
+      rk_tile_epilogue t = short_row(ep, r, nr, c + r * c_rs, row, cols);
+      avx2_tile_out(tile + r * RK_NR, 1, RK_NR, row, 0, &t);
       memcpy(c + r * c_rs, row, sizeof(float) * (size_t)nr);
     }
     return;
@@ -545,20 +558,11 @@ RK_AVX512 static __attribute__((noinline)) void avx512_tile_out(const float *til
   __m512 zero = _mm512_setzero_ps(), alpha = _mm512_set1_ps(ep->alpha);
   __m512 lo = _mm512_set1_ps(ep->lo), hi = _mm512_set1_ps(ep->hi);
   if (nr < RK_NR) {
-    /* A short (single) panel through a full row of copies: nothing read or written past nr. */
-    rk_tile_epilogue t = *ep;
-    float bias[RK_NR] = {0}, residual[RK_NR] = {0};
-    if (t.bias && !t.bias_per_row) memcpy(bias, t.bias, sizeof(float) * (size_t)nr), t.bias = bias;
+    /* A short (single) panel: see short_row. */
     for (int r = 0; r < rows_in_tile; r++) {
-      float row[RK_NR] = {0};
-      memcpy(row, c + r * c_rs, sizeof(float) * (size_t)nr);
-      if (ep->residual) memcpy(residual, ep->residual + r * ep->res_rs, sizeof(float) * (size_t)nr);
-      const float *res = ep->residual ? residual : NULL;
-      const rk_tile_epilogue *saved = ep;
-      ep = &t;
-      __m512 v = _mm512_load_ps(tile + r * 2 * RK_NR);
-      AVX512_HALF_OUT(v, row, 0, r, res)
-      ep = saved;
+      float row[RK_NR] __attribute__((aligned(64))), cols[2][RK_NR];
+      rk_tile_epilogue t = short_row(ep, r, nr, c + r * c_rs, row, cols);
+      avx512_tile_out(tile + r * 2 * RK_NR, 1, 1, RK_NR, row, 0, &t);
       memcpy(c + r * c_rs, row, sizeof(float) * (size_t)nr);
     }
     return;
