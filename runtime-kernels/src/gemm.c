@@ -39,7 +39,16 @@ int64_t rk_kc(int64_t k) {
 void rk_pack_a_strided(const void *operand, int64_t m0, int64_t mr, int64_t k0, int64_t kc, float *dst) {
   const rk_matrix *a = operand;
   if (mr < RK_MR) memset(dst, 0, sizeof(float) * RK_MR * (size_t)kc);
-  if (a->cs == 1) {
+  if (a->cs == 1 && mr == RK_MR) {
+    /* Six rows read side by side, dst written in order (row by row, each store was RK_MR floats
+     * from the last: 8.6% of a MiniLM encoder's time). */
+    const float *src = a->data + m0 * a->rs + k0;
+    int64_t rs = a->rs;
+    for (int64_t k = 0; k < kc; k++, dst += RK_MR) {
+      dst[0] = src[k], dst[1] = src[rs + k], dst[2] = src[2 * rs + k];
+      dst[3] = src[3 * rs + k], dst[4] = src[4 * rs + k], dst[5] = src[5 * rs + k];
+    }
+  } else if (a->cs == 1) {
     for (int64_t r = 0; r < mr; r++) {
       const float *src = a->data + (m0 + r) * a->rs + k0;
       for (int64_t k = 0; k < kc; k++) dst[k * RK_MR + r] = src[k];
@@ -225,13 +234,15 @@ typedef struct gemm_job {
   const rk_gemm *problems;
   int64_t count;
   int64_t m_blocks, n_blocks;                    /* per problem (all share the shapes) */
-  int64_t panels_per_block;                      /* at most: blocks differ by one panel */
+  int64_t panels_per_block;                      /* the largest block's */
+  int pair_cut;                                  /* blocks are cut every 1 or 2 panels */
   int64_t mc;                                    /* rows per block */
   const float *const *b_packed;                  /* per problem */
   rk_ukernel_fn ukernel;
   rk_ukernel_c_fn ukernel_c;                     /* NULL where the instruction set has none */
   rk_ukernel2_fn ukernel2;                       /* two panels at once; NULL where none */
   rk_ukernel2_c_fn ukernel2_c;
+  rk_ukernel2_wide_c_fn ukernel2_wide;           /* two strips by two panels; NULL where none */
   rk_gemv4_fn gemv4;
   rk_ukernel_rows_c_fn ukernel_rows;             /* for B read in place; NULL where none */
   rk_ukernel_rows_wide_c_fn ukernel_rows_wide;
@@ -350,14 +361,27 @@ static inline __attribute__((always_inline)) void run_block(const gemm_job *job,
       /* With the next panel too where the two-panel kernel can take it. */
       bool pair = job->ukernel2 && p + 1 < p_end && nr == RK_NR;
       int64_t nr1 = g->n - j0 - RK_NR < RK_NR ? g->n - j0 - RK_NR : RK_NR;
+      /* Two strips a call where the 12-row kernel can write C itself. */
+      bool wide = pair && job->ukernel2_wide && nr1 == RK_NR && g->c_cs == 1 &&
+                  (!last || !g->ep.residual || g->ep.res_cs == 1);
+      int64_t strip_stride = g->a_packed ? g->k * RK_MR : kc * RK_MR;
       for (int64_t s = 0; s < strips; s++) {
         int64_t i0 = m_begin + s * RK_MR, mr = m_end - i0 < RK_MR ? m_end - i0 : RK_MR;
         const float *strip =
             g->a_packed ? g->a_packed + ((i0 / RK_MR) * g->k + k0) * RK_MR : a_pack + s * kc * RK_MR;
-        if (pair)
+        if (wide && s + 1 < strips) {
+          int64_t mr1 = m_end - i0 - RK_MR < RK_MR ? m_end - i0 - RK_MR : RK_MR;
+          rk_tile_epilogue t = tile_epilogue(&g->ep, first, last, i0, j0);
+          float *c = g->c + i0 * g->c_rs + j0;
+          job->ukernel2_wide(kc, strip, strip + strip_stride, (int)mr1, panel, b_stride, c, g->c_rs, &t);
+          if (last && !rk_kernel_activates(g->ep.act))
+            rk_activate_rows(c, g->c_rs, RK_MR + mr1, 2 * RK_NR, g->ep.act, g->ep.lo, g->ep.hi);
+          s++;
+        } else if (pair) {
           compute_tile2(job, g, kc, strip, panel, b_stride, i0, mr, j0, nr1, first, last);
-        else
+        } else {
           compute_tile(job, g, kc, strip, panel, i0, mr, j0, nr, first, last);
+        }
       }
       if (pair) p++;
     }
@@ -422,6 +446,37 @@ static inline __attribute__((always_inline)) void run_streaming(const gemm_job *
   }
 }
 
+/* Column block nb's panels [*begin, *end): n_blocks blocks of nearly equal size, cut between
+ * pairs of panels when pair_cut is 2. */
+static inline void block_panels(const gemm_job *job, int64_t panels, int64_t nb, int64_t *begin, int64_t *end) {
+  int64_t cut = job->pair_cut, whole = (panels + cut - 1) / cut;
+  *begin = nb * whole / job->n_blocks * cut;
+  *end = (nb + 1) * whole / job->n_blocks * cut;
+  if (*begin > panels) *begin = panels;
+  if (*end > panels) *end = panels;
+}
+
+/* The busiest task's work, in pairs of panels, when blocks are cut every `cut` panels: a panel
+ * the two-panel kernel cannot pair runs alone at about 0.75 of a pair's time. */
+static double slowest_task(gemm_job *job, int64_t panels, int cut, int tasks) {
+  job->pair_cut = cut;
+  int64_t units = job->count * job->m_blocks * job->n_blocks;
+  double slowest = 0.0;
+  for (int t = 0; t < tasks; t++) {
+    int64_t begin, end;
+    rk_split(units, t, tasks, &begin, &end);
+    double work = 0.0;
+    for (int64_t u = begin; u < end; u++) {
+      int64_t nb = (u % (job->m_blocks * job->n_blocks)) / job->m_blocks, p_begin, p_end;
+      block_panels(job, panels, nb, &p_begin, &p_end);
+      work += (double)((p_end - p_begin) / 2) + 0.75 * (double)((p_end - p_begin) % 2);
+    }
+    if (work > slowest) slowest = work;
+  }
+  job->pair_cut = 1;
+  return slowest;
+}
+
 /* Units [begin, end) of the job: blocks of a product's rows and column panels. */
 static inline __attribute__((always_inline)) void run_units(const gemm_job *job, int64_t begin, int64_t end,
                                                            float *a_pack, float *b_block) {
@@ -433,7 +488,9 @@ static inline __attribute__((always_inline)) void run_units(const gemm_job *job,
     int64_t p = u / per_problem, rest = u % per_problem;
     int64_t nb = rest / job->m_blocks, mb = rest % job->m_blocks;
     const rk_gemm *g = &job->problems[p];
-    int64_t p_begin = nb * panels / job->n_blocks, p_end = (nb + 1) * panels / job->n_blocks;
+    int64_t p_begin, p_end;
+    block_panels(job, panels, nb, &p_begin, &p_end);
+    if (p_begin >= p_end) continue;
     if (streaming) {
       run_streaming(job, g, job->b_packed[p], p_begin, p_end, a_pack);
     } else {
@@ -505,6 +562,7 @@ static int pack_b_task(int task, int num_tasks, void *ctx) {
 
 /* A gathered A packed whole (see rk_gemm_run) at most this big. */
 #define RK_WHOLE_A_BYTES (4.0 * 1024.0 * 1024.0)
+enum { RK_WHOLE_A_BLOCK_ROWS = 4 * RK_MC };
 
 typedef struct pack_whole_job {
   const rk_gemm *g;
@@ -567,16 +625,21 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
    * per block instead, it was packed again for each of the 3 to 8 column blocks. So does a
    * convolution's gathered A up to RK_WHOLE_A_BYTES, its strips gathered in parallel: pixels as
    * rows against many channels were gathered once per column block, a load and a store per
-   * value (192x26x26 -> 384 3x3 s2, 169 pixels as rows: 1327 -> 1252 us on one Zen 5 core). */
+   * value (192x26x26 -> 384 3x3 s2, 169 pixels as rows: 1327 -> 1252 us on one Zen 5 core).
+   * And so do rows of activations up to RK_WHOLE_A_BYTES (MiniLM's 128 tokens against 384 to
+   * 1536 columns, packed once per column block: 8.6% of the encoder's time, now 3.5%). */
   rk_gemm whole;
   double a_bytes = 4.0 * (double)g0->m * (double)g0->k;
+  /* Rows of activations (a dense layer's tokens) packed whole: blocks keep at most
+   * RK_WHOLE_A_BLOCK_ROWS of them, so that a block's strips stay in L2 while the panels pass. */
+  bool whole_rows = count == 1 && !g0->a_packed && !g0->a_gathered && g0->m > RK_MC;
   if (count == 1 && !g0->a_packed && !takes_streaming_path(g0) &&
-      (g0->m <= RK_MC || (g0->a_gathered && a_bytes <= RK_WHOLE_A_BYTES))) {
+      (g0->m <= RK_MC || a_bytes <= RK_WHOLE_A_BYTES)) {
     int64_t strips = (g0->m + RK_MR - 1) / RK_MR;
     float *a_whole = rk_scratch(RK_SLOT_A_WHOLE, sizeof(float) * (size_t)(strips * RK_MR * g0->k));
     if (!a_whole) return rk_out_of_memory("gemm");
     pack_whole_job pack = {g0, a_whole, strips};
-    int64_t tasks = g0->m <= RK_MC || a_bytes < 262144.0 ? 1 : strips;
+    int64_t tasks = a_bytes < 65536.0 ? 1 : strips;
     rk_parallel(tasks, pack_whole_task, &pack);
     whole = *g0;
     whole.a_packed = a_whole;
@@ -587,11 +650,25 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
   /* Prepacked A needs no packing buffer, so a block may take every row: B's gathered panels are
    * then used by all of them. */
   int64_t mc = g0->a_packed ? (g0->m + RK_MR - 1) / RK_MR * RK_MR : RK_MC;
+  if (whole_rows && g0->a_packed && mc > RK_WHOLE_A_BLOCK_ROWS) mc = RK_WHOLE_A_BLOCK_ROWS;
   bool streaming = takes_streaming_path(g0);
-  gemm_job job = {problems, count, (g0->m + mc - 1) / mc, 1, panels, mc, b_packed,
-                  rk_ukernel(rk_cpu_isa(), streaming), rk_ukernel_c(rk_cpu_isa(), streaming),
-                  rk_ukernel2(rk_cpu_isa()), rk_ukernel2_c(rk_cpu_isa()), rk_gemv4(rk_cpu_isa()),
-                  rk_ukernel_rows_c(rk_cpu_isa()), rk_ukernel_rows_wide_c(rk_cpu_isa())};
+  rk_isa isa = rk_cpu_isa();
+  gemm_job job = {.problems = problems,
+                  .count = count,
+                  .m_blocks = (g0->m + mc - 1) / mc,
+                  .n_blocks = 1,
+                  .panels_per_block = panels,
+                  .pair_cut = 1,
+                  .mc = mc,
+                  .b_packed = b_packed,
+                  .ukernel = rk_ukernel(isa, streaming),
+                  .ukernel_c = rk_ukernel_c(isa, streaming),
+                  .ukernel2 = rk_ukernel2(isa),
+                  .ukernel2_c = rk_ukernel2_c(isa),
+                  .ukernel2_wide = rk_ukernel2_wide_c(isa),
+                  .gemv4 = rk_gemv4(isa),
+                  .ukernel_rows = rk_ukernel_rows_c(isa),
+                  .ukernel_rows_wide = rk_ukernel_rows_wide_c(isa)};
   if (g0->b_in_place && (!job.ukernel_rows || !g0->a_packed))
     return rvm_raise("RuntimeError", "gemm: B read in place needs a prepacked A and a CPU with its kernel");
   double macs = (double)count * (double)g0->m * (double)g0->n * (double)g0->k;
@@ -628,7 +705,16 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
     if (n_blocks > panels) n_blocks = panels;
   }
   job.n_blocks = n_blocks;
-  job.panels_per_block = (panels + n_blocks - 1) / n_blocks;
   int64_t units = count * job.m_blocks * job.n_blocks;
-  return rk_parallel(threads < units ? threads : units, gemm_task, &job);
+  int tasks = (int)(threads < units ? threads : units);
+  if (job.ukernel2 && n_blocks > 1 && n_blocks <= (panels + 1) / 2 &&
+      slowest_task(&job, panels, 2, tasks) <= slowest_task(&job, panels, 1, tasks))
+    job.pair_cut = 2;
+  job.panels_per_block = 0;
+  for (int64_t nb = 0; nb < n_blocks; nb++) {
+    int64_t p_begin, p_end;
+    block_panels(&job, panels, nb, &p_begin, &p_end);
+    if (p_end - p_begin > job.panels_per_block) job.panels_per_block = p_end - p_begin;
+  }
+  return rk_parallel(tasks, gemm_task, &job);
 }

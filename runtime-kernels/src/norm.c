@@ -43,6 +43,23 @@ RK_INLINE float row_squares(const float *x, int64_t n, float mean, const bool fu
   return combine(lanes);
 }
 
+/* The largest of x[0..n), NaN when x[0] is NaN, other NaNs passed over (a compare and select
+ * per value, as `x > max ? x : max` from x[0] would). In SUM_LANES running maxima, so that it
+ * vectorizes: one chain of dependent selects was most of a softmax over 128 values. Where
+ * several equal maxima differ in sign (+0 and -0) the lane order may pick either, which
+ * changes no output: x - max is the same for both, and exp(+0) = exp(-0). */
+RK_INLINE float row_max(const float *x, int64_t n) {
+  float lanes[SUM_LANES];
+  for (int l = 0; l < SUM_LANES; l++) lanes[l] = x[0];
+  int64_t i = 0;
+  for (; i + SUM_LANES <= n; i += SUM_LANES)
+    for (int l = 0; l < SUM_LANES; l++) lanes[l] = x[i + l] > lanes[l] ? x[i + l] : lanes[l];
+  for (int l = 0; i < n; i++, l++) lanes[l] = x[i] > lanes[l] ? x[i] : lanes[l];
+  float max = lanes[0];
+  for (int l = 1; l < SUM_LANES; l++) max = lanes[l] > max ? lanes[l] : max;
+  return max;
+}
+
 typedef enum { NORM_SOFTMAX, NORM_LAYER, NORM_RMS } norm_kind;
 
 typedef struct norm_job {
@@ -59,8 +76,7 @@ RK_INLINE void norm_rows(const norm_job *j, int64_t begin, int64_t end, const bo
     const float *x = j->x + row * n;
     float *y = j->out + row * n;
     if (j->kind == NORM_SOFTMAX) {
-      float max = x[0];
-      for (int64_t i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
+      float max = row_max(x, n);
       for (int64_t i = 0; i < n; i++) y[i] = rk_exp(x[i] - max);
       float inv = 1.0f / row_sum(y, n);
       for (int64_t i = 0; i < n; i++) y[i] = y[i] * inv;

@@ -243,6 +243,11 @@ typedef void (*rk_ukernel2_c_fn)(int64_t kc, const float *a, const float *b, int
                                  int mr, const rk_tile_epilogue *ep);
 RVM_HIDDEN rk_ukernel2_fn rk_ukernel2(rk_isa isa);
 RVM_HIDDEN rk_ukernel2_c_fn rk_ukernel2_c(rk_isa isa);
+/* The C-writing two-panel kernel over two strips of A (a0's full strip, then mr1 rows of a1's:
+ * 7 to 12 rows), both panels full; NULL where none. */
+typedef void (*rk_ukernel2_wide_c_fn)(int64_t kc, const float *a0, const float *a1, int mr1, const float *b,
+                                      int64_t b_stride, float *c, int64_t c_rs, const rk_tile_epilogue *ep);
+RVM_HIDDEN rk_ukernel2_wide_c_fn rk_ukernel2_wide_c(rk_isa isa);
 
 /* The C-writing kernel over `panels` (1 or 2) panels of a B read in place: step k's columns are
  * the floats at b + rows[k]; of a single panel only the first nr are read and written (masked).

@@ -64,7 +64,7 @@ def epilogue(x, act, alpha=1.0, bias=None, residual=None):
 # ---- dense and matmul ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("m", [1, 2, 5, 7, 13, 19, 64, 101])
+@pytest.mark.parametrize("m", [1, 2, 5, 7, 13, 19, 64, 101, 437])
 @pytest.mark.parametrize("n,k", [(1, 1), (15, 7), (16, 256), (17, 300), (33, 513), (100, 40)])
 def test_dense_shapes(library, m, n, k):
     rng = np.random.default_rng(m * 1000 + n * 10 + k)
@@ -74,11 +74,13 @@ def test_dense_shapes(library, m, n, k):
     close(out, x.astype(np.float64) @ w)
 
 
+@pytest.mark.parametrize("rows", [9, 65])
 @pytest.mark.parametrize("act", sorted(ACTS))
-def test_dense_epilogues(library, act):
+def test_dense_epilogues(library, act, rows):
+    """18 rows (A packed whole, one block) and 130 (two strips a call, 12 rows by 2 panels)."""
     rng = np.random.default_rng(7)
-    x, w, b, r = rand(rng, 2, 9, 40), rand(rng, 40, 23), rand(rng, 23), rand(rng, 2, 9, 23)
-    out = np.zeros((2, 9, 23), np.float32)
+    x, w, b, r = rand(rng, 2, rows, 40), rand(rng, 40, 37), rand(rng, 37), rand(rng, 2, rows, 37)
+    out = np.zeros((2, rows, 37), np.float32)
     library["relaxc.dense"](t(x), t(pack_columns(w)), t(b), t(r), act, scalars(0.5), t(out))
     close(out, epilogue(x.astype(np.float64) @ w, act, 0.5, b, r))
 
@@ -594,6 +596,11 @@ for act in ["gelu_tanh", "silu", "sigmoid", "hard_swish", "hard_sigmoid"]:
     k["relaxc.dense"](t(x), t(pack_columns(w)), t(r(200)), None, act, t(np.array([1.0, 1 / 6, 0.5], np.float32)), t(res["dense_" + act]))
 res["dense_res"] = np.zeros((64, 200), np.float32)
 k["relaxc.dense"](t(x), t(pack_columns(w)), t(r(200)), t(r(64, 200)), "clip", t(np.array([0.5, -1.0, 2.0], np.float32)), t(res["dense_res"]))
+xr, wr = r(2, 100, 300), pack_columns(r(300, 200))
+res["dense_rows"] = np.zeros((2, 100, 200), np.float32)
+k["relaxc.dense"](t(xr), t(wr), t(r(200)), t(r(2, 100, 200)), "gelu", sc, t(res["dense_rows"]))
+res["dense_many_rows"] = np.zeros((450, 200), np.float32)
+k["relaxc.dense"](t(r(450, 300)), t(wr), t(r(200)), None, "relu", sc, t(res["dense_many_rows"]))
 x1 = r(1, 700)
 res["gemv"] = np.zeros((1, 900), np.float32); k["relaxc.dense"](t(x1), t(pack_columns(r(700, 900))), None, None, "none", sc, t(res["gemv"]))
 a, b = r(4, 8, 33, 40), r(4, 8, 40, 29)
