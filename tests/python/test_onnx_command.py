@@ -233,3 +233,62 @@ def test_a_1d_convolution_runs_on_the_kernel_library(tmp_path):
     x = rng.standard_normal((2, 4, 33)).astype(np.float32)
     want = reference(path, x)
     assert np.abs(run(so, x) - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+def test_an_activation_no_anchor_takes_in_runs_on_the_kernel_library(tmp_path):
+    """A convolution, a slice and a squeeze, a bias, then GELU (tanh form) written out with a
+    one-element constant of rank 3, as jax2tf exports it (magika's model): the slice keeps the
+    GELU out of the convolution's epilogue, so it becomes a relaxc.activation of its own."""
+    rng = np.random.default_rng(9)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((16, 4, 3, 1)).astype(np.float32) * 0.3, "w"),
+        numpy_helper.from_array(rng.standard_normal((1, 16, 1)).astype(np.float32), "b"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "one"),
+        numpy_helper.from_array(np.array([3], np.int64), "three"),
+        numpy_helper.from_array(np.array(0.044715, np.float32), "cubic"),
+        numpy_helper.from_array(np.array(0.7978846, np.float32), "root"),
+        numpy_helper.from_array(np.array([[[1.0]]], np.float32), "unit"),
+        numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"]),
+        helper.make_node("Slice", ["c", "zero", "one", "three"], ["s"]),
+        helper.make_node("Squeeze", ["s", "three"], ["q"]),
+        helper.make_node("Add", ["q", "b"], ["z"]),
+        helper.make_node("Mul", ["cubic", "z"], ["z1"]),
+        helper.make_node("Mul", ["z", "z1"], ["z2"]),
+        helper.make_node("Mul", ["z", "z2"], ["z3"]),
+        helper.make_node("Add", ["z", "z3"], ["inner"]),
+        helper.make_node("Mul", ["root", "inner"], ["scaled"]),
+        helper.make_node("Tanh", ["scaled"], ["t"]),
+        helper.make_node("Add", ["unit", "t"], ["t1"]),
+        helper.make_node("Mul", ["half", "t1"], ["g"]),
+        helper.make_node("Mul", ["z", "g"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "gelu_after_slice",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 302, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        inits,
+    )
+    done, path, so = build(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    assert done.returncode == 0, done.stderr
+    assert "2 operators on relaxc's kernel library" in done.stdout, done.stdout
+    assert "TVM: tanh" not in done.stdout and "TVM: multiply" not in done.stdout, done.stdout
+    x = rng.standard_normal((1, 4, 302, 1)).astype(np.float32)
+    want = reference(path, x)
+    assert np.abs(run(so, x) - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+def test_activations_are_identified_by_what_they_compute():
+    """A one-element constant of any rank is a scalar; a plain scale is no hard_swish (its gate
+    never clips), where HardSwish written out is."""
+    from relaxc.tvm.patterns import _identify
+
+    unit = np.array([[[1.0]]])
+    assert _identify(lambda x: 0.5 * x * (unit + np.tanh(0.7978846 * (x + 0.044715 * x**3))))[0] == "gelu_tanh"
+    assert _identify(lambda x: 0.7978846 * x) is None
+    name, slope, offset = _identify(lambda x: x * np.clip(x + 3.0, 0.0, 6.0) / 6.0)
+    assert name == "hard_swish" and abs(slope - 1 / 6) < 1e-6 and abs(offset - 0.5) < 1e-6

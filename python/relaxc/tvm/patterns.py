@@ -224,6 +224,9 @@ def _identify(f):
     x = _SAMPLES
     with np.errstate(all="ignore"):
         y = np.asarray(f(x), np.float64)
+        # A one-element constant of rank 3 ([[[1.0]]], as jax2tf writes them) makes the samples [1, 1, n].
+        if y.size == x.size:
+            y = y.reshape(x.shape)
         if y.shape != x.shape or not np.all(np.isfinite(y)):
             return None
         for name, g in _KNOWN.items():
@@ -241,7 +244,8 @@ def _hard(x, y):
     or x times that (HardSwish, written out as x * clip(x + 3, 0, 6) / 6); else None."""
     for name, gate in (("hard_sigmoid", y), ("hard_swish", np.divide(y, x, out=np.full_like(y, np.nan), where=x != 0))):
         inner = (gate > 1e-4) & (gate < 1 - 1e-4) & np.isfinite(gate)
-        if inner.sum() < 4:
+        # Both ends clipped somewhere: a plain scale (0.8 * x) is not hard_swish with slope 0.
+        if inner.sum() < 4 or not (np.any(gate <= 1e-4) and np.any(gate >= 1 - 1e-4)):
             continue
         slope, offset = np.polyfit(x[inner], gate[inner], 1)
         if slope <= 0:
