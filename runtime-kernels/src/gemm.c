@@ -13,6 +13,10 @@
  */
 #include <string.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "rk.h"
 #include "rk_math.h"
 
@@ -134,16 +138,76 @@ static void activate_generic(float *x, int64_t rs, int64_t rows, int64_t cols, r
 }
 
 #if defined(__x86_64__)
+/* The exp-based activations a register at a time (rk_vmath.h), for AVX2 and then AVX-512. */
+#define VM_TARGET RK_AVX2_TARGET
+#define VM_NAME(fn) avx2_##fn
+#define VM_F __m256
+#define VM_LANES 8
+#define VM_SET _mm256_set1_ps
+#define VM_LOAD _mm256_loadu_ps
+#define VM_STORE _mm256_storeu_ps
+#define VM_ADD _mm256_add_ps
+#define VM_SUB _mm256_sub_ps
+#define VM_MUL _mm256_mul_ps
+#define VM_DIV _mm256_div_ps
+#define VM_MIN _mm256_min_ps
+#define VM_MAX _mm256_max_ps
+#define VM_NEG(v) _mm256_xor_ps(v, _mm256_set1_ps(-0.0f))
+#define VM_POW2(n) \
+  _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23))
+#define VM_SELECT_LT(a, b, t, f) _mm256_blendv_ps(f, t, _mm256_cmp_ps(a, b, _CMP_LT_OQ))
+#define VM_SELECT_NAN(v, t, f) _mm256_blendv_ps(f, t, _mm256_cmp_ps(v, v, _CMP_UNORD_Q))
+#include "rk_vmath.h"
+#undef VM_TARGET
+#undef VM_NAME
+#undef VM_F
+#undef VM_LANES
+#undef VM_SET
+#undef VM_LOAD
+#undef VM_STORE
+#undef VM_ADD
+#undef VM_SUB
+#undef VM_MUL
+#undef VM_DIV
+#undef VM_MIN
+#undef VM_MAX
+#undef VM_NEG
+#undef VM_POW2
+#undef VM_SELECT_LT
+#undef VM_SELECT_NAN
+
+#define VM_TARGET RK_AVX512_TARGET
+#define VM_NAME(fn) avx512_##fn
+#define VM_F __m512
+#define VM_LANES 16
+#define VM_SET _mm512_set1_ps
+#define VM_LOAD _mm512_loadu_ps
+#define VM_STORE _mm512_storeu_ps
+#define VM_ADD _mm512_add_ps
+#define VM_SUB _mm512_sub_ps
+#define VM_MUL _mm512_mul_ps
+#define VM_DIV _mm512_div_ps
+#define VM_MIN _mm512_min_ps
+#define VM_MAX _mm512_max_ps
+#define VM_NEG(v) _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)))
+#define VM_POW2(n) \
+  _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23))
+#define VM_SELECT_LT(a, b, t, f) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_LT_OQ), f, t)
+#define VM_SELECT_NAN(v, t, f) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), f, t)
+#include "rk_vmath.h"
+
 /* Eight lanes instead of four: GELU's erf costs ~25 operations a value (BERT's FFN: 7x3072). */
 RK_AVX2_TARGET static void activate_avx2(float *x, int64_t rs, int64_t rows, int64_t cols, rk_act act, float lo,
                                          float hi) {
-  for (int64_t r = 0; r < rows; r++) activate_span(x + r * rs, cols, act, lo, hi);
+  for (int64_t r = 0; r < rows; r++)
+    if (!avx2_activate(x + r * rs, cols, act)) activate_span(x + r * rs, cols, act, lo, hi);
 }
 /* Sixteen where the CPU has AVX-512: the same operations on each value (the kernels are built
  * without contraction of multiply-adds), so the same bits. */
 RK_AVX512_TARGET static void activate_avx512(float *x, int64_t rs, int64_t rows, int64_t cols, rk_act act, float lo,
                                              float hi) {
-  for (int64_t r = 0; r < rows; r++) activate_span(x + r * rs, cols, act, lo, hi);
+  for (int64_t r = 0; r < rows; r++)
+    if (!avx512_activate(x + r * rs, cols, act)) activate_span(x + r * rs, cols, act, lo, hi);
 }
 #endif
 

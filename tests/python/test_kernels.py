@@ -659,6 +659,46 @@ def test_same_bits_at_any_thread_count(library, tmp_path):
     assert_same_bits(results, "1 threads")
 
 
+ONE_AT_A_TIME_SCRIPT = r"""
+import sys, numpy as np, tvm_ffi
+path = sys.argv[1]
+names = dict(l.split("\t") for l in open(path + ".tsv").read().splitlines())
+activation = tvm_ffi.load_module(path)[names["relaxc.activation"]]
+t = lambda a: tvm_ffi.from_dlpack(np.ascontiguousarray(a))
+rng = np.random.default_rng(3)
+special = [0.0, -0.0, np.inf, -np.inf, np.nan, 87.3, -87.3, 88.3, -88.3, 87.29, -87.29, 88.31, -88.31, 1e-30,
+           -1e-30, 1e-45, -1e-45, 1e30, -1e30, 0.5, -0.5, 9.0, -9.0, 44.0, -44.0]
+x = np.concatenate([special, *(rng.standard_normal(200) * s for s in (1, 4, 20, 100))]).astype(np.float32)
+x = np.concatenate([x, np.zeros(-len(x) % 16, np.float32)])
+for act in ["silu", "sigmoid", "gelu", "gelu_tanh"]:
+    whole = np.zeros_like(x)
+    activation(t(x), act, t(np.array([1.0, 0.0, 0.0], np.float32)), t(whole))
+    for i, v in enumerate(x):
+        one = np.zeros(1, np.float32)
+        activation(t(x[i : i + 1]), act, t(np.array([1.0, 0.0, 0.0], np.float32)), t(one))
+        same = one.view(np.uint32)[0] == whole.view(np.uint32)[i] or (np.isnan(one[0]) and np.isnan(whole[i]))
+        assert same, (act, float(v), one[0], whole[i])
+print("ok", len(x))
+"""
+
+
+@pytest.mark.parametrize("avx512", ["1", "0"])
+def test_vector_activations_give_the_scalar_bits(library, tmp_path, avx512):
+    """SiLU, sigmoid, GELU and its tanh form a register at a time (AVX-512 or AVX2) against the
+    same functions one value at a time (rk_math.h, the loop's scalar tail), bit for bit:
+    infinities, signed zeros, exp's clamps and either side of them included (a NaN stays a NaN,
+    whatever its sign)."""
+    path = str(tmp_path / "lib.so")
+    out = subprocess.run([relaxc_binary(), "kernel-library", "-o", path], capture_output=True, text=True, check=True)
+    (tmp_path / "lib.so.tsv").write_text(out.stdout)
+    script = tmp_path / "one_at_a_time.py"
+    script.write_text(ONE_AT_A_TIME_SCRIPT)
+    env = dict(os.environ, RELAXC_GEMM_AVX512=avx512)
+    done = subprocess.run([sys.executable, str(script), path], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("ok"), done.stdout
+
+
 def cpu_has_avx512():
     try:
         with open("/proc/cpuinfo") as info:
