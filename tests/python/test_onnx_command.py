@@ -292,3 +292,43 @@ def test_activations_are_identified_by_what_they_compute():
     assert _identify(lambda x: 0.7978846 * x) is None
     name, slope, offset = _identify(lambda x: x * np.clip(x + 3.0, 0.0, 6.0) / 6.0)
     assert name == "hard_swish" and abs(slope - 1 / 6) < 1e-6 and abs(offset - 0.5) < 1e-6
+
+
+def test_transcendentals_left_to_tvm_use_its_fast_forms(tmp_path):
+    """sigmoid(x) * tanh(x) + exp(-x) is no activation the library knows, so it stays on TVM's
+    kernels: in their polynomial forms (no relax.sigmoid, tanh or exp left to call libm), within
+    1e-6 of onnx's reference."""
+    from relaxc.onnx import _fast_math
+
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 300), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.multiply(relax.op.sigmoid(x), relax.op.tanh(x)))
+            out = bb.emit_output(relax.op.add(y, relax.op.exp(relax.op.negative(x))))
+        bb.emit_func_output(out)
+    text = _fast_math(bb.get()).script()
+    for op in ("R.sigmoid(", "R.tanh(", "R.exp("):
+        assert op not in text, text
+
+    nodes = [
+        helper.make_node("Sigmoid", ["x"], ["s"]),
+        helper.make_node("Tanh", ["x"], ["t"]),
+        helper.make_node("Mul", ["s", "t"], ["st"]),
+        helper.make_node("Neg", ["x"], ["n"]),
+        helper.make_node("Exp", ["n"], ["e"]),
+        helper.make_node("Add", ["st", "e"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "transcendentals",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 300])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    done, path, so = build(tmp_path, helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    assert done.returncode == 0, done.stderr
+    x = (np.random.default_rng(4).standard_normal((4, 300)) * 4).astype(np.float32)
+    want = reference(path, x)
+    assert np.abs(run(so, x) - want).max() <= 1e-6 * max(1.0, np.abs(want).max())
