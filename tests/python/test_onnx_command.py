@@ -332,3 +332,32 @@ def test_transcendentals_left_to_tvm_use_its_fast_forms(tmp_path):
     x = (np.random.default_rng(4).standard_normal((4, 300)) * 4).astype(np.float32)
     want = reference(path, x)
     assert np.abs(run(so, x) - want).max() <= 1e-6 * max(1.0, np.abs(want).max())
+
+
+def test_reductions_left_to_tvm_split_their_outputs_between_threads():
+    """A sum over rows and a max over columns stay TVM's kernels (the library has neither along
+    these axes); relaxc.tvm.schedule gives each a parallel loop over its outputs, each output
+    still reduced in TVM's order (exact for max, as TVM's for sum)."""
+    from relaxc.tvm.schedule import FuseAndParallelize
+
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 512), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            total = bb.emit(relax.op.sum(relax.op.multiply(x, x), axis=[0]))
+            peak = bb.emit(relax.op.max(x, axis=[1]))
+            out = bb.emit_output(relax.Tuple([total, peak]))
+        bb.emit_func_output(out)
+    mod = FuseAndParallelize()(bb.get())
+    kernels = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert len(kernels) == 2, mod.script()
+    for kernel in kernels:
+        assert "T.parallel" in kernel.script(), kernel.script()
+    vm = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
+    data = np.random.default_rng(2).standard_normal((64, 512)).astype(np.float32)
+    total, peak = vm["main"](tvm.runtime.tensor(data))
+    np.testing.assert_array_equal(peak.numpy(), data.max(axis=1))
+    np.testing.assert_allclose(total.numpy(), (data.astype(np.float64) ** 2).sum(axis=0), rtol=1e-5)

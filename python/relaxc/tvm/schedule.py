@@ -3,7 +3,8 @@ written out, a residual add, a per-channel scale) fused into one kernel each, as
 passes do, and every fused kernel that only maps elements to elements (no reduction) scheduled
 to run on the thread pool (its loops fused, cut into chunks that the pool's threads take, the
 inner part vectorized). TVM's default CPU build leaves them one kernel per operator, each a
-single-threaded scalar loop, one pass over memory each."""
+single-threaded scalar loop, one pass over memory each. A reduction (a sum, a max) has its
+outputs split between the threads, each output reduced as TVM reduces it."""
 
 import tvm
 from tvm import relax, tirx
@@ -24,9 +25,8 @@ def _schedule(func):
         blocks = sch.get_child_blocks(root)
         if not blocks:
             return None
-        # Element to element only: a block with a reduction axis stays as TVM made it.
         if any(int(iv.iter_type) != 0 for b in blocks for iv in sch.get(b).iter_vars):
-            return None
+            return _schedule_reduction(sch, root, blocks)
         for block in blocks[:-1]:
             sch.compute_inline(block)
         last = sch.get_child_blocks(root)
@@ -43,6 +43,46 @@ def _schedule(func):
         return sch.mod["main"].with_attr("tirx.is_scheduled", True)
     except Exception:
         return None
+
+
+def _schedule_reduction(sch, root, blocks):
+    """A reduction (a sum or a max over some axes, the element-wise work before it inlined) with its
+    outputs split between the pool's threads: each output still reduces its values in TVM's
+    order, on one thread, so the bits are TVM's. magika's global max pooling and its layer
+    norms' sums ran on one thread. None where the kernel is not that."""
+    for block in blocks[:-1]:
+        sch.compute_inline(block)
+    last = sch.get_child_blocks(root)
+    if len(last) != 1:
+        return None
+    loops = sch.get_loops(last[0])
+    kinds = [int(iv.iter_type) for iv in sch.get(last[0]).iter_vars]
+    spatial = kinds.index(2) if 2 in kinds else len(kinds)
+    # Spatial axes first, then the reduced ones, one loop each (as TVM legalizes sum and max).
+    if len(loops) != len(kinds) or spatial == 0 or any(k != 0 for k in kinds[:spatial]):
+        return None
+    if any(k != 2 for k in kinds[spatial:]):
+        return None
+    extents = [sch.get(loop).extent for loop in loops]
+    if not all(isinstance(e, tirx.IntImm) for e in extents):
+        return None
+    outputs = 1
+    for e in extents[:spatial]:
+        outputs *= int(e.value)
+    work = outputs
+    for e in extents[spatial:]:
+        work *= int(e.value)
+    if outputs < 2 or work < CHUNK:
+        return None
+    fused = sch.fuse(*loops[:spatial]) if spatial > 1 else loops[0]
+    # Chunks of about CHUNK values reduced, as the element-wise kernels take.
+    per_task = max(1, CHUNK * outputs // work)
+    if per_task < outputs:
+        outer, _ = sch.split(fused, factors=[None, per_task])
+        sch.parallel(outer)
+    else:
+        return None
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.FuseAndParallelize")
