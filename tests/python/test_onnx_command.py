@@ -7,6 +7,7 @@ is an error naming its node; bad --shape arguments are clear errors.
 Needs TVM 0.27, onnx and onnxsim (skipped without them, as the summary says)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -361,3 +362,30 @@ def test_reductions_left_to_tvm_split_their_outputs_between_threads():
     total, peak = vm["main"](tvm.runtime.tensor(data))
     np.testing.assert_array_equal(peak.numpy(), data.max(axis=1))
     np.testing.assert_allclose(total.numpy(), (data.astype(np.float64) ** 2).sum(axis=0), rtol=1e-5)
+
+
+def test_broadcast_rows_left_to_tvm_are_vectorized_along_their_last_axis():
+    """x + bias[row] over rows 100 wide: parallel over rows, the last axis vectorized as it is, so
+    no lane divides its index by the row length to find its bias; the sums are exact."""
+    from relaxc.tvm.schedule import FuseAndParallelize
+
+    import tvm
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((300, 100), "float32"))
+    bias = relax.const(np.arange(100, dtype=np.float32).reshape(1, 100))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(relax.op.multiply(x, x), bias))
+        bb.emit_func_output(out)
+    mod = FuseAndParallelize()(bb.get())
+    (kernel,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    text = kernel.script()
+    assert "T.parallel" in text and "T.vectorized" in text, text
+    assert not re.search(r"(//|%) T\.int64\(100\)", text), text
+    vm = relax.VirtualMachine(relax.build(mod, target="llvm"), tvm.cpu())
+    data = np.random.default_rng(6).standard_normal((300, 100)).astype(np.float32)
+    np.testing.assert_array_equal(
+        vm["main"](tvm.runtime.tensor(data)).numpy(), data * data + np.arange(100, dtype=np.float32)
+    )

@@ -13,6 +13,8 @@ from tvm import relax, tirx
 # small enough that two threads share a 100 KB tensor.
 CHUNK = 16384
 LANES = 8
+# A last axis at least this long is vectorized on its own (see _schedule).
+INNER_ROW = 64
 
 
 def _schedule(func):
@@ -35,6 +37,18 @@ def _schedule(func):
         loops = sch.get_loops(last[0])
         if not loops:
             return None
+        innermost = sch.get(loops[-1]).extent
+        if len(loops) > 1 and isinstance(innermost, tirx.IntImm) and int(innermost.value) >= INNER_ROW:
+            # Rows of a broadcast (a per-channel bias, a one-hot): the last axis vectorized as it
+            # is, the others fused and cut into chunks. Fusing every axis made each lane divide
+            # its index by the row length to find its operands (magika's one-hot, 257 wide).
+            row = int(innermost.value)
+            outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+            tasks, _ = sch.split(outer, factors=[None, max(1, CHUNK // row)])
+            sch.parallel(tasks)
+            _, lanes = sch.split(loops[-1], factors=[None, LANES])
+            sch.vectorize(lanes)
+            return sch.mod["main"].with_attr("tirx.is_scheduled", True)
         fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
         outer, inner = sch.split(fused, factors=[None, CHUNK])
         sch.parallel(outer)
