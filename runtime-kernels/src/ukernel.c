@@ -669,19 +669,28 @@ RK_AVX512 static inline __attribute__((always_inline)) void avx512_body_rows_wid
   AVX512_WIDE_SPILL(8, mr1) AVX512_WIDE_SPILL(9, mr1) AVX512_WIDE_SPILL(10, mr1) AVX512_WIDE_SPILL(11, mr1)
 }
 
+/* The 12 x 32 kernel's cases of mr1, then the shared epilogue. */
+RK_AVX512 static inline __attribute__((always_inline)) void avx512_wide_c(int64_t kc, const float *a0,
+                                                                          const float *a1, int mr1, const float *b,
+                                                                          const int64_t *rows, const bool packed,
+                                                                          int64_t b_stride, float *c, int64_t c_rs,
+                                                                          const rk_tile_epilogue *ep) {
+  float tile[2 * RK_MR * 2 * RK_NR] __attribute__((aligned(64)));
+  switch (mr1) {
+    case 1: avx512_body_rows_wide(kc, a0, a1, 1, b, rows, packed, b_stride, tile); break;
+    case 2: avx512_body_rows_wide(kc, a0, a1, 2, b, rows, packed, b_stride, tile); break;
+    case 3: avx512_body_rows_wide(kc, a0, a1, 3, b, rows, packed, b_stride, tile); break;
+    case 4: avx512_body_rows_wide(kc, a0, a1, 4, b, rows, packed, b_stride, tile); break;
+    case 5: avx512_body_rows_wide(kc, a0, a1, 5, b, rows, packed, b_stride, tile); break;
+    default: avx512_body_rows_wide(kc, a0, a1, 6, b, rows, packed, b_stride, tile); break;
+  }
+  avx512_tile_out(tile, RK_MR + (mr1 < RK_MR ? mr1 : RK_MR), 2, RK_NR, c, c_rs, ep);
+}
+
 RK_AVX512 static void avx512_ukernel_rows_wide_c(int64_t kc, const float *a0, const float *a1, int mr1,
                                                  const float *b, const int64_t *rows, float *c, int64_t c_rs,
                                                  const rk_tile_epilogue *ep) {
-  float tile[2 * RK_MR * 2 * RK_NR] __attribute__((aligned(64)));
-  switch (mr1) {
-    case 1: avx512_body_rows_wide(kc, a0, a1, 1, b, rows, false, 0, tile); break;
-    case 2: avx512_body_rows_wide(kc, a0, a1, 2, b, rows, false, 0, tile); break;
-    case 3: avx512_body_rows_wide(kc, a0, a1, 3, b, rows, false, 0, tile); break;
-    case 4: avx512_body_rows_wide(kc, a0, a1, 4, b, rows, false, 0, tile); break;
-    case 5: avx512_body_rows_wide(kc, a0, a1, 5, b, rows, false, 0, tile); break;
-    default: avx512_body_rows_wide(kc, a0, a1, 6, b, rows, false, 0, tile); break;
-  }
-  avx512_tile_out(tile, RK_MR + (mr1 < RK_MR ? mr1 : RK_MR), 2, RK_NR, c, c_rs, ep);
+  avx512_wide_c(kc, a0, a1, mr1, b, rows, false, 0, c, c_rs, ep);
 }
 
 /* The same 12 x 32 kernel over two packed panels: the 6 x 32 kernel's sums, in the same order,
@@ -689,16 +698,7 @@ RK_AVX512 static void avx512_ukernel_rows_wide_c(int64_t kc, const float *a0, co
  * us alone, and the MiniLM encoder 2.3% faster, its weights cold). */
 RK_AVX512 static void avx512_ukernel2_wide_c(int64_t kc, const float *a0, const float *a1, int mr1, const float *b,
                                              int64_t b_stride, float *c, int64_t c_rs, const rk_tile_epilogue *ep) {
-  float tile[2 * RK_MR * 2 * RK_NR] __attribute__((aligned(64)));
-  switch (mr1) {
-    case 1: avx512_body_rows_wide(kc, a0, a1, 1, b, NULL, true, b_stride, tile); break;
-    case 2: avx512_body_rows_wide(kc, a0, a1, 2, b, NULL, true, b_stride, tile); break;
-    case 3: avx512_body_rows_wide(kc, a0, a1, 3, b, NULL, true, b_stride, tile); break;
-    case 4: avx512_body_rows_wide(kc, a0, a1, 4, b, NULL, true, b_stride, tile); break;
-    case 5: avx512_body_rows_wide(kc, a0, a1, 5, b, NULL, true, b_stride, tile); break;
-    default: avx512_body_rows_wide(kc, a0, a1, 6, b, NULL, true, b_stride, tile); break;
-  }
-  avx512_tile_out(tile, RK_MR + (mr1 < RK_MR ? mr1 : RK_MR), 2, RK_NR, c, c_rs, ep);
+  avx512_wide_c(kc, a0, a1, mr1, b, NULL, true, b_stride, c, c_rs, ep);
 }
 
 bool rk_use_avx512(void) {

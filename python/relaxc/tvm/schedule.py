@@ -27,14 +27,13 @@ def _schedule(func):
         blocks = sch.get_child_blocks(root)
         if not blocks:
             return None
-        if any(int(iv.iter_type) != 0 for b in blocks for iv in sch.get(b).iter_vars):
-            return _schedule_reduction(sch, root, blocks)
-        for block in blocks[:-1]:
-            sch.compute_inline(block)
-        last = sch.get_child_blocks(root)
-        if len(last) != 1:
+        reduction = any(int(iv.iter_type) != 0 for b in blocks for iv in sch.get(b).iter_vars)
+        last = _only_block(sch, root, blocks)
+        if last is None:
             return None
-        loops = sch.get_loops(last[0])
+        if reduction:
+            return _schedule_reduction(sch, last)
+        loops = sch.get_loops(last)
         if not loops:
             return None
         innermost = sch.get(loops[-1]).extent
@@ -59,18 +58,22 @@ def _schedule(func):
         return None
 
 
-def _schedule_reduction(sch, root, blocks):
+def _only_block(sch, root, blocks):
+    """The kernel's last block once every block before it is inlined into it, or None when more
+    than one is left."""
+    for block in blocks[:-1]:
+        sch.compute_inline(block)
+    last = sch.get_child_blocks(root)
+    return last[0] if len(last) == 1 else None
+
+
+def _schedule_reduction(sch, last):
     """A reduction (a sum or a max over some axes, the element-wise work before it inlined) with its
     outputs split between the pool's threads: each output still reduces its values in TVM's
     order, on one thread, so the bits are TVM's. magika's global max pooling and its layer
     norms' sums ran on one thread. None where the kernel is not that."""
-    for block in blocks[:-1]:
-        sch.compute_inline(block)
-    last = sch.get_child_blocks(root)
-    if len(last) != 1:
-        return None
-    loops = sch.get_loops(last[0])
-    kinds = [int(iv.iter_type) for iv in sch.get(last[0]).iter_vars]
+    loops = sch.get_loops(last)
+    kinds = [int(iv.iter_type) for iv in sch.get(last).iter_vars]
     spatial = kinds.index(2) if 2 in kinds else len(kinds)
     # Spatial axes first, then the reduced ones, one loop each (as TVM legalizes sum and max).
     if len(loops) != len(kinds) or spatial == 0 or any(k != 0 for k in kinds[:spatial]):
