@@ -158,23 +158,6 @@ static void activate_generic(float *x, int64_t rs, int64_t rows, int64_t cols, r
 #define VM_SELECT_LT(a, b, t, f) _mm256_blendv_ps(f, t, _mm256_cmp_ps(a, b, _CMP_LT_OQ))
 #define VM_SELECT_NAN(v, t, f) _mm256_blendv_ps(f, t, _mm256_cmp_ps(v, v, _CMP_UNORD_Q))
 #include "rk_vmath.h"
-#undef VM_TARGET
-#undef VM_NAME
-#undef VM_F
-#undef VM_LANES
-#undef VM_SET
-#undef VM_LOAD
-#undef VM_STORE
-#undef VM_ADD
-#undef VM_SUB
-#undef VM_MUL
-#undef VM_DIV
-#undef VM_MIN
-#undef VM_MAX
-#undef VM_NEG
-#undef VM_POW2
-#undef VM_SELECT_LT
-#undef VM_SELECT_NAN
 
 #define VM_TARGET RK_AVX512_TARGET
 #define VM_NAME(fn) avx512_##fn
@@ -312,6 +295,12 @@ typedef struct gemm_job {
   rk_ukernel_rows_wide_c_fn ukernel_rows_wide;
 } gemm_job;
 
+/* Whether a C-writing micro-kernel may write this product's tiles: C's rows contiguous, and so
+ * the residual's where the epilogue adds it. */
+static inline bool c_written_by_kernel(const rk_gemm *g, bool last) {
+  return g->c_cs == 1 && (!last || !g->ep.residual || g->ep.res_cs == 1);
+}
+
 /* What a C-writing micro-kernel applies to the tile at (i0, j0): the epilogue with its activation
  * where rk_kernel_activates; the others its caller applies to the tile after (the same values in
  * the same order as store_tile's, so the same bits). */
@@ -331,7 +320,7 @@ static inline __attribute__((always_inline)) void compute_tile(const gemm_job *j
                                                               int64_t mr, int64_t j0, int64_t nr, bool first,
                                                               bool last) {
   const rk_epilogue *ep = &g->ep;
-  if (job->ukernel_c && nr == RK_NR && g->c_cs == 1 && (!last || !ep->residual || ep->res_cs == 1)) {
+  if (job->ukernel_c && nr == RK_NR && c_written_by_kernel(g, last)) {
     rk_tile_epilogue t = tile_epilogue(ep, first, last, i0, j0);
     float *c = g->c + i0 * g->c_rs + j0;
     job->ukernel_c(kc, strip, panel, c, g->c_rs, (int)mr, &t);
@@ -350,7 +339,7 @@ static inline __attribute__((always_inline)) void compute_tile2(const gemm_job *
                                                                int64_t b_stride, int64_t i0, int64_t mr, int64_t j0,
                                                                int64_t nr1, bool first, bool last) {
   const rk_epilogue *ep = &g->ep;
-  if (job->ukernel2_c && nr1 == RK_NR && g->c_cs == 1 && (!last || !ep->residual || ep->res_cs == 1)) {
+  if (job->ukernel2_c && nr1 == RK_NR && c_written_by_kernel(g, last)) {
     rk_tile_epilogue t = tile_epilogue(ep, first, last, i0, j0);
     float *c = g->c + i0 * g->c_rs + j0;
     job->ukernel2_c(kc, strip, panel, b_stride, c, g->c_rs, (int)mr, &t);
@@ -426,8 +415,7 @@ static inline __attribute__((always_inline)) void run_block(const gemm_job *job,
       bool pair = job->ukernel2 && p + 1 < p_end && nr == RK_NR;
       int64_t nr1 = g->n - j0 - RK_NR < RK_NR ? g->n - j0 - RK_NR : RK_NR;
       /* Two strips a call where the 12-row kernel can write C itself. */
-      bool wide = pair && job->ukernel2_wide && nr1 == RK_NR && g->c_cs == 1 &&
-                  (!last || !g->ep.residual || g->ep.res_cs == 1);
+      bool wide = pair && job->ukernel2_wide && nr1 == RK_NR && c_written_by_kernel(g, last);
       int64_t strip_stride = g->a_packed ? g->k * RK_MR : kc * RK_MR;
       for (int64_t s = 0; s < strips; s++) {
         int64_t i0 = m_begin + s * RK_MR, mr = m_end - i0 < RK_MR ? m_end - i0 : RK_MR;
@@ -511,19 +499,19 @@ static inline __attribute__((always_inline)) void run_streaming(const gemm_job *
 }
 
 /* Column block nb's panels [*begin, *end): n_blocks blocks of nearly equal size, cut between
- * pairs of panels when pair_cut is 2. */
-static inline void block_panels(const gemm_job *job, int64_t panels, int64_t nb, int64_t *begin, int64_t *end) {
-  int64_t cut = job->pair_cut, whole = (panels + cut - 1) / cut;
-  *begin = nb * whole / job->n_blocks * cut;
-  *end = (nb + 1) * whole / job->n_blocks * cut;
+ * pairs of panels when cut is 2. */
+static inline void block_panels(int64_t panels, int64_t n_blocks, int64_t cut, int64_t nb, int64_t *begin,
+                                int64_t *end) {
+  int64_t whole = (panels + cut - 1) / cut;
+  *begin = nb * whole / n_blocks * cut;
+  *end = (nb + 1) * whole / n_blocks * cut;
   if (*begin > panels) *begin = panels;
   if (*end > panels) *end = panels;
 }
 
 /* The busiest task's work, in pairs of panels, when blocks are cut every `cut` panels: a panel
  * the two-panel kernel cannot pair runs alone at about 0.75 of a pair's time. */
-static double slowest_task(gemm_job *job, int64_t panels, int cut, int tasks) {
-  job->pair_cut = cut;
+static double slowest_task(const gemm_job *job, int64_t panels, int64_t cut, int tasks) {
   int64_t units = job->count * job->m_blocks * job->n_blocks;
   double slowest = 0.0;
   for (int t = 0; t < tasks; t++) {
@@ -532,12 +520,11 @@ static double slowest_task(gemm_job *job, int64_t panels, int cut, int tasks) {
     double work = 0.0;
     for (int64_t u = begin; u < end; u++) {
       int64_t nb = (u % (job->m_blocks * job->n_blocks)) / job->m_blocks, p_begin, p_end;
-      block_panels(job, panels, nb, &p_begin, &p_end);
+      block_panels(panels, job->n_blocks, cut, nb, &p_begin, &p_end);
       work += (double)((p_end - p_begin) / 2) + 0.75 * (double)((p_end - p_begin) % 2);
     }
     if (work > slowest) slowest = work;
   }
-  job->pair_cut = 1;
   return slowest;
 }
 
@@ -553,7 +540,7 @@ static inline __attribute__((always_inline)) void run_units(const gemm_job *job,
     int64_t nb = rest / job->m_blocks, mb = rest % job->m_blocks;
     const rk_gemm *g = &job->problems[p];
     int64_t p_begin, p_end;
-    block_panels(job, panels, nb, &p_begin, &p_end);
+    block_panels(panels, job->n_blocks, job->pair_cut, nb, &p_begin, &p_end);
     if (p_begin >= p_end) continue;
     if (streaming) {
       run_streaming(job, g, job->b_packed[p], p_begin, p_end, a_pack);
@@ -624,7 +611,7 @@ static int pack_b_task(int task, int num_tasks, void *ctx) {
   return 0;
 }
 
-/* A gathered A packed whole (see rk_gemm_run) at most this big. */
+/* An A packed whole (see rk_gemm_run) at most this big. */
 #define RK_WHOLE_A_BYTES (4.0 * 1024.0 * 1024.0)
 enum { RK_WHOLE_A_BLOCK_ROWS = 4 * RK_MC };
 
@@ -694,9 +681,7 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
    * 1536 columns, packed once per column block: 8.6% of the encoder's time, now 3.5%). */
   rk_gemm whole;
   double a_bytes = 4.0 * (double)g0->m * (double)g0->k;
-  /* Rows of activations (a dense layer's tokens) packed whole: blocks keep at most
-   * RK_WHOLE_A_BLOCK_ROWS of them, so that a block's strips stay in L2 while the panels pass. */
-  bool whole_rows = count == 1 && !g0->a_packed && !g0->a_gathered && g0->m > RK_MC;
+  int64_t block_rows = 0; /* a cap on rows per block, where A was packed here; 0: none */
   if (count == 1 && !g0->a_packed && !takes_streaming_path(g0) &&
       (g0->m <= RK_MC || a_bytes <= RK_WHOLE_A_BYTES)) {
     int64_t strips = (g0->m + RK_MR - 1) / RK_MR;
@@ -705,6 +690,9 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
     pack_whole_job pack = {g0, a_whole, strips};
     int64_t tasks = a_bytes < 65536.0 ? 1 : strips;
     rk_parallel(tasks, pack_whole_task, &pack);
+    /* Rows of activations (a dense layer's tokens): blocks keep at most RK_WHOLE_A_BLOCK_ROWS of
+     * them, so that a block's strips stay in L2 while the panels pass. */
+    if (!g0->a_gathered && g0->m > RK_MC) block_rows = RK_WHOLE_A_BLOCK_ROWS;
     whole = *g0;
     whole.a_packed = a_whole;
     whole.a_gathered = false;
@@ -714,7 +702,7 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
   /* Prepacked A needs no packing buffer, so a block may take every row: B's gathered panels are
    * then used by all of them. */
   int64_t mc = g0->a_packed ? (g0->m + RK_MR - 1) / RK_MR * RK_MR : RK_MC;
-  if (whole_rows && g0->a_packed && mc > RK_WHOLE_A_BLOCK_ROWS) mc = RK_WHOLE_A_BLOCK_ROWS;
+  if (block_rows && mc > block_rows) mc = block_rows;
   bool streaming = takes_streaming_path(g0);
   rk_isa isa = rk_cpu_isa();
   gemm_job job = {.problems = problems,
@@ -777,7 +765,7 @@ int rk_gemm_run(const rk_gemm *problems, int64_t count) {
   job.panels_per_block = 0;
   for (int64_t nb = 0; nb < n_blocks; nb++) {
     int64_t p_begin, p_end;
-    block_panels(&job, panels, nb, &p_begin, &p_end);
+    block_panels(panels, n_blocks, job.pair_cut, nb, &p_begin, &p_end);
     if (p_end - p_begin > job.panels_per_block) job.panels_per_block = p_end - p_begin;
   }
   return rk_parallel(tasks, gemm_task, &job);

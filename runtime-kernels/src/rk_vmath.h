@@ -1,7 +1,8 @@
 /*
  * rk_vmath.h: rk_math.h's exp-based activations (SiLU, sigmoid, GELU, GELU's tanh form) over a
  * whole SIMD register, written once for AVX2 and AVX-512: the including file defines the VM_*
- * operations and VM_NAME, then includes this header once per instruction set.
+ * operations and VM_NAME, then includes this header once per instruction set (it undefines them
+ * at its end).
  *
  * Each function performs rk_math.h's float operations in the same order, so the bits are the
  * scalar functions' for every input, NaN, infinities and signed zeros included. What the
@@ -85,3 +86,22 @@ VM_TARGET static bool VM_NAME(activate)(float *x, int64_t n, rk_act act) {
     default: return false;
   }
 }
+
+/* The parameters are undefined again, so that the next instruction set can define its own. */
+#undef VM_TARGET
+#undef VM_NAME
+#undef VM_F
+#undef VM_LANES
+#undef VM_SET
+#undef VM_LOAD
+#undef VM_STORE
+#undef VM_ADD
+#undef VM_SUB
+#undef VM_MUL
+#undef VM_DIV
+#undef VM_MIN
+#undef VM_MAX
+#undef VM_NEG
+#undef VM_POW2
+#undef VM_SELECT_LT
+#undef VM_SELECT_NAN

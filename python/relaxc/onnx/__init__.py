@@ -259,8 +259,8 @@ def placement(mod):
 
 def _fast_math(mod):
     """What stays on TVM's kernels computes exp, erf, tanh and sigmoid with TVM's polynomial forms
-    (topi.fast_exp and friends: errors ~1e-7 relative), which vectorize, instead of calling libm
-    once a value: an LSTM's gates (CRNN: 2-3% of its time at 1 and 2 threads), a softmax along
+    (topi.fast_exp and friends; within 1e-6 of onnx's reference in the tests), which vectorize,
+    instead of calling libm once a value: an LSTM's gates (CRNN: 2-3% of its time at 1 and 2 threads), a softmax along
     another axis than the last. The kernel library's own activations are not touched."""
     from tvm.relax.expr_functor import PyExprMutator, mutator
 

@@ -6,6 +6,8 @@ inner part vectorized). TVM's default CPU build leaves them one kernel per opera
 single-threaded scalar loop, one pass over memory each. A reduction (a sum, a max) has its
 outputs split between the threads, each output reduced as TVM reduces it."""
 
+import math
+
 import tvm
 from tvm import relax, tirx
 
@@ -41,21 +43,21 @@ def _schedule(func):
             # Rows of a broadcast (a per-channel bias, a one-hot): the last axis vectorized as it
             # is, the others fused and cut into chunks. Fusing every axis made each lane divide
             # its index by the row length to find its operands (magika's one-hot, 257 wide).
-            row = int(innermost.value)
-            outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
-            tasks, _ = sch.split(outer, factors=[None, max(1, CHUNK // row)])
-            sch.parallel(tasks)
-            _, lanes = sch.split(loops[-1], factors=[None, LANES])
-            sch.vectorize(lanes)
-            return sch.mod["main"].with_attr("tirx.is_scheduled", True)
-        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-        outer, inner = sch.split(fused, factors=[None, CHUNK])
-        sch.parallel(outer)
-        _, lanes = sch.split(inner, factors=[None, LANES])
+            tasks, _ = sch.split(_fused(sch, loops[:-1]), factors=[None, max(1, CHUNK // int(innermost.value))])
+            row = loops[-1]
+        else:
+            tasks, row = sch.split(_fused(sch, loops), factors=[None, CHUNK])
+        sch.parallel(tasks)
+        _, lanes = sch.split(row, factors=[None, LANES])
         sch.vectorize(lanes)
         return sch.mod["main"].with_attr("tirx.is_scheduled", True)
     except Exception:
         return None
+
+
+def _fused(sch, loops):
+    """One loop over the given loops' iterations (the loop itself when there is one)."""
+    return sch.fuse(*loops) if len(loops) > 1 else loops[0]
 
 
 def _only_block(sch, root, blocks):
@@ -83,29 +85,22 @@ def _schedule_reduction(sch, last):
     extents = [sch.get(loop).extent for loop in loops]
     if not all(isinstance(e, tirx.IntImm) for e in extents):
         return None
-    outputs = 1
-    for e in extents[:spatial]:
-        outputs *= int(e.value)
-    work = outputs
-    for e in extents[spatial:]:
-        work *= int(e.value)
-    if outputs < 2 or work < CHUNK:
-        return None
-    fused = sch.fuse(*loops[:spatial]) if spatial > 1 else loops[0]
+    outputs = math.prod(int(e.value) for e in extents[:spatial])
+    work = outputs * math.prod(int(e.value) for e in extents[spatial:])
     # Chunks of about CHUNK values reduced, as the element-wise kernels take.
     per_task = max(1, CHUNK * outputs // work)
-    if per_task < outputs:
-        outer, _ = sch.split(fused, factors=[None, per_task])
-        sch.parallel(outer)
-    else:
+    if outputs < 2 or work < CHUNK or per_task >= outputs:
         return None
+    tasks, _ = sch.split(_fused(sch, loops[:spatial]), factors=[None, per_task])
+    sch.parallel(tasks)
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
 
 
 @tvm.transform.module_pass(opt_level=0, name="relaxc.FuseAndParallelize")
 class FuseAndParallelize:
     """Legalizes the operators the kernel library did not take, fuses element-wise chains (TVM's
-    FuseOps and FuseTIR), and schedules each fused element-wise kernel onto the thread pool."""
+    FuseOps and FuseTIR), and schedules each fused element-wise kernel and each reduction onto the
+    thread pool."""
 
     def transform_module(self, mod, ctx):
         mod = tvm.transform.Sequential(
