@@ -108,3 +108,26 @@ def test_the_llm_command_builds_a_gguf_file_and_writes_its_tokenizer(tmp_path):
 
     # The fixture's vocabulary is pieces <t0>..<t127>: the text of the tokens is theirs.
     assert Tokenizer(tokenizer).decode([int(t) for t in want["tokens"]]) == "".join(f"<t{t}>" for t in want["tokens"])
+
+
+def test_kernels_a_model_brings_are_left_as_written():
+    """relaxc.tvm.build schedules only the kernels that legalization and fusion make. The paged
+    KV cache's attention kernels come written and scheduled with the model; at the mid-size
+    Llama's shapes the reduction schedule broke its prefill kernel (a variable used but not
+    passed), so `relaxc.llm build` failed. Every PrimFunc the module brought must come out as it
+    went in, and the module must still build."""
+    import tvm_ffi
+    from relaxc.tvm.schedule import FuseAndParallelize
+
+    llm = llm_module()
+    shape = llm.Shape(vocab=512, hidden=1024, layers=1, heads=16, kv_heads=4, head_dim=64, ffn=2816)
+    model = llm.TinyLlama(shape)
+    mod, _ = model.export_tvm(spec=model.spec(batch="symbolic"))
+    brought = {g.name_hint: f for g, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert any("prefill" in name for name in brought), sorted(brought)
+    scheduled = FuseAndParallelize()(mod)
+    for gvar, func in scheduled.functions_items():
+        if gvar.name_hint in brought:
+            # Passes may annotate the kernel (its op pattern); its code must not change.
+            assert tvm_ffi.structural_equal(func.body, brought[gvar.name_hint].body, map_free_vars=True), gvar.name_hint
+    tvm.relax.build(scheduled, target="llvm")

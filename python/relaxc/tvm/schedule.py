@@ -103,6 +103,10 @@ class FuseAndParallelize:
     thread pool."""
 
     def transform_module(self, mod, ctx):
+        # Kernels the module brought (the paged KV cache's attention, a TVMScript program's own
+        # PrimFuncs) are scheduled by their authors: only what legalization and fusion made here
+        # is ours to schedule. The mid-size Llama's prefill attention broke when it was touched.
+        written = {gvar.name_hint for gvar, func in mod.functions.items() if isinstance(func, tirx.PrimFunc)}
         mod = tvm.transform.Sequential(
             [
                 relax.transform.LegalizeOps(),
@@ -114,7 +118,9 @@ class FuseAndParallelize:
             ]
         )(mod)
         for gvar, func in list(mod.functions.items()):
-            if not isinstance(func, tirx.PrimFunc) or (func.attrs is not None and "tirx.is_scheduled" in func.attrs):
+            if not isinstance(func, tirx.PrimFunc) or gvar.name_hint in written:
+                continue
+            if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
                 continue
             scheduled = _schedule(func)
             if scheduled is not None:
