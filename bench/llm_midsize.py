@@ -214,6 +214,20 @@ path, threads, tokens, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), i
 prompt = json.loads(sys.argv[5])
 # sys.argv[7] == "f32": the KV cache in float32, as relaxc keeps it (llama.cpp's default is f16).
 kv = {"type_k": 0, "type_v": 0} if sys.argv[7] == "f32" else {}
+# sys.argv[8]: a variant of llama.cpp's own arithmetic, to see how far it moves its own logits:
+# "flash" (flash attention on; off by default on CPU), "plain" (weights not repacked at load).
+variant = sys.argv[8] if len(sys.argv) > 8 else ""
+if variant == "flash":
+    kv["flash_attn"] = True
+if variant == "plain":
+    defaults = llama_cpp.llama_model_default_params
+    def plain_params():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+    llama_cpp.llama_model_default_params = plain_params
+    import llama_cpp.llama
+    llama_cpp.llama.llama_cpp.llama_model_default_params = plain_params
 llm = Llama(model_path=path, n_ctx=512, n_batch=64, n_threads=threads, n_threads_batch=threads, verbose=False, **kv)
 prefills, rates, first, generated = [], [], None, None
 vocab = llm.n_vocab()
@@ -240,10 +254,12 @@ print(json.dumps({"tokens": generated, "prefill_ms": float(np.median(prefills)),
 """
 
 
-def llama_cpp(gguf_path, threads, tokens, runs, logits_path, kv_cache="f16"):
+def llama_cpp(gguf_path, threads, tokens, runs, logits_path, kv_cache="f16", variant=""):
     """llama.cpp's greedy tokens, prefill ms and decode tokens/s on the file; the first prefill's
     logits saved at logits_path. kv_cache="f32" keeps its KV cache in float32, as relaxc does, for
-    comparing numbers; timings use its default, f16."""
+    comparing numbers; timings use its default, f16. variant "flash" turns its flash attention on,
+    "plain" keeps its weights as the file has them (no repacking): both change only the order of
+    its arithmetic."""
     import json
 
     out = subprocess.run(
@@ -258,6 +274,7 @@ def llama_cpp(gguf_path, threads, tokens, runs, logits_path, kv_cache="f16"):
             json.dumps(PROMPT),
             logits_path,
             kv_cache,
+            variant,
         ],
         check=True,
         capture_output=True,
