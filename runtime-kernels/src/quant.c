@@ -442,37 +442,20 @@ typedef struct dense_job {
   float *out;
 } dense_job;
 
-enum { ROWS_PER_TASK_UNIT = 16, TILE = 4 };
+enum { ROWS_PER_TASK_UNIT = 16, TILE = 4, STREAMS = 2 };
 
-static int dense_task(int task, int num_tasks, void *ctx) {
-  const dense_job *j = ctx;
+/* The weight rows [c, c + rows) against every activation row: one tile of the task. */
+static void dense_tile(const dense_job *j, int64_t c, int rows) {
   const rk_qrows *a = &j->rows;
-  int64_t k = a->k, units = (j->n + ROWS_PER_TASK_UNIT - 1) / ROWS_PER_TASK_UNIT, begin, end;
-  rk_split(units, task, num_tasks, &begin, &end);
-  int64_t lo = begin * ROWS_PER_TASK_UNIT, hi = end * ROWS_PER_TASK_UNIT < j->n ? end * ROWS_PER_TASK_UNIT : j->n;
-  /* Tiles start at multiples of TILE rows of the weights and of the activations whatever the
-   * split, and a tile's shape never changes its sums. */
-  if (j->tile8) { /* groups of 8 rows: units of 16 start on groups, and n is a multiple of 8 */
-    for (int64_t c = lo; c < hi; c += 8) {
-      for (int64_t r = 0; r < j->m; r += TILE) {
-        int xrows = (int)(j->m - r < TILE ? j->m - r : TILE);
-        j->tile8(j->w + c * j->row_bytes, a, r, xrows, j->out + r * j->n + c, j->n);
-      }
-      if (j->bias)
-        for (int64_t r = 0; r < j->m; r++)
-          for (int col = 0; col < 8; col++) j->out[r * j->n + c + col] += j->bias[c + col];
-    }
-    return 0;
-  }
-  for (int64_t c = lo; c < hi; c += TILE) {
-    int rows = (int)(hi - c < TILE ? hi - c : TILE);
-    for (int64_t r = 0; r < j->m; r += TILE) {
-      int xrows = (int)(j->m - r < TILE ? j->m - r : TILE);
-      float *out = j->out + r * j->n + c;
-      if (j->tile) {
-        j->tile(j->w + c * j->row_bytes, j->row_bytes, rows, a, r, xrows, out, j->n);
-        continue;
-      }
+  int64_t k = a->k;
+  for (int64_t r = 0; r < j->m; r += TILE) {
+    int xrows = (int)(j->m - r < TILE ? j->m - r : TILE);
+    float *out = j->out + r * j->n + c;
+    if (j->tile8) {
+      j->tile8(j->w + c * j->row_bytes, a, r, xrows, out, j->n);
+    } else if (j->tile) {
+      j->tile(j->w + c * j->row_bytes, j->row_bytes, rows, a, r, xrows, out, j->n);
+    } else {
       for (int xr = 0; xr < xrows; xr++) {
         rk_qact act = {0};
         if (a->q) act = (rk_qact){a->q + (r + xr) * k, a->d + (r + xr) * (k / a->act_block), a->sum16 + (r + xr) * (k / 16)};
@@ -480,10 +463,34 @@ static int dense_task(int task, int num_tasks, void *ctx) {
           out[xr * j->n + col] = j->dot(j->w + (c + col) * j->row_bytes, a->x + (r + xr) * k, &act, k);
       }
     }
-    if (j->bias)
-      for (int64_t r = 0; r < j->m; r++)
-        for (int col = 0; col < rows; col++) j->out[r * j->n + c + col] += j->bias[c + col];
   }
+  if (j->bias)
+    for (int64_t r = 0; r < j->m; r++)
+      for (int col = 0; col < rows; col++) j->out[r * j->n + c + col] += j->bias[c + col];
+}
+
+static int dense_task(int task, int num_tasks, void *ctx) {
+  const dense_job *j = ctx;
+  int64_t units = (j->n + ROWS_PER_TASK_UNIT - 1) / ROWS_PER_TASK_UNIT, begin, end;
+  rk_split(units, task, num_tasks, &begin, &end);
+  int64_t lo = begin * ROWS_PER_TASK_UNIT, hi = end * ROWS_PER_TASK_UNIT < j->n ? end * ROWS_PER_TASK_UNIT : j->n;
+  /* Tiles start at multiples of their rows (TILE, or 8 for the regrouped formats: units of 16
+   * start on groups, and n is a multiple of 8) whatever the split, and a tile's shape never
+   * changes its sums, so the order the tiles are taken in changes no bit. When the weights pass
+   * once (a few activation rows: decoding), the task's rows are read as two sequential streams
+   * far apart, a tile from each in turn: one core keeps more of memory's bandwidth busy with two
+   * streams in flight than with one. Mid-size Llama decode at 1 thread, Zen 5: f16 +12%, q8_0
+   * +10%, q4_0 and Q4_K_M +5%, f32 even; three or four streams were slower than one. */
+  int64_t step = j->tile8 ? 8 : TILE, tiles = (hi - lo + step - 1) / step;
+  int64_t streams = j->m <= TILE && tiles >= STREAMS ? STREAMS : 1;
+  int64_t per = (tiles + streams - 1) / streams;
+  for (int64_t t = 0; t < per; t++)
+    for (int64_t s = 0; s < streams; s++) {
+      int64_t index = s * per + t;
+      if (index >= tiles) continue;
+      int64_t c = lo + index * step;
+      dense_tile(j, c, (int)(hi - c < step ? hi - c : step));
+    }
   return 0;
 }
 

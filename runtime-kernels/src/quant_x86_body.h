@@ -106,15 +106,14 @@ QX_FN inline float QX(half)(const uint8_t *p) {
 #define QX_LOAD_F16(row, i) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((row) + 2 * (i))))
 #define QX_TAIL_F16(row, j) QX(half)((row) + 2 * (j))
 /* One float row against one activation row, four partial sums in flight (decoding: the row
- * streams from memory, and one chain of multiply-adds could not keep up with it). PREFETCH bytes
- * ahead are fetched in software (0: none): f16 decodes 1.1x faster at 2 threads with 2 KiB, f32
- * gained nothing measurable. */
-#define QX_FLOAT_ROW(name, LOAD8, TAIL, VALUE_BYTES, PREFETCH)                                           \
+ * streams from memory, and one chain of multiply-adds could not keep up with it). No software
+ * prefetch: with the rows read as two streams (quant.c's dense_task), f16 decoded faster at 1
+ * thread without one than with one 2 KiB ahead. */
+#define QX_FLOAT_ROW(name, LOAD8, TAIL)                                                                  \
   QX_FN float QX(name)(const uint8_t *row, const float *x, int64_t k) {                                  \
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                            \
     int64_t i = 0;                                                                                       \
     for (; i + 32 <= k; i += 32) {                                                                       \
-      if (PREFETCH) _mm_prefetch((const char *)row + (VALUE_BYTES) * i + (PREFETCH), _MM_HINT_T0);       \
       acc0 = _mm256_fmadd_ps(LOAD8(row, i), _mm256_loadu_ps(x + i), acc0);                               \
       acc1 = _mm256_fmadd_ps(LOAD8(row, i + 8), _mm256_loadu_ps(x + i + 8), acc1);                       \
       acc2 = _mm256_fmadd_ps(LOAD8(row, i + 16), _mm256_loadu_ps(x + i + 16), acc2);                     \
@@ -125,8 +124,8 @@ QX_FN inline float QX(half)(const uint8_t *p) {
     for (; i < k; i++) sum = __builtin_fmaf(TAIL(row, i), x[i], sum);                                    \
     return sum;                                                                                          \
   }
-QX_FLOAT_ROW(f32_row, QX_LOAD_F32, QX_TAIL_F32, 4, 0)
-QX_FLOAT_ROW(f16_row, QX_LOAD_F16, QX_TAIL_F16, 2, 2048)
+QX_FLOAT_ROW(f32_row, QX_LOAD_F32, QX_TAIL_F32)
+QX_FLOAT_ROW(f16_row, QX_LOAD_F16, QX_TAIL_F16)
 QX_KERNEL_PAIR(f32, QX(f32_row), QX_FLOAT_KERNEL(QX_LOAD_F32, QX_TAIL_F32, 4))
 QX_KERNEL_PAIR(f16, QX(f16_row), QX_FLOAT_KERNEL(QX_LOAD_F16, QX_TAIL_F16, 2))
 
