@@ -340,9 +340,9 @@ static const rk_qdots portable = {
 };
 
 #if defined(__aarch64__)
-/* aarch64: the portable dot products, the regrouped tiles in NEON (quant_neon.c). */
+/* aarch64: the portable dot products but q6_K's, and the regrouped tiles, in NEON (quant_neon.c). */
 static const rk_qdots neon = {
-    {dot_f32, dot_f16, dot_q8_0, dot_q4_0, dot_q4_K, dot_q6_K, dot_unused, dot_unused, dot_unused, dot_q4_1, dot_q5_0,
+    {dot_f32, dot_f16, dot_q8_0, dot_q4_0, dot_q4_K, rk_neon_dot_q6_K, dot_unused, dot_unused, dot_unused, dot_q4_1, dot_q5_0,
      dot_q5_1},
     {NULL},
     {[RK_Q_Q4_0X8] = rk_neon_tile8_q4_0x8, [RK_Q_Q4_KX8] = rk_neon_tile8_q4_Kx8, [RK_Q_Q8_0X8] = rk_neon_tile8_q8_0x8},

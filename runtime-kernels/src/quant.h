@@ -98,6 +98,8 @@ RVM_HIDDEN void rk_neon_tile8_q8_0x8(const uint8_t *group, const rk_qrows *a, in
                                      int64_t out_stride);
 RVM_HIDDEN void rk_neon_tile8_q4_Kx8(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out,
                                      int64_t out_stride);
+/* q6_K's dot product with NEON: the portable one's bits. */
+RVM_HIDDEN float rk_neon_dot_q6_K(const void *w, const float *x, const rk_qact *a, int64_t k);
 #endif
 #if defined(__x86_64__)
 /* AVX2 + FMA + F16C, and the same with AVX-512 VNNI's dpbusd where the CPU has it. */

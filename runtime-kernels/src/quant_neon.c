@@ -1,5 +1,7 @@
 /*
- * quant_neon.c: the regrouped formats' tiles (q4_0x8, q8_0x8, q4_Kx8) for aarch64 with NEON.
+ * quant_neon.c: the regrouped formats' tiles (q4_0x8, q8_0x8, q4_Kx8) and q6_K's dot product (never
+ * regrouped; Q4_K_M files keep their output projection, the largest matrix, in it) for aarch64
+ * with NEON.
  * Each row of a group is one int32 lane, as on x86; four products at a time are widened to int16
  * (vmull_s8) and summed pairwise into the lanes, which every aarch64 core has (the dot-product
  * extension's sdot would do it in one instruction, on the cores that have it). The sums are
@@ -143,5 +145,41 @@ void rk_neon_tile8_q4_Kx8(const uint8_t *group, const rk_qrows *a, int64_t r0, i
     }
     store8(out + r * out_stride, vsubq_f32(sum0, mins0), vsubq_f32(sum1, mins1));
   }
+}
+/* 16 products of q (unsigned, < 64) and x summed: exact in int32. */
+static inline int32_t dot16(uint8x16_t q, const int8_t *x) {
+  int8x16_t xv = vld1q_s8(x), qv = vreinterpretq_s8_u8(q);
+  int32x4_t low = vpaddlq_s16(vmull_s8(vget_low_s8(qv), vget_low_s8(xv)));
+  return vaddvq_s32(vaddq_s32(low, vpaddlq_s16(vmull_high_s8(qv, xv))));
+}
+
+float rk_neon_dot_q6_K(const void *w, const float *x, const rk_qact *a, int64_t k) {
+  (void)x;
+  const uint8_t *blk = w;
+  const uint8x16_t nibble = vdupq_n_u8(0xf), two = vdupq_n_u8(3);
+  float sum = 0.0f;
+  for (int64_t b = 0; b < k / 256; b++, blk += 210) {
+    const int8_t *scales = (const int8_t *)(blk + 192), *qx = a->q + b * 256;
+    const int16_t *sx = a->sum16 + b * 16;
+    int32_t s = 0; /* exact, so the order of its terms is free: quant.c's dot_q6_K gets the same */
+    for (int half = 0; half < 2; half++) {
+      const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+      for (int h = 0; h < 2; h++) { /* values 16h..16h+15 of each part of 32 */
+        uint8x16_t l0 = vld1q_u8(ql + 16 * h), l1 = vld1q_u8(ql + 32 + 16 * h), hi = vld1q_u8(qh + 16 * h);
+        uint8x16_t q[4] = {
+            vorrq_u8(vandq_u8(l0, nibble), vshlq_n_u8(vandq_u8(hi, two), 4)),
+            vorrq_u8(vandq_u8(l1, nibble), vshlq_n_u8(vandq_u8(vshrq_n_u8(hi, 2), two), 4)),
+            vorrq_u8(vshrq_n_u8(l0, 4), vshlq_n_u8(vandq_u8(vshrq_n_u8(hi, 4), two), 4)),
+            vorrq_u8(vshrq_n_u8(l1, 4), vshlq_n_u8(vshrq_n_u8(hi, 6), 4)),
+        };
+        for (int part = 0; part < 4; part++) {
+          int sub = 8 * half + 2 * part + h;
+          s += scales[sub] * (dot16(q[part], qx + 128 * half + 32 * part + 16 * h) - 32 * sx[sub]);
+        }
+      }
+    }
+    sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk + 208) * a->d[b], (float)s, sum);
+  }
+  return sum;
 }
 #endif
