@@ -2,8 +2,9 @@
 matrices mix every format): relaxc_weights maps the file and the generation gives TVM's tokens
 and logits bit for bit; and the model means what llama.cpp means by the file: an independent
 forward pass in numpy over the gguf package's dequantized tensors, with llama.cpp's RoPE on
-adjacent pairs of the rows as the file holds them, gives the same first logits within the error
-of int8 activations.
+adjacent pairs of the rows as the file holds them (each frequency divided by the file's
+rope_freqs.weight where it has one, as Llama 3's files do), gives the same first logits within
+the error of int8 activations.
 
 Needs numpy, pytest, apache-tvm-ffi and gguf (no TVM).
 """
@@ -163,6 +164,8 @@ def reference_first_logits(path, prompt, quantize_activations=False, perturbatio
     def rope(x):
         pos = np.arange(n)[:, None, None]
         angle = pos * theta ** (-np.arange(0, hd, 2) / hd)
+        if "rope_freqs.weight" in t:  # llama3's scaling: each frequency divided by its factor
+            angle = angle / t["rope_freqs.weight"]
         if arch == "qwen2":
             first, second = slice(0, hd // 2), slice(hd // 2, hd)
         else:
@@ -202,11 +205,16 @@ def reference_first_logits(path, prompt, quantize_activations=False, perturbatio
 
 @pytest.mark.parametrize(
     "gguf_file,recorded",
-    [("tiny_mixed.gguf", "generate.npz"), ("tiny_qwen2.gguf", "generate_qwen2.npz")],
+    [
+        ("tiny_mixed.gguf", "generate.npz"),
+        ("tiny_qwen2.gguf", "generate_qwen2.npz"),
+        ("tiny_llama3.gguf", "generate_llama3.npz"),
+    ],
 )
 def test_the_model_means_what_llama_cpp_means(gguf_file, recorded):
-    """llama (Q and K rows in llama.cpp's order, adjacent pairs rotated) and qwen2 (biases on Q,
-    K and V, NEOX RoPE on Hugging Face's rows)."""
+    """llama (Q and K rows in llama.cpp's order, adjacent pairs rotated), qwen2 (biases on Q, K
+    and V, NEOX RoPE on Hugging Face's rows) and Llama 3 (RoPE frequency factors, which move these
+    logits by 4.3e-2 if they are ignored; tied embeddings)."""
     want = np.load(os.path.join(FIXTURE, recorded))
     prompt = [int(i) for i in want["prompt"]]
     reference = reference_first_logits(os.path.join(FIXTURE, gguf_file), prompt)
@@ -222,7 +230,10 @@ def test_the_model_means_what_llama_cpp_means(gguf_file, recorded):
 )
 def test_activations_are_rounded_as_llama_cpp_rounds_them(gguf_file, recorded):
     """With the reference's activations rounded to int8 as llama.cpp's quantizers round them,
-    relaxc's logits come within float32 noise of it: the same blocks, scales and roundings."""
+    relaxc's logits come within float32 noise of it: the same blocks, scales and roundings.
+    (Not the Llama 3 fixture: TVM evaluates Llama 3's RoPE scaling in float32 in a few more steps,
+    enough to send an activation across a rounding boundary, 4.6e-3 here; llama.cpp itself is
+    7.1e-3 from this reference on that file.)"""
     want = np.load(os.path.join(FIXTURE, recorded))
     prompt = [int(i) for i in want["prompt"]]
     reference = reference_first_logits(os.path.join(FIXTURE, gguf_file), prompt, quantize_activations=True)

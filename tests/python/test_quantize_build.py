@@ -131,3 +131,48 @@ def test_kernels_a_model_brings_are_left_as_written():
             # Passes may annotate the kernel (its op pattern); its code must not change.
             assert tvm_ffi.structural_equal(func.body, brought[gvar.name_hint].body, map_free_vars=True), gvar.name_hint
     tvm.relax.build(scheduled, target="llvm")
+
+
+def test_rope_frequency_factors_are_read_back_as_llama3_scaling_or_refused(tmp_path):
+    """A GGUF file's rope_freqs.weight (Llama 3's RoPE scaling as llama.cpp's converter writes it)
+    becomes TVM's "llama3" scaling that gives the same divisors; divisors of another form, or a
+    tensor of the wrong type or length, are refused by name."""
+    sys.path.insert(0, os.path.join(ROOT, "fixtures", "gguf"))
+    import generate as fixture
+    from relaxc.llm.gguf_file import GGUFError, llama3_scaling, read_config
+
+    def divisors(s, theta, head_dim):
+        frequency = theta ** (-np.arange(0, head_dim, 2) / head_dim)
+        a = s["original_max_position_embeddings"] / (2 * np.pi) / (s["high_freq_factor"] - s["low_freq_factor"])
+        smooth = np.clip(a * frequency - s["low_freq_factor"] / (s["high_freq_factor"] - s["low_freq_factor"]), 0, 1)
+        return 1 / ((1 - smooth) / s["factor"] + smooth)
+
+    # Llama 3.1 8B's numbers (factor 8, 1 and 4 around an original 8192, theta 500000, heads of 128).
+    wavelength = 2 * np.pi * 500000.0 ** (np.arange(0, 128, 2) / 128)
+    smooth = np.clip((8192 / wavelength - 1) / 3, 0, 1)
+    llama31 = (1 / ((1 - smooth) / 8 + smooth)).astype(np.float32)
+    for factors, theta, head_dim in [
+        (llama31, 500000.0, 128),
+        (fixture.llama3_rope_factors(), 10000.0, 64),
+        (np.where(np.arange(32) < 10, 1.0, 4.0).astype(np.float32), 10000.0, 64),  # a step
+        (np.full(32, 2.0, np.float32), 10000.0, 64),  # every frequency divided alike
+    ]:
+        scaling = llama3_scaling("f.gguf", factors, theta, head_dim)
+        assert scaling["rope_type"] == "llama3"
+        np.testing.assert_allclose(divisors(scaling, theta, head_dim), factors, rtol=1e-5)
+    np.testing.assert_allclose(
+        [llama3_scaling("f.gguf", llama31, 500000.0, 128)[k] for k in ("factor", "high_freq_factor")], [8, 4], rtol=1e-5
+    )
+    assert llama3_scaling("f.gguf", np.ones(32, np.float32), 10000.0, 64) == {}
+    with pytest.raises(GGUFError, match="does not follow Llama 3"):
+        llama3_scaling("f.gguf", np.random.default_rng(1).uniform(1, 8, 32).astype(np.float32), 10000.0, 64)
+
+    weights = fixture.float_weights()
+    for bad, why in [
+        (fixture.llama3_rope_factors()[:16], "must be f32 with 32 values"),
+        (-fixture.llama3_rope_factors(), "not a positive number"),
+    ]:
+        path = str(tmp_path / "bad.gguf")
+        fixture.write_gguf(path, {**weights, "rope_freqs.weight": bad})
+        with pytest.raises(GGUFError, match=f"rope_freqs.weight.*{why}|{why}"):
+            read_config(path)

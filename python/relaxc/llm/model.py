@@ -59,6 +59,9 @@ class Config:
     rms_eps: float
     rope_theta: float
     rope_scale: float
+    # TVM's RoPE scaling: {} or "llama3" with its four numbers (read back from the file's
+    # rope_freqs.weight by gguf_file.llama3_scaling).
+    rope_scaling: dict
     context: int
     formats: dict  # tensor name -> format
     qkv_bias: bool
@@ -270,7 +273,7 @@ class LlamaFamily(nn.Module):
             rope_mode=RopeMode.NORMAL,
             rope_scale=c.rope_scale,
             rope_theta=c.rope_theta,
-            rope_scaling={},
+            rope_scaling=dict(self.c.rope_scaling),
             rope_ext_factors=relax.prim_value(0),
             rotary_dim=c.head_dim,
             enable_disaggregation=False,
