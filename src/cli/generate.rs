@@ -23,9 +23,14 @@ pub struct Args {
     /// new tokens are printed as text while they are generated.
     #[arg(long, value_name = "tokenizer.json")]
     tokenizer: Option<PathBuf>,
-    /// How many tokens to generate.
+    /// How many tokens to generate at most. With --tokenizer, generation also stops at the
+    /// tokenizer's end-of-sequence token (its `eos_token`, from NAME.tokenizer_config.json or
+    /// tokenizer_config.json beside it), unless --ignore-eos.
     #[arg(long, default_value_t = 16)]
     max_new_tokens: usize,
+    /// With --tokenizer, generate --max-new-tokens tokens even past the end-of-sequence token.
+    #[arg(long)]
+    ignore_eos: bool,
     /// Write the logits of every new token to this .npz, as float32 [N, vocab] under `logits`.
     #[arg(long, value_name = "FILE.npz")]
     logits: Option<PathBuf>,
@@ -77,7 +82,12 @@ pub fn run(args: Args) -> Result<()> {
         soak,
         weights,
         tokenizer,
+        ignore_eos,
     } = args;
+    let end = match (&tokenizer, ignore_eos) {
+        (Some(path), false) => end_of_sequence(path)?,
+        _ => None,
+    };
     let tokenizer = tokenizer
         .map(|path| {
             tokenizers::Tokenizer::from_file(&path).map_err(|e| {
@@ -85,6 +95,14 @@ pub fn run(args: Args) -> Result<()> {
             })
         })
         .transpose()?;
+    let end = match (&tokenizer, end) {
+        (Some(t), Some(text)) => Some(
+            t.token_to_id(&text)
+                .with_context(|| format!("the end-of-sequence token {text:?} is not in the tokenizer's vocabulary"))?
+                as i32,
+        ),
+        _ => None,
+    };
     let prompt = match &tokenizer {
         Some(t) => {
             let encoding =
@@ -110,8 +128,32 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(out) = &logits {
         refuse_overwriting("--logits", out, &[&model])?;
     }
-    let opts = GenerateOptions { prompt, max_new_tokens, logits, bench, config, vocab_size, weights, tokenizer };
+    let opts = GenerateOptions { prompt, max_new_tokens, logits, bench, config, vocab_size, weights, tokenizer, end };
     generate(&model, &opts)
+}
+
+/// The end-of-sequence token's text from the tokenizer's configuration: NAME.tokenizer_config.json
+/// beside NAME.tokenizer.json (as `python -m relaxc.llm build` writes them), else
+/// tokenizer_config.json in the same folder (as Hugging Face's repositories hold it); None when
+/// there is neither or it names none.
+fn end_of_sequence(tokenizer: &Path) -> Result<Option<String>> {
+    let folder = tokenizer.parent().unwrap_or(Path::new("."));
+    let name = tokenizer.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let mut candidates = Vec::new();
+    if let Some(stem) = name.strip_suffix("tokenizer.json").filter(|s| s.ends_with('.')) {
+        candidates.push(folder.join(format!("{stem}tokenizer_config.json")));
+    }
+    candidates.push(folder.join("tokenizer_config.json"));
+    let Some(config) = candidates.into_iter().find(|c| c.is_file()) else { return Ok(None) };
+    let text = std::fs::read_to_string(&config).with_context(|| format!("reading {}", config.display()))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{}: not JSON", config.display()))?;
+    // eos_token is a string, or an object with its text under "content" (Hugging Face's AddedToken).
+    Ok(match json.get("eos_token") {
+        Some(serde_json::Value::String(t)) => Some(t.clone()),
+        Some(serde_json::Value::Object(o)) => o.get("content").and_then(|c| c.as_str()).map(str::to_string),
+        _ => None,
+    })
 }
 
 /// `generate --soak`: the long run of `relaxc::host::soak`, with progress every tenth of it.
@@ -170,6 +212,8 @@ struct GenerateOptions {
     vocab_size: Option<usize>,
     weights: Option<PathBuf>,
     tokenizer: Option<tokenizers::Tokenizer>,
+    /// The token that ends generation before --max-new-tokens (text mode).
+    end: Option<i32>,
 }
 
 /// One greedy generation: the new tokens, their logits, the prefill time and the decode time.
@@ -208,7 +252,7 @@ fn generate_once(
     on_token(tokens[0])?;
     let mut logits = first.row(0).to_vec();
     let start = Instant::now();
-    while tokens.len() < opts.max_new_tokens {
+    while tokens.len() < opts.max_new_tokens && opts.end.is_none_or(|end| tokens.last() != Some(&end)) {
         let step = llm.decode(&[0], &[*tokens.last().context("no token")?]).context("decode")?;
         tokens.push(step.argmax(0));
         on_token(step.argmax(0))?;

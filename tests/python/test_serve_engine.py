@@ -262,6 +262,41 @@ def test_generate_prints_the_text_of_its_tokens(models):
         engine.stop()
 
 
+def test_generate_stops_at_the_end_of_sequence_token(models, tmp_path):
+    """With --tokenizer, `relaxc generate` stops at the eos_token of the tokenizer's configuration
+    (here made a token the model generates early), and --ignore-eos generates them all."""
+    import json
+    import shutil
+
+    def generate(tokenizer, *extra):
+        out = subprocess.run(
+            [relaxc_binary(), "generate", models["tiny_llama"], "--tokenizer", tokenizer, "--prompt", "the cat sat"]
+            + ["--max-new-tokens", "12", *extra],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.splitlines()
+        return [int(t) for t in next(line for line in out if line.startswith("tokens:")).split(":")[1].split()]
+
+    everything = generate(TOKENIZER, "--ignore-eos")
+    assert len(everything) == 12
+    # The first token that is not the first one: generation must stop right after it appears.
+    stop = next(i for i, t in enumerate(everything) if t != everything[0])
+    shutil.copy(TOKENIZER, tmp_path / "m.tokenizer.json")
+    end = Tokenizer(TOKENIZER).hf.id_to_token(everything[stop])
+    (tmp_path / "m.tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": end}}))
+    assert generate(str(tmp_path / "m.tokenizer.json")) == everything[: stop + 1]
+    assert generate(str(tmp_path / "m.tokenizer.json"), "--ignore-eos") == everything
+    (tmp_path / "m.tokenizer_config.json").write_text(json.dumps({"eos_token": "<not a token>"}))
+    bad = subprocess.run(
+        [relaxc_binary(), "generate", models["tiny_llama"], "--tokenizer", str(tmp_path / "m.tokenizer.json")]
+        + ["--prompt", "the cat sat"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0 and "<not a token>" in bad.stderr
+
+
 def test_a_gguf_model_prefills_together_with_its_weights_from_the_file(tmp_path):
     """relaxc.llm's export (batch_prefill too) with its weights read from the GGUF file: TVM's
     greedy tokens, and 16 concurrent requests prefilled together give their answers alone."""
