@@ -8,7 +8,9 @@ a pool's workers either keep spinning or go to sleep and must be woken for the n
 Each runtime in its own process, interleaved rounds, medians of per-call latency: relaxc
 (compiled mode, `relaxc run --bench`) and TVM's VM (from Python, timed around the call).
 
-usage: python3 bench/pool.py [--relaxc target/release/relaxc] [--rounds 5] [--calls 300] [--threads 2]
+With --busy, another process keeps one core busy throughout (a shared machine).
+
+usage: python3 bench/pool.py [--relaxc target/release/relaxc] [--rounds 5] [--calls 300] [--threads 2] [--busy]
 """
 
 import argparse
@@ -82,6 +84,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument(
+        "--busy",
+        action="store_true",
+        help="time it all while another process keeps one core busy (a loop in a Python process), as on a "
+        "shared machine: a pool that waits for a worker whose core is taken waits for the scheduler",
+    )
     args = ap.parse_args()
     import numpy as np
 
@@ -99,6 +107,24 @@ def main():
     )
     env = dict(os.environ, TVM_NUM_THREADS=str(args.threads))
     times = {"relaxc": [], "TVM": []}
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
+    try:
+        measure(args, so, tar, inputs, env, times)
+    finally:
+        if busy:
+            busy.kill()
+    r, t = statistics.median(times["relaxc"]), statistics.median(times["TVM"])
+    print(
+        f"{BLOCKS} x (parallel GEMV {N}x{N} + serial kernel), {args.threads} threads, medians of {args.rounds} rounds of "
+        f"{args.calls} calls{', one core kept busy by another process' if args.busy else ''}"
+    )
+    print("| relaxc (µs) | TVM (µs) | relaxc / TVM |")
+    print("|---|---|---|")
+    print(f"| {r:.1f} | {t:.1f} | {r / t:.2f}x |")
+
+
+def measure(args, so, tar, inputs, env, times):
+    """Interleaved rounds of both runtimes, each in its own process; medians per call into times."""
     for _ in range(args.rounds):
         out = subprocess.run(
             [args.relaxc, "run", so, "--inputs", inputs, "--bench", str(args.calls)],
@@ -117,14 +143,6 @@ def main():
             text=True,
         ).stdout
         times["TVM"].append(float(out.split()[-1]))
-    r, t = statistics.median(times["relaxc"]), statistics.median(times["TVM"])
-    print(
-        f"{BLOCKS} x (parallel GEMV {N}x{N} + serial kernel), {args.threads} threads, medians of {args.rounds} rounds of "
-        f"{args.calls} calls"
-    )
-    print("| relaxc (µs) | TVM (µs) | relaxc / TVM |")
-    print("|---|---|---|")
-    print(f"| {r:.1f} | {t:.1f} | {r / t:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -3,13 +3,22 @@
  * tuned TVM CPU kernel calls.
  *
  * TVM's kernels split their loops themselves: task t of n covers its share, so the runtime only
- * has to run tasks 0..n-1 at once and wait for all of them. As in TVM, the calling thread runs
- * task 0 and persistent workers run the rest. Between jobs a worker spins for the next one for
- * RELAXC_POOL_SPIN_US microseconds (2000 by default) before it sleeps: a model's parallel
+ * has to run tasks 0..n-1 and wait for all of them. The calling thread and persistent workers
+ * claim the tasks as they come (one compare-and-swap each), so which thread runs a task changes
+ * nothing but the time: when a worker's core is busy with another process, the caller runs the
+ * task itself instead of waiting for the scheduler to give the worker a turn (a busy process on
+ * the other core of a 2-core VM made 2-thread LLM decoding 10-30x slower when each worker had
+ * its fixed task). Barriers still work: a task passes its first barrier only once every task has
+ * been claimed, so no thread takes a second task of a launch that uses them.
+ * Between jobs a worker spins for the next one for
+ * RELAXC_POOL_SPIN_US microseconds (100 by default) before it sleeps: a model's parallel
  * kernels come between short serial ones, and a sleeping worker costs the next launch a
  * wake-up of tens of microseconds on a VM (TVM's workers spin 300,000 sched_yields, OpenMP's
- * 200 ms). The launcher takes the lock to wake workers only when one sleeps, and the caller
- * waits for the workers the same way. The pool is sized once, at the first parallel kernel,
+ * 200 ms). It was 2000: no model measured faster with it than with 50 or 100, and with another
+ * process busy on one of two cores, spinning that long kept the scheduler from moving a
+ * preempted thread to the idle core (Q4_K_M decoding at 2 threads: 150 tokens/s with 2000,
+ * 200-290 with 100, 14 before tasks were claimed). The launcher takes the lock to wake workers
+ * only when one sleeps, and the caller waits for the tasks the same way. The pool is sized once, at the first parallel kernel,
  * from TVM_NUM_THREADS (TVM's variable, so deployment scripts keep working), then
  * OMP_NUM_THREADS, else the number of online CPUs; no thread exists before that.
  *
@@ -31,7 +40,7 @@
 enum { MAX_THREADS = 1024, SYNC_STRIDE = 16 /* ints: one cache line each */ };
 /* Spins between looks at the clock (a vDSO call): a few microseconds of pause instructions. */
 enum { SPINS_PER_CLOCK = 256 };
-#define DEFAULT_SPIN_US 2000
+#define DEFAULT_SPIN_US 100
 
 typedef struct pool {
   int num_threads; /* the caller plus the workers */
@@ -39,6 +48,9 @@ typedef struct pool {
   pthread_mutex_t lock;
   pthread_cond_t wake, done;
   atomic_uint generation; /* bumped for every job; workers wait for it to move */
+  /* The job's claims: its generation (high 32 bits), its task count (16 bits) and the next task
+   * to claim (low 16 bits). One word, so that a late thread can claim only the job it saw. */
+  atomic_ullong claims;
   atomic_bool stop;
   atomic_flag busy;
   /* the current job, written before `generation` moves */
@@ -46,7 +58,7 @@ typedef struct pool {
   void *cdata;
   TVMParallelGroupEnv env;
   const rvm_allocator *heap; /* the launcher's allocator, which the tasks allocate from too */
-  atomic_int pending; /* worker tasks not finished */
+  atomic_int unfinished; /* tasks of the job not finished */
   atomic_int failed;  /* a task failed; its error is below */
   atomic_int sleepers; /* workers asleep on `wake` (or about to be) */
   atomic_bool caller_sleeps; /* the launcher asleep on `done` (or about to be) */
@@ -127,9 +139,9 @@ static bool spin_until(pool *p, bool (*done)(pool *, unsigned), unsigned arg) {
  * its own write, so one of the two always sees the other. */
 static bool job_posted(pool *p, unsigned seen) { return atomic_load(&p->generation) != seen || atomic_load(&p->stop); }
 
-static bool workers_finished(pool *p, unsigned unused) {
+static bool tasks_finished(pool *p, unsigned unused) {
   (void)unused;
-  return atomic_load(&p->pending) == 0;
+  return atomic_load(&p->unfinished) == 0;
 }
 
 static void record_failure(pool *p) {
@@ -140,9 +152,38 @@ static void record_failure(pool *p) {
   }
 }
 
+/* A task of job `generation` not claimed yet, now this thread's, or -1 when none is left (or the
+ * job is over and another one posted). */
+static int claim_task(pool *p, unsigned generation) {
+  unsigned long long c = atomic_load_explicit(&p->claims, memory_order_acquire);
+  for (;;) {
+    unsigned next = (unsigned)(c & 0xffff), count = (unsigned)((c >> 16) & 0xffff);
+    if ((unsigned)(c >> 32) != generation || next >= count) return -1;
+    if (atomic_compare_exchange_weak_explicit(&p->claims, &c, c + 1, memory_order_acquire, memory_order_acquire))
+      return (int)next;
+  }
+}
+
+/* Runs task `task` of the current job (which cannot change while it is unfinished) and counts it
+ * done; the thread that finishes the last one wakes a sleeping launcher. */
+static void run_task(pool *p, int task) {
+  const rvm_allocator *previous = rvm_mem_enter(p->heap);
+  void *mark = rvm_workspace_mark();
+  if (p->f(task, &p->env, p->cdata) != 0) {
+    rvm_workspace_release_to(mark);
+    record_failure(p);
+  }
+  rvm_mem_leave(previous);
+  if (atomic_fetch_sub(&p->unfinished, 1) == 1 && atomic_load(&p->caller_sleeps)) {
+    pthread_mutex_lock(&p->lock);
+    pthread_cond_signal(&p->done);
+    pthread_mutex_unlock(&p->lock);
+  }
+}
+
 static void *worker_main(void *arg) {
   pool *p = &the_pool;
-  int id = (int)(intptr_t)arg;
+  (void)arg;
   unsigned seen = 0;
   for (;;) {
     if (!spin_until(p, job_posted, seen)) {
@@ -157,20 +198,7 @@ static void *worker_main(void *arg) {
     }
     if (atomic_load_explicit(&p->stop, memory_order_relaxed)) return NULL;
     seen = atomic_load(&p->generation);
-    if (id < p->env.num_task) {
-      const rvm_allocator *previous = rvm_mem_enter(p->heap);
-      void *mark = rvm_workspace_mark();
-      if (p->f(id, &p->env, p->cdata) != 0) {
-        rvm_workspace_release_to(mark);
-        record_failure(p);
-      }
-      rvm_mem_leave(previous);
-    }
-    if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_sleeps)) {
-      pthread_mutex_lock(&p->lock);
-      pthread_cond_signal(&p->done);
-      pthread_mutex_unlock(&p->lock);
-    }
+    for (int task; (task = claim_task(p, seen)) >= 0;) run_task(p, task);
   }
 }
 
@@ -242,23 +270,28 @@ RVM_HIDDEN int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void *cdata,
   p->env.sync_handle = p->sync;
   p->env.num_task = num_task;
   atomic_store_explicit(&p->failed, 0, memory_order_relaxed);
-  atomic_store_explicit(&p->pending, p->num_threads - 1, memory_order_relaxed);
-  atomic_fetch_add(&p->generation, 1);
+  atomic_store_explicit(&p->unfinished, num_task, memory_order_relaxed);
+  unsigned generation = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
+  atomic_store_explicit(&p->claims, (unsigned long long)generation << 32 | (unsigned long long)num_task << 16,
+                        memory_order_release);
+  atomic_store(&p->generation, generation);
   if (atomic_load(&p->sleepers) > 0) {
     pthread_mutex_lock(&p->lock);
     pthread_cond_broadcast(&p->wake);
     pthread_mutex_unlock(&p->lock);
   }
 
-  int rc = flambda(0, &p->env, cdata);
-  if (!spin_until(p, workers_finished, 0)) {
+  /* The caller claims tasks too, until none is left; then it waits for those still running. */
+  for (int task; (task = claim_task(p, generation)) >= 0;) run_task(p, task);
+  if (!spin_until(p, tasks_finished, 0)) {
     pthread_mutex_lock(&p->lock);
     atomic_store(&p->caller_sleeps, true);
-    while (!workers_finished(p, 0)) pthread_cond_wait(&p->done, &p->lock);
+    while (!tasks_finished(p, 0)) pthread_cond_wait(&p->done, &p->lock);
     atomic_store(&p->caller_sleeps, false);
     pthread_mutex_unlock(&p->lock);
   }
-  if (rc == 0 && atomic_load_explicit(&p->failed, memory_order_acquire)) rc = rvm_raise(p->error_kind, "%s", p->error_message);
+  int rc = 0;
+  if (atomic_load_explicit(&p->failed, memory_order_acquire)) rc = rvm_raise(p->error_kind, "%s", p->error_message);
   atomic_flag_clear_explicit(&p->busy, memory_order_release);
   return rc;
 }

@@ -1,8 +1,9 @@
 /*
  * A kernel that nests parallel launches, as TVM's kernels may: each task of an outer
  * TVMBackendParallelLaunch launches an inner one over its rows (the runtime runs a launch that
- * finds the pool busy on its own thread), and each inner task works in a kernel workspace.
- * y = 2 * x + 1, so the result is checkable.
+ * finds the pool busy on its own thread), and each inner task works in a kernel workspace. Then
+ * the outer tasks meet at TVMBackendParallelBarrier, and each adds the 1 to the next task's rows:
+ * y = 2 * x + 1 only if no task got past the barrier before every other had written its rows.
  */
 #include <stdint.h>
 #include <string.h>
@@ -18,6 +19,7 @@ typedef struct {
 } TVMParallelGroupEnv;
 typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv *penv, void *cdata);
 int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void *cdata, int num_task);
+int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv *penv);
 void *TVMBackendAllocWorkspace(int device_type, int device_id, uint64_t nbytes, int dtype_code_hint, int dtype_bits_hint);
 int TVMBackendFreeWorkspace(int device_type, int device_id, void *ptr);
 
@@ -46,7 +48,7 @@ static int inner(int task, TVMParallelGroupEnv *env, void *cdata) {
   float *row = TVMBackendAllocWorkspace(1, 0, (uint64_t)j->cols * sizeof(float), 2, 32);
   if (!row) return -1;
   for (int64_t r = j->first + begin; r < j->first + end; r++) {
-    for (int64_t c = 0; c < j->cols; c++) row[c] = 2.0f * j->x[r * j->cols + c] + 1.0f;
+    for (int64_t c = 0; c < j->cols; c++) row[c] = 2.0f * j->x[r * j->cols + c];
     memcpy(j->y + r * j->cols, row, sizeof(float) * (size_t)j->cols);
   }
   return TVMBackendFreeWorkspace(1, 0, row);
@@ -58,7 +60,12 @@ static int outer(int task, TVMParallelGroupEnv *env, void *cdata) {
   share(task, env->num_task, j.rows, &begin, &end);
   j.first = begin;
   j.count = end - begin;
-  return j.count > 0 ? TVMBackendParallelLaunch(inner, &j, 0) : 0;
+  int rc = j.count > 0 ? TVMBackendParallelLaunch(inner, &j, 0) : 0;
+  TVMBackendParallelBarrier(task, env); /* every task arrives, even one that failed */
+  if (rc != 0) return rc;
+  share((task + 1) % env->num_task, env->num_task, j.rows, &begin, &end);
+  for (int64_t i = begin * j.cols; i < end * j.cols; i++) j.y[i] += 1.0f;
+  return 0;
 }
 
 /* (x, y): y = 2x + 1 over a 2-D float32 tensor. */
