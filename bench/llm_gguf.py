@@ -66,13 +66,7 @@ def quantized_file(work, fmt):
         return f32_file(work)
     path = os.path.join(work, f"llama-{fmt}.gguf")
     if not os.path.exists(path):
-        import llama_cpp
-
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = getattr(llama_cpp, FTYPES[fmt])
-        rc = llama_cpp.llama_model_quantize(f32_file(work).encode(), path.encode(), params)
-        if rc != 0:
-            sys.exit(f"llama.cpp's quantizer failed on {fmt} ({rc})")
+        llm_midsize.quantize_gguf(f32_file(work), path, FTYPES[fmt])
     return path
 
 

@@ -85,7 +85,7 @@ def build(work, relaxc_bin, size, quantize=None):
     if not os.path.exists(f32_gguf):
         write_gguf(f32_gguf, weights, shape)
     if quantize:
-        quantize_gguf(f32_gguf, gguf_path, quantize)
+        quantize_gguf(f32_gguf, gguf_path, LLAMA_FTYPES[quantize])
     for fn in ["embed", "prefill", "decode"]:
         mod = relax.transform.BindParams(fn, values)(mod)
     t = time.time()
@@ -140,14 +140,15 @@ def tvm_greedy(ex, n, hidden):
     return tokens
 
 
-def quantize_gguf(f32_path, path, fmt):
-    """llama.cpp's quantizer (llama-cpp-python) writes the f32 file's weights in fmt's file type."""
+def quantize_gguf(f32_path, path, ftype):
+    """llama.cpp's quantizer (llama-cpp-python) writes the f32 file's weights as file type `ftype`
+    (llama_cpp's name for it, e.g. LLAMA_FTYPE_MOSTLY_Q8_0)."""
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, LLAMA_FTYPES[fmt])
+    params.ftype = getattr(llama_cpp, ftype)
     if llama_cpp.llama_model_quantize(f32_path.encode(), path.encode(), params) != 0:
-        sys.exit(f"llama.cpp's quantizer failed on {fmt}")
+        sys.exit(f"llama.cpp's quantizer failed on {ftype}")
 
 
 def permute_rope(w, heads):

@@ -10,17 +10,18 @@
  * the other core of a 2-core VM made 2-thread LLM decoding 10-30x slower when each worker had
  * its fixed task). Barriers still work: a task passes its first barrier only once every task has
  * been claimed, so no thread takes a second task of a launch that uses them.
- * Between jobs a worker spins for the next one for
- * RELAXC_POOL_SPIN_US microseconds (100 by default) before it sleeps: a model's parallel
- * kernels come between short serial ones, and a sleeping worker costs the next launch a
- * wake-up of tens of microseconds on a VM (TVM's workers spin 300,000 sched_yields, OpenMP's
- * 200 ms). It was 2000: no model measured faster with it than with 50 or 100, and with another
- * process busy on one of two cores, spinning that long kept the scheduler from moving a
- * preempted thread to the idle core (Q4_K_M decoding at 2 threads: 150 tokens/s with 2000,
- * 200-290 with 100, 14 before tasks were claimed). The launcher takes the lock to wake workers
- * only when one sleeps, and the caller waits for the tasks the same way. The pool is sized once, at the first parallel kernel,
- * from TVM_NUM_THREADS (TVM's variable, so deployment scripts keep working), then
- * OMP_NUM_THREADS, else the number of online CPUs; no thread exists before that.
+ *
+ * Between jobs a worker spins for the next one for RELAXC_POOL_SPIN_US microseconds (100 by
+ * default) before it sleeps: a model's parallel kernels come between short serial ones, and a
+ * sleeping worker costs the next launch a wake-up of tens of microseconds on a VM (TVM's workers
+ * spin 300,000 sched_yields, OpenMP's 200 ms). It was 2000: no model measured faster with it than
+ * with 50 or 100, and with another process busy on one of two cores, spinning that long kept the
+ * scheduler from moving a preempted thread to the idle core (Q4_K_M decoding at 2 threads: 150
+ * tokens/s with 2000, 200-290 with 100, 14 before tasks were claimed). The launcher takes the
+ * lock to wake workers only when one sleeps, and the caller waits for the tasks the same way.
+ * The pool is sized once, at the first parallel kernel, from TVM_NUM_THREADS (TVM's variable,
+ * so deployment scripts keep working), then OMP_NUM_THREADS, else the number of online CPUs; no
+ * thread exists before that.
  *
  * One pool serves the whole library. A launch that finds it busy (another VM's kernel on
  * another thread, or a parallel kernel nested in a task) runs serially on its own thread with
@@ -47,13 +48,13 @@ typedef struct pool {
   pthread_t *workers;
   pthread_mutex_t lock;
   pthread_cond_t wake, done;
-  atomic_uint generation; /* bumped for every job; workers wait for it to move */
-  /* The job's claims: its generation (high 32 bits), its task count (16 bits) and the next task
-   * to claim (low 16 bits). One word, so that a late thread can claim only the job it saw. */
+  /* The job: its generation (high 32 bits, bumped for every job; workers wait for it to move),
+   * its task count (16 bits) and the next task to claim (low 16 bits). One word, so that a late
+   * thread can claim only the job it saw. */
   atomic_ullong claims;
   atomic_bool stop;
   atomic_flag busy;
-  /* the current job, written before `generation` moves */
+  /* the current job, written before `claims` moves to its generation */
   FTVMParallelLambda f;
   void *cdata;
   TVMParallelGroupEnv env;
@@ -137,7 +138,11 @@ static bool spin_until(pool *p, bool (*done)(pool *, unsigned), unsigned arg) {
 /* Both checks are sequentially consistent loads: each follows, on the sleeping side, a
  * sequentially consistent write of `sleepers` or `caller_sleeps` that the other side reads after
  * its own write, so one of the two always sees the other. */
-static bool job_posted(pool *p, unsigned seen) { return atomic_load(&p->generation) != seen || atomic_load(&p->stop); }
+static unsigned generation_of(unsigned long long claims) { return (unsigned)(claims >> 32); }
+
+static bool job_posted(pool *p, unsigned seen) {
+  return generation_of(atomic_load(&p->claims)) != seen || atomic_load(&p->stop);
+}
 
 static bool tasks_finished(pool *p, unsigned unused) {
   (void)unused;
@@ -158,7 +163,7 @@ static int claim_task(pool *p, unsigned generation) {
   unsigned long long c = atomic_load_explicit(&p->claims, memory_order_acquire);
   for (;;) {
     unsigned next = (unsigned)(c & 0xffff), count = (unsigned)((c >> 16) & 0xffff);
-    if ((unsigned)(c >> 32) != generation || next >= count) return -1;
+    if (generation_of(c) != generation || next >= count) return -1;
     if (atomic_compare_exchange_weak_explicit(&p->claims, &c, c + 1, memory_order_acquire, memory_order_acquire))
       return (int)next;
   }
@@ -181,14 +186,14 @@ static void run_task(pool *p, int task) {
   }
 }
 
-static void *worker_main(void *arg) {
+static void *worker_main(void *unused) {
+  (void)unused;
   pool *p = &the_pool;
-  (void)arg;
   unsigned seen = 0;
   for (;;) {
     if (!spin_until(p, job_posted, seen)) {
-      /* Sleep. Counting itself a sleeper before it looks at `generation` again (both sequentially
-       * consistent) means a launcher that moves `generation` either is seen here or sees the
+      /* Sleep. Counting itself a sleeper before it looks at `claims` again (both sequentially
+       * consistent) means a launcher that moves `claims` either is seen here or sees the
        * sleeper and takes the lock to wake it. */
       pthread_mutex_lock(&p->lock);
       atomic_fetch_add(&p->sleepers, 1);
@@ -197,7 +202,7 @@ static void *worker_main(void *arg) {
       pthread_mutex_unlock(&p->lock);
     }
     if (atomic_load_explicit(&p->stop, memory_order_relaxed)) return NULL;
-    seen = atomic_load(&p->generation);
+    seen = generation_of(atomic_load(&p->claims));
     for (int task; (task = claim_task(p, seen)) >= 0;) run_task(p, task);
   }
 }
@@ -218,7 +223,7 @@ static void start_pool(void) {
   }
   int started = 1;
   for (int i = 1; i < p->num_threads; i++) {
-    if (pthread_create(&p->workers[i - 1], NULL, worker_main, (void *)(intptr_t)i) != 0) break;
+    if (pthread_create(&p->workers[i - 1], NULL, worker_main, NULL) != 0) break;
     started++;
   }
   p->num_threads = started;
@@ -271,10 +276,8 @@ RVM_HIDDEN int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void *cdata,
   p->env.num_task = num_task;
   atomic_store_explicit(&p->failed, 0, memory_order_relaxed);
   atomic_store_explicit(&p->unfinished, num_task, memory_order_relaxed);
-  unsigned generation = atomic_load_explicit(&p->generation, memory_order_relaxed) + 1;
-  atomic_store_explicit(&p->claims, (unsigned long long)generation << 32 | (unsigned long long)num_task << 16,
-                        memory_order_release);
-  atomic_store(&p->generation, generation);
+  unsigned generation = generation_of(atomic_load_explicit(&p->claims, memory_order_relaxed)) + 1;
+  atomic_store(&p->claims, (unsigned long long)generation << 32 | (unsigned long long)num_task << 16);
   if (atomic_load(&p->sleepers) > 0) {
     pthread_mutex_lock(&p->lock);
     pthread_cond_broadcast(&p->wake);

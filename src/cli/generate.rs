@@ -84,24 +84,22 @@ pub fn run(args: Args) -> Result<()> {
         tokenizer,
         ignore_eos,
     } = args;
-    let end = match (&tokenizer, ignore_eos) {
-        (Some(path), false) => end_of_sequence(path)?,
-        _ => None,
-    };
-    let tokenizer = tokenizer
-        .map(|path| {
-            tokenizers::Tokenizer::from_file(&path).map_err(|e| {
+    let (tokenizer, end) = match tokenizer {
+        None => (None, None),
+        Some(path) => {
+            let t = tokenizers::Tokenizer::from_file(&path).map_err(|e| {
                 anyhow::anyhow!("--tokenizer {}: not a tokenizer.json that can be read: {e}", path.display())
-            })
-        })
-        .transpose()?;
-    let end = match (&tokenizer, end) {
-        (Some(t), Some(text)) => Some(
-            t.token_to_id(&text)
-                .with_context(|| format!("the end-of-sequence token {text:?} is not in the tokenizer's vocabulary"))?
-                as i32,
-        ),
-        _ => None,
+            })?;
+            let text = if ignore_eos { None } else { end_of_sequence(&path)? };
+            let end = text
+                .map(|text| {
+                    t.token_to_id(&text).map(|id| id as i32).with_context(|| {
+                        format!("the end-of-sequence token {text:?} is not in the tokenizer's vocabulary")
+                    })
+                })
+                .transpose()?;
+            (Some(t), end)
+        }
     };
     let prompt = match &tokenizer {
         Some(t) => {

@@ -142,15 +142,11 @@ def test_rope_frequency_factors_are_read_back_as_llama3_scaling_or_refused(tmp_p
     from relaxc.llm.gguf_file import GGUFError, llama3_scaling, read_config
 
     def divisors(s, theta, head_dim):
-        frequency = theta ** (-np.arange(0, head_dim, 2) / head_dim)
-        a = s["original_max_position_embeddings"] / (2 * np.pi) / (s["high_freq_factor"] - s["low_freq_factor"])
-        smooth = np.clip(a * frequency - s["low_freq_factor"] / (s["high_freq_factor"] - s["low_freq_factor"]), 0, 1)
-        return 1 / ((1 - smooth) / s["factor"] + smooth)
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        return fixture.llama3_rope_factors(*(s[k] for k in keys), theta=theta, head_dim=head_dim)
 
     # Llama 3.1 8B's numbers (factor 8, 1 and 4 around an original 8192, theta 500000, heads of 128).
-    wavelength = 2 * np.pi * 500000.0 ** (np.arange(0, 128, 2) / 128)
-    smooth = np.clip((8192 / wavelength - 1) / 3, 0, 1)
-    llama31 = (1 / ((1 - smooth) / 8 + smooth)).astype(np.float32)
+    llama31 = fixture.llama3_rope_factors(8.0, 1.0, 4.0, 8192, theta=500000.0, head_dim=128)
     for factors, theta, head_dim in [
         (llama31, 500000.0, 128),
         (fixture.llama3_rope_factors(), 10000.0, 64),

@@ -131,7 +131,7 @@ def read_config(path):
 def _rope_freq_factors(path, reader, formats, dims, head_dim):
     """rope_freqs.weight, the per-frequency divisors of RoPE's angles that llama.cpp's converter
     writes for Llama 3.1 and later (their "llama3" RoPE scaling): one float32 per pair of a head's
-    dimensions, or None when the file has none."""
+    dimensions (float32), or None when the file has none."""
     name = "rope_freqs.weight"
     if name not in formats:
         return None
@@ -143,7 +143,7 @@ def _rope_freq_factors(path, reader, formats, dims, head_dim):
     values = next(np.array(t.data, np.float32) for t in reader.tensors if t.name == name)
     if not np.all(np.isfinite(values)) or np.any(values <= 0):
         raise GGUFError(f"{path}: tensor {name} holds a value that is not a positive number")
-    return tuple(float(v) for v in values)
+    return values
 
 
 def llama3_scaling(path, factors, theta, head_dim):
@@ -171,21 +171,15 @@ def llama3_scaling(path, factors, theta, head_dim):
         whole = frequency[smooth >= 1 - 1e-6].min(initial=2 * frequency.max())
         alpha = 1 / (whole - divided)
         beta = alpha * divided
-    high_freq_factor = 1 + 1 / beta if beta > 0 else None
-    if high_freq_factor is None or alpha <= 0:
-        raise GGUFError(f"{path}: rope_freqs.weight does not follow Llama 3's RoPE scaling")
-    scaling = {
+    rebuilt = np.clip(alpha * frequency - beta, 0.0, 1.0)
+    off = np.abs(1 / ((1 - rebuilt) / factor + rebuilt) - factors).max()
+    if alpha <= 0 or beta <= 0 or off > 1e-4 * factor:
+        raise GGUFError(f"{path}: rope_freqs.weight does not follow Llama 3's RoPE scaling ({off:.2g} off the nearest)")
+    high_freq_factor = float(1 + 1 / beta)
+    return {
         "rope_type": "llama3",
         "factor": factor,
         "low_freq_factor": 1.0,
         "high_freq_factor": high_freq_factor,
-        "original_max_position_embeddings": alpha * 2 * np.pi * (high_freq_factor - 1.0),
+        "original_max_position_embeddings": float(alpha * 2 * np.pi * (high_freq_factor - 1.0)),
     }
-    rebuilt = np.clip(alpha * frequency - beta, 0.0, 1.0)
-    rebuilt = 1 / ((1 - rebuilt) / factor + rebuilt)
-    if np.abs(rebuilt - factors).max() > 1e-4 * factor:
-        raise GGUFError(
-            f"{path}: rope_freqs.weight does not follow Llama 3's RoPE scaling (the nearest such "
-            f"scaling is {np.abs(rebuilt - factors).max():.2g} off)"
-        )
-    return {k: float(v) if k != "rope_type" else v for k, v in scaling.items()}

@@ -273,7 +273,7 @@ class LlamaFamily(nn.Module):
             rope_mode=RopeMode.NORMAL,
             rope_scale=c.rope_scale,
             rope_theta=c.rope_theta,
-            rope_scaling=dict(self.c.rope_scaling),
+            rope_scaling=self.c.rope_scaling,
             rope_ext_factors=relax.prim_value(0),
             rotary_dim=c.head_dim,
             enable_disaggregation=False,
