@@ -257,15 +257,14 @@ kv = {"type_k": 0, "type_v": 0} if sys.argv[7] == "f32" else {}
 variant = sys.argv[8] if len(sys.argv) > 8 else ""
 if variant == "flash":
     kv["flash_attn"] = True
-if variant == "plain":
-    defaults = llama_cpp.llama_model_default_params
+if variant == "plain":  # Llama() takes its model defaults from the llama_cpp.llama_cpp module
+    import llama_cpp.llama_cpp as low_level
+    defaults = low_level.llama_model_default_params
     def plain_params():
         params = defaults()
         params.use_extra_bufts = False
         return params
-    llama_cpp.llama_model_default_params = plain_params
-    import llama_cpp.llama
-    llama_cpp.llama.llama_cpp.llama_model_default_params = plain_params
+    low_level.llama_model_default_params = plain_params
 llm = Llama(model_path=path, n_ctx=512, n_batch=64, n_threads=threads, n_threads_batch=threads, verbose=False, **kv)
 prefills, rates, first, generated = [], [], None, None
 vocab = llm.n_vocab()
