@@ -37,7 +37,7 @@ static inline int nearest_int(float x) {
 }
 
 /* x rounded to IEEE half precision (nearest, ties to even) and back. */
-static float round_to_f16(float x) {
+static inline __attribute__((always_inline)) float round_to_f16(float x) {
   uint32_t bits;
   memcpy(&bits, &x, sizeof bits);
   uint32_t sign = bits & 0x80000000u, abs = bits & 0x7fffffffu;
@@ -58,14 +58,27 @@ static float round_to_f16(float x) {
  * (q8_0's blocks) the scale is amax / 127 rounded to half precision, the values x * 127 / amax
  * rounded to even; per 256 (q8_K's) the scale is the float 1 / (-127 / max), where max is the value
  * of largest magnitude with its sign, and the values max's opposite. */
-void rk_quantize_row(const float *x, int64_t k, int64_t block, int8_t *q, float *d, int16_t *sum16) {
+static inline __attribute__((always_inline)) void quantize_row(const float *x, int64_t k, int64_t block, int8_t *q,
+                                                             float *d, int16_t *sum16) {
   for (int64_t b = 0; b < k / block; b++) {
     const float *xb = x + b * block;
+    /* The largest magnitude, 8 lanes at a time (max is exact, so the order is free; NaN never
+     * compares larger), then the first value of that magnitude, as a scan would have kept it. */
+    typedef int32_t lanes_i8 __attribute__((vector_size(32)));
+    lanes_i8 magnitude = {0}, sign_off = {0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff,
+                                          0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff};
+    for (int64_t i = 0; i < block; i += 8) {
+      lanes_i8 a = (lanes_i8)rk_f8_load(xb + i) & sign_off;
+      lanes_i8 larger = (rk_f8)a > (rk_f8)magnitude;
+      magnitude = (a & larger) | (magnitude & ~larger);
+    }
+    rk_f8 lanes = (rk_f8)magnitude;
     float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < 8; i++) amax = lanes[i] > amax ? lanes[i] : amax;
     for (int64_t i = 0; i < block; i++)
-      if (fabsf(xb[i]) > amax) {
-        amax = fabsf(xb[i]);
+      if (fabsf(xb[i]) == amax) {
         max = xb[i];
+        break;
       }
     float scale, inverse;
     if (block == 32) {
@@ -86,6 +99,25 @@ void rk_quantize_row(const float *x, int64_t k, int64_t block, int8_t *q, float 
     for (int i = 0; i < 16; i++) sum += q[s * 16 + i];
     sum16[s] = (int16_t)sum;
   }
+}
+
+/* The same code for AVX2 where the CPU has it (every step is exact or rounded as written, so the
+ * bits are the portable build's). */
+#if defined(__x86_64__)
+RK_AVX2_TARGET static void quantize_row_avx2(const float *x, int64_t k, int64_t block, int8_t *q, float *d,
+                                             int16_t *sum16) {
+  quantize_row(x, k, block, q, d, sum16);
+}
+#endif
+
+void rk_quantize_row(const float *x, int64_t k, int64_t block, int8_t *q, float *d, int16_t *sum16) {
+#if defined(__x86_64__)
+  if (rk_cpu_isa() == RK_ISA_AVX2) {
+    quantize_row_avx2(x, k, block, q, d, sum16);
+    return;
+  }
+#endif
+  quantize_row(x, k, block, q, d, sum16);
 }
 
 /* ---- portable dot products ------------------------------------------------------------------- */
@@ -494,6 +526,17 @@ static int dense_task(int task, int num_tasks, void *ctx) {
   return 0;
 }
 
+static int quantize_task(int task, int num_tasks, void *ctx) {
+  const dense_job *j = ctx;
+  const rk_qrows *a = &j->rows;
+  int64_t begin, end;
+  rk_split(j->m, task, num_tasks, &begin, &end);
+  for (int64_t r = begin; r < end; r++)
+    rk_quantize_row(a->x + r * a->k, a->k, a->act_block, (int8_t *)a->q + r * a->k, (float *)a->d + r * (a->k / a->act_block),
+                    (int16_t *)a->sum16 + r * (a->k / 16));
+  return 0;
+}
+
 /* (x, w, format, bias?, out): out[..., n] = x[..., k] . w[n, k] (+ bias[n]), w in its format. */
 int rvm_builtin_kl_dense_q(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   (void)self, (void)result;
@@ -530,9 +573,9 @@ int rvm_builtin_kl_dense_q(void *self, const TVMFFIAny *args, int32_t num_args, 
     j.rows.q = (const int8_t *)scratch;
     j.rows.d = (const float *)(scratch + dat);
     j.rows.sum16 = (const int16_t *)(scratch + sum);
-    for (int64_t r = 0; r < m; r++)
-      rk_quantize_row(j.rows.x + r * k, k, q->act_block, (int8_t *)scratch + r * k,
-                      (float *)(scratch + dat) + r * (k / q->act_block), (int16_t *)(scratch + sum) + r * (k / 16));
+    /* Rows are quantized each on its own, so a prefill's many rows are spread over the pool. */
+    rc = rk_parallel(m >= 16 ? m : 1, quantize_task, &j);
+    if (rc) return rc;
   }
   /* Each task takes whole units of rows; few rows (a small layer) stay on one thread. */
   int64_t units = (n + ROWS_PER_TASK_UNIT - 1) / ROWS_PER_TASK_UNIT;

@@ -16,6 +16,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from tvm import relax
 
+from .attention import use_library_attention
 from .conv import ConvolutionAnchors
 from .pack import pack_columns
 from .patterns import (
@@ -462,8 +463,8 @@ class _Apply(PyExprMutator):
 def rewrite_module(mod, quantize=None):
     """A copy of the module with every covered operator calling relaxc's kernel library (dense
     layers over weights quantized to `quantize` when it names a format: f16, q8_0, q4_0, q4_K,
-    q6_K)."""
-    mod = mod.clone()
+    q6_K), float32 KV caches' attention included."""
+    mod = use_library_attention(mod.clone())
     for gvar, func in list(mod.functions.items()):
         if not isinstance(func, relax.Function):
             continue

@@ -1,0 +1,429 @@
+/*
+ * attention.c: the paged KV cache's three attention kernels for float32 caches, in place of the
+ * TIR kernels TVM's KV cache factory makes (relaxc.tvm's rewrite swaps them in): the ragged
+ * prefill (the new tokens against themselves, causal), the paged prefill (new tokens against the
+ * cached pages) and the paged decode (one token per sequence against its pages). Each takes the
+ * TIR kernel's parameter list as the KV cache runtime passes it (spec/paged-kv-cache.md 2.5 and
+ * 5.3) and gives what it gives: the output rows and each row's log-sum-exp in base 2, which the
+ * cache's merge kernel combines across parts (an empty part: zeros and -5e4).
+ *
+ * TVM's kernels are scalar and single-threaded: at a 500-token prompt they took 45% of the
+ * mid-size Llama's prefill and 15% of its decode. Here each (token, KV head) pair is a unit of
+ * work: its query heads run over the key rows in runs of up to CHUNK (never across a page), with
+ * the softmax kept online from run to run. The units are dealt to the threads in turn (causal
+ * rows grow in cost) and each unit's arithmetic depends only on the unit, so the bits are the
+ * same at any thread count; the loops are written once on 8-lane vectors, with multiplies and
+ * adds unfused, and compiled portably and for AVX2: the same bits on every instruction set.
+ * RoPE inside attention (rotary_mode 1, the cache's sliding-window route) is refused by name.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rk.h"
+#include "rk_math.h"
+
+enum { CHUNK = 64, MAX_HEAD_DIM = 512 };
+
+/* The masked/empty log-sum-exp TVM's kernels write, so that its merge gives such a part no weight. */
+#define EMPTY_LSE (-5e4f)
+#define LOG2E 1.4426950408889634f
+
+/* Where one sequence's key and value rows are: ragged (rows at a fixed stride from k and v) or
+ * paged (row r at slot r % page_size of page page_ids[r / page_size]). */
+typedef struct attn_job {
+  const char *kernel;
+  const float *q;
+  float *out, *lse;
+  int64_t hq, hkv, d, rows, batch;
+  float sm_scale;
+  bool causal;
+  const int32_t *q_indptr;
+  /* ragged */
+  const float *k, *v;
+  const int32_t *kv_indptr;
+  /* paged */
+  const float *pages;
+  const int32_t *page_indptr, *page_ids, *last_page_len;
+  int64_t page_size;
+  bool avx2;
+} attn_job;
+
+/* The sequence b whose query rows hold row t: q_indptr[b] <= t < q_indptr[b + 1]. */
+static int64_t sequence_of(const attn_job *j, int64_t t) {
+  int64_t lo = 0, hi = j->batch - 1;
+  while (lo < hi) {
+    int64_t mid = (lo + hi + 1) / 2;
+    if (j->q_indptr[mid] <= t) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+/* The number of key rows of sequence b. */
+static int64_t kv_length(const attn_job *j, int64_t b) {
+  if (!j->pages) return j->kv_indptr[b + 1] - j->kv_indptr[b];
+  int64_t pages = j->page_indptr[b + 1] - j->page_indptr[b];
+  return pages <= 0 ? 0 : (pages - 1) * j->page_size + j->last_page_len[b];
+}
+
+/* The lanes of an 8-lane sum added in one fixed order (a macro: rk.h on passing vectors). */
+#define LANES_SUM(a) ((((a)[0] + (a)[4]) + ((a)[1] + (a)[5])) + (((a)[2] + (a)[6]) + ((a)[3] + (a)[7])))
+
+/* s[r] = q . k[r] for n rows of d values a stride apart. Four rows at a time, so that their sums
+ * run side by side; each row's sum is taken in the same order either way. */
+static inline __attribute__((always_inline)) void scores(const float *q, const float *k, int64_t n, int64_t stride,
+                                                         int64_t d, float *s) {
+  int64_t r = 0, whole = d / 8 * 8;
+  for (; r + 4 <= n; r += 4) {
+    rk_f8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    const float *k0 = k + r * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
+    for (int64_t c = 0; c < whole; c += 8) {
+      rk_f8 x = rk_f8_load(q + c);
+      a0 += x * rk_f8_load(k0 + c);
+      a1 += x * rk_f8_load(k1 + c);
+      a2 += x * rk_f8_load(k2 + c);
+      a3 += x * rk_f8_load(k3 + c);
+    }
+    s[r] = LANES_SUM(a0), s[r + 1] = LANES_SUM(a1), s[r + 2] = LANES_SUM(a2), s[r + 3] = LANES_SUM(a3);
+    for (int64_t c = whole; c < d; c++) {
+      s[r] += q[c] * k0[c], s[r + 1] += q[c] * k1[c], s[r + 2] += q[c] * k2[c], s[r + 3] += q[c] * k3[c];
+    }
+  }
+  for (; r < n; r++) {
+    const float *row = k + r * stride;
+    rk_f8 a = {0};
+    for (int64_t c = 0; c < whole; c += 8) a += rk_f8_load(q + c) * rk_f8_load(row + c);
+    s[r] = LANES_SUM(a);
+    for (int64_t c = whole; c < d; c++) s[r] += q[c] * row[c];
+  }
+}
+
+/* acc += p[0] * v[0] + p[1] * v[1] + ... over n rows of d values (a stride apart), in that
+ * order for each value. 64 values at a time are eight independent sums in registers, so the
+ * adds do not wait on each other from row to row. */
+static inline __attribute__((always_inline)) void accumulate(float *acc, const float *p, const float *v, int64_t n,
+                                                             int64_t stride, int64_t d) {
+  int64_t c = 0;
+  for (; c + 64 <= d; c += 64) {
+    rk_f8 a[8];
+    for (int i = 0; i < 8; i++) a[i] = rk_f8_load(acc + c + 8 * i);
+    for (int64_t r = 0; r < n; r++) {
+      rk_f8 weight = {p[r], p[r], p[r], p[r], p[r], p[r], p[r], p[r]};
+      const float *row = v + r * stride + c;
+      for (int i = 0; i < 8; i++) a[i] += weight * rk_f8_load(row + 8 * i);
+    }
+    for (int i = 0; i < 8; i++) RK_F8_STORE(acc + c + 8 * i, a[i]);
+  }
+  for (; c + 8 <= d; c += 8) {
+    rk_f8 sum = rk_f8_load(acc + c);
+    for (int64_t r = 0; r < n; r++) {
+      rk_f8 weight = {p[r], p[r], p[r], p[r], p[r], p[r], p[r], p[r]};
+      sum += weight * rk_f8_load(v + r * stride + c);
+    }
+    RK_F8_STORE(acc + c, sum);
+  }
+  for (; c < d; c++)
+    for (int64_t r = 0; r < n; r++) acc[c] += p[r] * v[r * stride + c];
+}
+
+/* One unit: query row t's heads of KV head g, over the first `limit` key rows of sequence b. */
+static inline __attribute__((always_inline)) void attend(const attn_job *j, int64_t t, int64_t g, int64_t b,
+                                                         int64_t limit) {
+  int64_t group = j->hq / j->hkv, d = j->d;
+  for (int64_t h = g * group; h < (g + 1) * group; h++) {
+    const float *q = j->q + (t * j->hq + h) * d;
+    float *o = j->out + (t * j->hq + h) * d;
+    if (limit <= 0) {
+      memset(o, 0, sizeof(float) * (size_t)d);
+      j->lse[t * j->hq + h] = EMPTY_LSE;
+      continue;
+    }
+    float acc[MAX_HEAD_DIM], s[CHUNK], m = -INFINITY, sum = 0.0f;
+    memset(acc, 0, sizeof(float) * (size_t)d);
+    for (int64_t r0 = 0; r0 < limit;) {
+      const float *k, *v;
+      int64_t stride, n;
+      if (j->pages) {
+        int64_t page = j->page_ids[j->page_indptr[b] + r0 / j->page_size], slot = r0 % j->page_size;
+        k = j->pages + ((page * 2 * j->hkv + g) * j->page_size + slot) * d;
+        v = k + j->hkv * j->page_size * d;
+        stride = d;
+        n = j->page_size - slot;
+      } else {
+        int64_t row = j->kv_indptr[b] + r0;
+        k = j->k + (row * j->hkv + g) * d;
+        v = j->v + (row * j->hkv + g) * d;
+        stride = j->hkv * d;
+        n = limit - r0;
+      }
+      if (n > CHUNK) n = CHUNK;
+      if (n > limit - r0) n = limit - r0;
+      scores(q, k, n, stride, d, s);
+      float top = -INFINITY;
+      for (int64_t r = 0; r < n; r++) {
+        s[r] *= j->sm_scale;
+        top = s[r] > top ? s[r] : top;
+      }
+      if (top > m) {
+        /* A larger maximum: what was summed so far shrinks to its weight under the new one. */
+        float keep = m == -INFINITY ? 0.0f : rk_exp(m - top);
+        for (int64_t c = 0; c < d; c++) acc[c] *= keep;
+        sum *= keep;
+        m = top;
+      }
+      for (int64_t r = 0; r < n; r++) s[r] = rk_exp(s[r] - m);
+      for (int64_t r = 0; r < n; r++) sum += s[r];
+      accumulate(acc, s, v, n, stride, d);
+      r0 += n;
+    }
+    float inverse = 1.0f / sum;
+    for (int64_t c = 0; c < d; c++) o[c] = acc[c] * inverse;
+    j->lse[t * j->hq + h] = m * LOG2E + log2f(sum);
+  }
+}
+
+/* Units u = task, task + num_tasks, ...: (row u / hkv, KV head u % hkv). */
+static inline __attribute__((always_inline)) void attend_units(const attn_job *j, int task, int num_tasks) {
+  for (int64_t u = task; u < j->rows * j->hkv; u += num_tasks) {
+    int64_t t = u / j->hkv, g = u % j->hkv, b = sequence_of(j, t);
+    int64_t kv_len = kv_length(j, b), limit = kv_len;
+    if (j->causal) {
+      int64_t qo_len = j->q_indptr[b + 1] - j->q_indptr[b], i = t - j->q_indptr[b];
+      int64_t visible = kv_len - qo_len + i + 1;
+      limit = visible < kv_len ? visible : kv_len;
+    }
+    attend(j, t, g, b, limit);
+  }
+}
+
+static void attend_generic(const attn_job *j, int task, int num_tasks) { attend_units(j, task, num_tasks); }
+#if defined(__x86_64__)
+RK_AVX2_TARGET static void attend_avx2(const attn_job *j, int task, int num_tasks) {
+  attend_units(j, task, num_tasks);
+}
+#endif
+
+static int attend_task(int task, int num_tasks, void *ctx) {
+  const attn_job *j = ctx;
+#if defined(__x86_64__)
+  if (j->avx2) {
+    attend_avx2(j, task, num_tasks);
+    return 0;
+  }
+#endif
+  attend_generic(j, task, num_tasks);
+  return 0;
+}
+
+/* ---- arguments ------------------------------------------------------------------------------- */
+
+/* An int32 CPU tensor of at least `count` values (any offset; index arrays are views). */
+static int arg_indices(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
+                       int64_t count, const int32_t **out) {
+  DLTensor *t = i < num_args ? rvm_as_dltensor(&args[i]) : NULL;
+  if (!t)
+    return rvm_raise("TypeError", "%s: argument %d (%s) must be a tensor, got %s", kernel, i, name,
+                     i < num_args ? rvm_type_name(&args[i]) : "nothing");
+  if (t->device.device_type != kDLCPU || t->dtype.code != kDLInt || t->dtype.bits != 32 || t->dtype.lanes != 1 ||
+      !rk_compact(t))
+    return rvm_raise("TypeError", "%s: argument %d (%s) must be a compact int32 CPU tensor", kernel, i, name);
+  if (rk_numel(t) < count)
+    return rk_shape_error(kernel, "an index array holds fewer values than the batch needs", t);
+  *out = (const int32_t *)((const char *)t->data + t->byte_offset);
+  return 0;
+}
+
+/* A float argument (a Float, or an Int). */
+static int arg_float(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
+                     float *out) {
+  if (i < num_args && args[i].type_index == kTVMFFIFloat) {
+    *out = (float)args[i].v_float64;
+    return 0;
+  }
+  if (i < num_args && args[i].type_index == kTVMFFIInt) {
+    *out = (float)args[i].v_int64;
+    return 0;
+  }
+  return rvm_raise("TypeError", "%s: argument %d (%s) must be a number, got %s", kernel, i, name,
+                   i < num_args ? rvm_type_name(&args[i]) : "nothing");
+}
+
+/* q [rows, hq, d], out the same, lse [rows, hq]: the shapes every kernel shares. */
+static int check_queries(attn_job *j, const DLTensor *q, const DLTensor *out, const DLTensor *lse) {
+  if (q->ndim != 3) return rk_shape_error(j->kernel, "q must be [tokens, query heads, head dim]", q);
+  j->rows = q->shape[0], j->hq = q->shape[1];
+  if (q->shape[2] != j->d) return rk_shape_error(j->kernel, "q's head dim must be the keys' and values'", q);
+  if (j->d > MAX_HEAD_DIM)
+    return rvm_raise("ValueError", "%s: head dim %lld is over the %d this kernel supports", j->kernel,
+                     (long long)j->d, MAX_HEAD_DIM);
+  if (j->hkv <= 0 || j->hq % j->hkv != 0)
+    return rvm_raise("ValueError", "%s: %lld query heads are not a multiple of %lld KV heads", j->kernel,
+                     (long long)j->hq, (long long)j->hkv);
+  if (out->ndim != 3 || out->shape[0] < j->rows || out->shape[1] != j->hq || out->shape[2] != j->d)
+    return rk_shape_error(j->kernel, "output must be q's shape", out);
+  if (lse->ndim != 2 || lse->shape[0] < j->rows || lse->shape[1] != j->hq)
+    return rk_shape_error(j->kernel, "lse must be [tokens, query heads]", lse);
+  return 0;
+}
+
+/* The trailing (rotary_mode, rope_scale, rope_theta, sm_scale) from args[i]. */
+static int check_scalars(attn_job *j, const TVMFFIAny *args, int32_t num_args, int32_t i) {
+  int64_t rotary;
+  float unused;
+  int rc = rk_arg_int(j->kernel, args, num_args, i, "rotary_mode", &rotary);
+  if (!rc) rc = arg_float(j->kernel, args, num_args, i + 1, "rope_scale", &unused);
+  if (!rc) rc = arg_float(j->kernel, args, num_args, i + 2, "rope_theta", &unused);
+  if (!rc) rc = arg_float(j->kernel, args, num_args, i + 3, "sm_scale", &j->sm_scale);
+  if (!rc && rotary != 0)
+    rc = rvm_raise("ValueError",
+                   "%s: rotary_mode %lld (RoPE inside attention, the KV cache's sliding-window route) is not "
+                   "supported; create the cache with support_sliding_window 0, or build without relaxc's attention",
+                   j->kernel, (long long)rotary);
+  return rc;
+}
+
+/* Every page id of the table within the pages, and every last page's length within a page. */
+static int check_pages(attn_job *j, const DLTensor *pages) {
+  for (int64_t b = 0; b < j->batch; b++) {
+    if (j->page_indptr[b + 1] < j->page_indptr[b])
+      return rvm_raise("ValueError", "%s: page_indptr decreases at sequence %lld", j->kernel, (long long)b);
+    for (int64_t p = j->page_indptr[b]; p < j->page_indptr[b + 1]; p++)
+      if (j->page_ids[p] < 0 || j->page_ids[p] >= pages->shape[0])
+        return rvm_raise("ValueError", "%s: page id %d of sequence %lld is outside the %lld pages", j->kernel,
+                         j->page_ids[p], (long long)b, (long long)pages->shape[0]);
+    if (j->page_indptr[b + 1] > j->page_indptr[b] &&
+        (j->last_page_len[b] < 1 || j->last_page_len[b] > j->page_size))
+      return rvm_raise("ValueError", "%s: sequence %lld's last page holds %d rows of %lld", j->kernel,
+                       (long long)b, j->last_page_len[b], (long long)j->page_size);
+  }
+  return 0;
+}
+
+static int check_q_indptr(const attn_job *j) {
+  if (j->q_indptr[0] != 0 || j->q_indptr[j->batch] != j->rows)
+    return rvm_raise("ValueError", "%s: q_indptr must run from 0 to the %lld query rows", j->kernel,
+                     (long long)j->rows);
+  for (int64_t b = 0; b < j->batch; b++)
+    if (j->q_indptr[b + 1] < j->q_indptr[b])
+      return rvm_raise("ValueError", "%s: q_indptr decreases at sequence %lld", j->kernel, (long long)b);
+  return 0;
+}
+
+static int run(attn_job *j) {
+  if (j->rows == 0) return 0;
+  /* RELAXC_QUANT_ISA=portable (the LLM kernels' switch, quant.c) runs the portable build, so
+   * that tests compare both on one CPU. */
+  const char *forced = getenv("RELAXC_QUANT_ISA");
+  j->avx2 = rk_cpu_isa() == RK_ISA_AVX2 && !(forced && strcmp(forced, "portable") == 0);
+  return rk_parallel(j->rows * j->hkv, attend_task, j);
+}
+
+/* (q, q_indptr, k, v, kv_indptr, q_rope_position, k_rope_pos_offset, output, lse, causal,
+ * rotary_mode, rope_scale, rope_theta, sm_scale) */
+int rvm_builtin_kl_attention_ragged(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  attn_job j = {.kernel = "relaxc.attention_ragged"};
+  DLTensor *q, *k, *v, *out, *lse;
+  int64_t causal;
+  int rc = rk_check_count(j.kernel, num_args, 14);
+  if (!rc) rc = rk_arg_f32(j.kernel, args, num_args, 0, "q", &q);
+  if (!rc) rc = rk_arg_f32(j.kernel, args, num_args, 2, "k", &k);
+  if (!rc) rc = rk_arg_f32(j.kernel, args, num_args, 3, "v", &v);
+  if (!rc) rc = rk_arg_f32(j.kernel, args, num_args, 7, "output", &out);
+  if (!rc) rc = rk_arg_f32(j.kernel, args, num_args, 8, "lse", &lse);
+  if (!rc) rc = rk_arg_int(j.kernel, args, num_args, 9, "causal", &causal);
+  if (rc) return rc;
+  if (k->ndim != 3 || v->ndim != 3 || v->shape[0] != k->shape[0] || v->shape[1] != k->shape[1])
+    return rk_shape_error(j.kernel, "k and v must be [tokens, KV heads, head dim] alike", k);
+  j.hkv = k->shape[1], j.d = k->shape[2];
+  if (v->shape[2] != j.d) return rk_shape_error(j.kernel, "v must have k's head dim", v);
+  if ((rc = check_queries(&j, q, out, lse))) return rc;
+  if ((rc = check_scalars(&j, args, num_args, 10))) return rc;
+  DLTensor *indptr = rvm_as_dltensor(&args[1]);
+  j.batch = indptr && indptr->ndim == 1 ? indptr->shape[0] - 1 : -1;
+  if (j.batch < 1) return rvm_raise("TypeError", "%s: q_indptr must be a 1-D tensor of batch + 1 values", j.kernel);
+  if ((rc = arg_indices(j.kernel, args, num_args, 1, "q_indptr", j.batch + 1, &j.q_indptr))) return rc;
+  if ((rc = arg_indices(j.kernel, args, num_args, 4, "kv_indptr", j.batch + 1, &j.kv_indptr))) return rc;
+  if ((rc = check_q_indptr(&j))) return rc;
+  for (int64_t b = 0; b < j.batch; b++)
+    if (j.kv_indptr[b] < 0 || j.kv_indptr[b + 1] < j.kv_indptr[b] || j.kv_indptr[b + 1] > k->shape[0])
+      return rvm_raise("ValueError", "%s: kv_indptr of sequence %lld is outside k's %lld rows", j.kernel,
+                       (long long)b, (long long)k->shape[0]);
+  j.q = rk_data(q), j.k = rk_data(k), j.v = rk_data(v), j.out = rk_data(out), j.lse = rk_data(lse);
+  j.causal = causal != 0;
+  return run(&j);
+}
+
+/* The page table arguments shared by the paged prefill and decode, from args[i]: pages,
+ * page_indptr, page_values, length_info. */
+static int paged_args(attn_job *j, const TVMFFIAny *args, int32_t num_args, int32_t i) {
+  DLTensor *pages;
+  int rc = rk_arg_f32(j->kernel, args, num_args, i, "pages", &pages);
+  if (rc) return rc;
+  if (pages->ndim != 5 || pages->shape[1] != 2 || pages->shape[3] <= 0)
+    return rk_shape_error(j->kernel, "pages must be [pages, 2, KV heads, page size, head dim]", pages);
+  j->hkv = pages->shape[2], j->page_size = pages->shape[3], j->d = pages->shape[4];
+  DLTensor *indptr = rvm_as_dltensor(&args[i + 1]);
+  j->batch = indptr && indptr->ndim == 1 ? indptr->shape[0] - 1 : -1;
+  if (j->batch < 1)
+    return rvm_raise("TypeError", "%s: page_indptr must be a 1-D tensor of batch + 1 values", j->kernel);
+  if ((rc = arg_indices(j->kernel, args, num_args, i + 1, "page_indptr", j->batch + 1, &j->page_indptr))) return rc;
+  DLTensor *values = rvm_as_dltensor(&args[i + 2]);
+  int64_t nnz = j->page_indptr[j->batch];
+  if (!values || nnz < 0 || rk_numel(values) < nnz)
+    return rvm_raise("ValueError", "%s: page_values holds fewer page ids than page_indptr names", j->kernel);
+  if ((rc = arg_indices(j->kernel, args, num_args, i + 2, "page_values", nnz, &j->page_ids))) return rc;
+  if ((rc = arg_indices(j->kernel, args, num_args, i + 3, "length_info", j->batch, &j->last_page_len))) return rc;
+  j->pages = rk_data(pages);
+  return check_pages(j, pages);
+}
+
+/* (q, q_indptr, pages, page_indptr, page_values, length_info, k_rope_pos_offset, q_rope_position,
+ * output, lse, causal, rotary_mode, rope_scale, rope_theta, sm_scale) */
+int rvm_builtin_kl_attention_paged_prefill(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  attn_job j = {.kernel = "relaxc.attention_paged_prefill"};
+  DLTensor *q, *out, *lse;
+  int64_t causal;
+  int rc = rk_check_count(j.kernel, num_args, 15);
+  if (!rc) rc = rk_arg_f32(j.kernel, args, num_args, 0, "q", &q);
+  if (!rc) rc = rk_arg_f32(j.kernel, args, num_args, 8, "output", &out);
+  if (!rc) rc = rk_arg_f32(j.kernel, args, num_args, 9, "lse", &lse);
+  if (!rc) rc = rk_arg_int(j.kernel, args, num_args, 10, "causal", &causal);
+  if (!rc) rc = paged_args(&j, args, num_args, 2);
+  if (!rc) rc = check_queries(&j, q, out, lse);
+  if (!rc) rc = check_scalars(&j, args, num_args, 11);
+  if (!rc) rc = arg_indices(j.kernel, args, num_args, 1, "q_indptr", j.batch + 1, &j.q_indptr);
+  if (!rc) rc = check_q_indptr(&j);
+  if (rc) return rc;
+  j.q = rk_data(q), j.out = rk_data(out), j.lse = rk_data(lse);
+  j.causal = causal != 0;
+  return run(&j);
+}
+
+/* (q, pages, page_indptr, page_values, length_info, k_rope_pos_offset, q_rope_position, output,
+ * lse, rotary_mode, rope_scale, rope_theta, sm_scale): one query row per sequence. */
+int rvm_builtin_kl_attention_paged_decode(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  attn_job j = {.kernel = "relaxc.attention_paged_decode"};
+  DLTensor *q, *out, *lse;
+  int rc = rk_check_count(j.kernel, num_args, 13);
+  if (!rc) rc = rk_arg_f32(j.kernel, args, num_args, 0, "q", &q);
+  if (!rc) rc = rk_arg_f32(j.kernel, args, num_args, 7, "output", &out);
+  if (!rc) rc = rk_arg_f32(j.kernel, args, num_args, 8, "lse", &lse);
+  if (!rc) rc = paged_args(&j, args, num_args, 1);
+  if (!rc) rc = check_queries(&j, q, out, lse);
+  if (rc) return rc;
+  if (j.rows != j.batch)
+    return rvm_raise("ValueError", "%s: %lld query rows for %lld sequences (decode takes one each)", j.kernel,
+                     (long long)j.rows, (long long)j.batch);
+  if ((rc = check_scalars(&j, args, num_args, 9))) return rc;
+  /* One row per sequence: q_indptr is 0, 1, ..., batch. */
+  int32_t *steps = rk_scratch(RK_SLOT_INPUT, sizeof(int32_t) * (size_t)(j.batch + 1));
+  if (!steps) return rk_out_of_memory(j.kernel);
+  for (int64_t b = 0; b <= j.batch; b++) steps[b] = (int32_t)b;
+  j.q_indptr = steps;
+  j.q = rk_data(q), j.out = rk_data(out), j.lse = rk_data(lse);
+  return run(&j);
+}
