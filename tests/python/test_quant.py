@@ -132,6 +132,21 @@ def test_dense_q_against_gguf(library, fmt, m):
     assert_close(out3.reshape(m, n), dense_reference(x, exact, fmt), 2e-5)
 
 
+@pytest.mark.parametrize("k", [1000, 1028])
+@pytest.mark.parametrize("fmt", ["f32", "f16"])
+def test_float_weights_at_prefill_rows(library, fmt, k):
+    """Many rows of float weights take the GEMM, its panels gathered from the [n, k] rows (whole
+    panels of 16 rows and a partial one; reduction blocks of 250 and 257, not multiples of 8)."""
+    rng = np.random.default_rng(k)
+    m, n = 70, 53
+    w, exact = weights(rng, n, k, fmt)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    out = np.zeros((m, n), np.float32)
+    library["relaxc.dense_q"](t(x), t(w), fmt, t(bias), t(out))
+    assert_close(out, dense_reference(x, exact, fmt, bias), 2e-5)
+
+
 @pytest.mark.parametrize("m", [1, 3, 4, 6, 9])
 @pytest.mark.parametrize("fmt", ["q4_0", "q4_K", "q8_0"])
 def test_regrouped_rows(library, m, fmt):
