@@ -12,8 +12,10 @@
  * work: its query heads run over the key rows in runs of up to CHUNK (never across a page), with
  * the softmax kept online from run to run. The units are dealt to the threads in turn (causal
  * rows grow in cost) and each unit's arithmetic depends only on the unit, so the bits are the
- * same at any thread count; the loops are written once on 8-lane vectors, with multiplies and
- * adds unfused, and compiled portably and for AVX2: the same bits on every instruction set.
+ * same at any thread count. The loops (attention_body.h) are built three times: portable 8-lane
+ * vectors with multiplies and adds unfused, and AVX2 and AVX-512 with fused ones (picked at run
+ * time; RELAXC_QUANT_ISA=portable|avx2 picks a lesser one): AVX2 and AVX-512 give the same bits,
+ * the portable build rounds differently.
  * RoPE inside attention (rotary_mode 1, the cache's sliding-window route) is refused by name.
  */
 #include <math.h>
@@ -46,7 +48,7 @@ typedef struct attn_job {
   const float *pages;
   const int32_t *page_indptr, *page_ids, *last_page_len;
   int64_t page_size;
-  bool avx2;
+  enum { ATTEND_GENERIC, ATTEND_AVX2, ATTEND_AVX512 } isa;
 } attn_job;
 
 /* The sequence b whose query rows hold row t: q_indptr[b] <= t < q_indptr[b + 1]. */
@@ -67,152 +69,134 @@ static int64_t kv_length(const attn_job *j, int64_t b) {
   return pages <= 0 ? 0 : (pages - 1) * j->page_size + j->last_page_len[b];
 }
 
-/* The lanes of an 8-lane sum added in one fixed order (a macro: rk.h on passing vectors). */
-#define LANES_SUM(a) ((((a)[0] + (a)[4]) + ((a)[1] + (a)[5])) + (((a)[2] + (a)[6]) + ((a)[3] + (a)[7])))
+/* ---- the instances ------------------------------------------------------------------------------ */
 
-/* s[r] = q . k[r] for n rows of d values a stride apart. Four rows at a time, so that their sums
- * run side by side; each row's sum is taken in the same order either way. */
-static inline __attribute__((always_inline)) void scores(const float *q, const float *k, int64_t n, int64_t stride,
-                                                         int64_t d, float *s) {
-  int64_t r = 0, whole = d / 8 * 8;
-  for (; r + 4 <= n; r += 4) {
-    rk_f8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    const float *k0 = k + r * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
-    for (int64_t c = 0; c < whole; c += 8) {
-      rk_f8 x = rk_f8_load(q + c);
-      a0 += x * rk_f8_load(k0 + c);
-      a1 += x * rk_f8_load(k1 + c);
-      a2 += x * rk_f8_load(k2 + c);
-      a3 += x * rk_f8_load(k3 + c);
-    }
-    s[r] = LANES_SUM(a0), s[r + 1] = LANES_SUM(a1), s[r + 2] = LANES_SUM(a2), s[r + 3] = LANES_SUM(a3);
-    for (int64_t c = whole; c < d; c++) {
-      s[r] += q[c] * k0[c], s[r + 1] += q[c] * k1[c], s[r + 2] += q[c] * k2[c], s[r + 3] += q[c] * k3[c];
-    }
-  }
-  for (; r < n; r++) {
-    const float *row = k + r * stride;
-    rk_f8 a = {0};
-    for (int64_t c = 0; c < whole; c += 8) a += rk_f8_load(q + c) * rk_f8_load(row + c);
-    s[r] = LANES_SUM(a);
-    for (int64_t c = whole; c < d; c++) s[r] += q[c] * row[c];
-  }
-}
+/* Portable: GCC's and clang's 8-lane vectors, multiplies and adds unfused. */
+#define AT(name) name##_generic
+#define AT_FN
+#define AT_W 8
+#define AT_V rk_f8
+#define AT_ZERO ((rk_f8){0})
+#define AT_LOAD(p) rk_f8_load(p)
+#define AT_STORE(p, v) RK_F8_STORE((p), (v))
+#define AT_SPLAT(x) ((rk_f8){(x), (x), (x), (x), (x), (x), (x), (x)})
+#define AT_MADD(acc, a, b) ((acc) + (a) * (b))
+#define AT_SUM(a) ((((a)[0] + (a)[4]) + ((a)[1] + (a)[5])) + (((a)[2] + (a)[6]) + ((a)[3] + (a)[7])))
+#define AT_SW AT_W
+#define AT_SV AT_V
+#define AT_SZERO AT_ZERO
+#define AT_SLOAD AT_LOAD
+#define AT_SMADD AT_MADD
+#define AT_SSUM AT_SUM
+#include "attention_body.h"
+#undef AT
+#undef AT_FN
+#undef AT_W
+#undef AT_V
+#undef AT_ZERO
+#undef AT_LOAD
+#undef AT_STORE
+#undef AT_SPLAT
+#undef AT_MADD
+#undef AT_SUM
+#undef AT_SW
+#undef AT_SV
+#undef AT_SZERO
+#undef AT_SLOAD
+#undef AT_SMADD
+#undef AT_SSUM
 
-/* acc += p[0] * v[0] + p[1] * v[1] + ... over n rows of d values (a stride apart), in that
- * order for each value. 64 values at a time are eight independent sums in registers, so the
- * adds do not wait on each other from row to row. */
-static inline __attribute__((always_inline)) void accumulate(float *acc, const float *p, const float *v, int64_t n,
-                                                             int64_t stride, int64_t d) {
-  int64_t c = 0;
-  for (; c + 64 <= d; c += 64) {
-    rk_f8 a[8];
-    for (int i = 0; i < 8; i++) a[i] = rk_f8_load(acc + c + 8 * i);
-    for (int64_t r = 0; r < n; r++) {
-      rk_f8 weight = {p[r], p[r], p[r], p[r], p[r], p[r], p[r], p[r]};
-      const float *row = v + r * stride + c;
-      for (int i = 0; i < 8; i++) a[i] += weight * rk_f8_load(row + 8 * i);
-    }
-    for (int i = 0; i < 8; i++) RK_F8_STORE(acc + c + 8 * i, a[i]);
-  }
-  for (; c + 8 <= d; c += 8) {
-    rk_f8 sum = rk_f8_load(acc + c);
-    for (int64_t r = 0; r < n; r++) {
-      rk_f8 weight = {p[r], p[r], p[r], p[r], p[r], p[r], p[r], p[r]};
-      sum += weight * rk_f8_load(v + r * stride + c);
-    }
-    RK_F8_STORE(acc + c, sum);
-  }
-  for (; c < d; c++)
-    for (int64_t r = 0; r < n; r++) acc[c] += p[r] * v[r * stride + c];
-}
-
-/* One unit: query row t's heads of KV head g, over the first `limit` key rows of sequence b. */
-static inline __attribute__((always_inline)) void attend(const attn_job *j, int64_t t, int64_t g, int64_t b,
-                                                         int64_t limit) {
-  int64_t group = j->hq / j->hkv, d = j->d;
-  for (int64_t h = g * group; h < (g + 1) * group; h++) {
-    const float *q = j->q + (t * j->hq + h) * d;
-    float *o = j->out + (t * j->hq + h) * d;
-    if (limit <= 0) {
-      memset(o, 0, sizeof(float) * (size_t)d);
-      j->lse[t * j->hq + h] = EMPTY_LSE;
-      continue;
-    }
-    float acc[MAX_HEAD_DIM], s[CHUNK], m = -INFINITY, sum = 0.0f;
-    memset(acc, 0, sizeof(float) * (size_t)d);
-    for (int64_t r0 = 0; r0 < limit;) {
-      const float *k, *v;
-      int64_t stride, n;
-      if (j->pages) {
-        int64_t page = j->page_ids[j->page_indptr[b] + r0 / j->page_size], slot = r0 % j->page_size;
-        k = j->pages + ((page * 2 * j->hkv + g) * j->page_size + slot) * d;
-        v = k + j->hkv * j->page_size * d;
-        stride = d;
-        n = j->page_size - slot;
-      } else {
-        int64_t row = j->kv_indptr[b] + r0;
-        k = j->k + (row * j->hkv + g) * d;
-        v = j->v + (row * j->hkv + g) * d;
-        stride = j->hkv * d;
-        n = limit - r0;
-      }
-      if (n > CHUNK) n = CHUNK;
-      if (n > limit - r0) n = limit - r0;
-      scores(q, k, n, stride, d, s);
-      float top = -INFINITY;
-      for (int64_t r = 0; r < n; r++) {
-        s[r] *= j->sm_scale;
-        top = s[r] > top ? s[r] : top;
-      }
-      if (top > m) {
-        /* A larger maximum: what was summed so far shrinks to its weight under the new one. */
-        float keep = m == -INFINITY ? 0.0f : rk_exp(m - top);
-        for (int64_t c = 0; c < d; c++) acc[c] *= keep;
-        sum *= keep;
-        m = top;
-      }
-      for (int64_t r = 0; r < n; r++) s[r] = rk_exp(s[r] - m);
-      for (int64_t r = 0; r < n; r++) sum += s[r];
-      accumulate(acc, s, v, n, stride, d);
-      r0 += n;
-    }
-    float inverse = 1.0f / sum;
-    for (int64_t c = 0; c < d; c++) o[c] = acc[c] * inverse;
-    j->lse[t * j->hq + h] = m * LOG2E + log2f(sum);
-  }
-}
-
-/* Units u = task, task + num_tasks, ...: (row u / hkv, KV head u % hkv). */
-static inline __attribute__((always_inline)) void attend_units(const attn_job *j, int task, int num_tasks) {
-  for (int64_t u = task; u < j->rows * j->hkv; u += num_tasks) {
-    int64_t t = u / j->hkv, g = u % j->hkv, b = sequence_of(j, t);
-    int64_t kv_len = kv_length(j, b), limit = kv_len;
-    if (j->causal) {
-      int64_t qo_len = j->q_indptr[b + 1] - j->q_indptr[b], i = t - j->q_indptr[b];
-      int64_t visible = kv_len - qo_len + i + 1;
-      limit = visible < kv_len ? visible : kv_len;
-    }
-    attend(j, t, g, b, limit);
-  }
-}
-
-static void attend_generic(const attn_job *j, int task, int num_tasks) { attend_units(j, task, num_tasks); }
 #if defined(__x86_64__)
-RK_AVX2_TARGET static void attend_avx2(const attn_job *j, int task, int num_tasks) {
-  attend_units(j, task, num_tasks);
+#include <immintrin.h>
+
+/* AVX2 with fused multiply-adds. */
+static inline __attribute__((always_inline, target("avx2,fma"))) float sum8_avx2(__m256 v) {
+  __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
+#define AT(name) name##_avx2
+#define AT_FN __attribute__((target("avx2,fma")))
+#define AT_W 8
+#define AT_V __m256
+#define AT_ZERO _mm256_setzero_ps()
+#define AT_LOAD(p) _mm256_loadu_ps(p)
+#define AT_STORE(p, v) _mm256_storeu_ps((p), (v))
+#define AT_SPLAT(x) _mm256_set1_ps(x)
+#define AT_MADD(acc, a, b) _mm256_fmadd_ps((a), (b), (acc))
+#define AT_SUM(a) sum8_avx2(a)
+#define AT_SW AT_W
+#define AT_SV AT_V
+#define AT_SZERO AT_ZERO
+#define AT_SLOAD AT_LOAD
+#define AT_SMADD AT_MADD
+#define AT_SSUM AT_SUM
+#include "attention_body.h"
+#undef AT
+#undef AT_FN
+#undef AT_W
+#undef AT_V
+#undef AT_ZERO
+#undef AT_LOAD
+#undef AT_STORE
+#undef AT_SPLAT
+#undef AT_MADD
+#undef AT_SUM
+#undef AT_SW
+#undef AT_SV
+#undef AT_SZERO
+#undef AT_SLOAD
+#undef AT_SMADD
+#undef AT_SSUM
+
+/* AVX-512: the value sums 16 lanes wide, the dot products AVX2's (so the bits are AVX2's). */
+#define AT(name) name##_avx512
+#define AT_FN __attribute__((target("avx512f,avx2,fma")))
+#define AT_W 16
+#define AT_V __m512
+#define AT_ZERO _mm512_setzero_ps()
+#define AT_LOAD(p) _mm512_loadu_ps(p)
+#define AT_STORE(p, v) _mm512_storeu_ps((p), (v))
+#define AT_SPLAT(x) _mm512_set1_ps(x)
+#define AT_MADD(acc, a, b) _mm512_fmadd_ps((a), (b), (acc))
+#define AT_SW 8
+#define AT_SV __m256
+#define AT_SZERO _mm256_setzero_ps()
+#define AT_SLOAD(p) _mm256_loadu_ps(p)
+#define AT_SMADD(acc, a, b) _mm256_fmadd_ps((a), (b), (acc))
+#define AT_SSUM(a) sum8_avx2(a)
+#include "attention_body.h"
+#undef AT
+#undef AT_FN
+#undef AT_W
+#undef AT_V
+#undef AT_ZERO
+#undef AT_LOAD
+#undef AT_STORE
+#undef AT_SPLAT
+#undef AT_MADD
+#undef AT_SUM
+#undef AT_SW
+#undef AT_SV
+#undef AT_SZERO
+#undef AT_SLOAD
+#undef AT_SMADD
+#undef AT_SSUM
 #endif
 
 static int attend_task(int task, int num_tasks, void *ctx) {
   const attn_job *j = ctx;
 #if defined(__x86_64__)
-  if (j->avx2) {
-    attend_avx2(j, task, num_tasks);
+  if (j->isa == ATTEND_AVX512) {
+    attend_units_avx512(j, task, num_tasks);
+    return 0;
+  }
+  if (j->isa == ATTEND_AVX2) {
+    attend_units_avx2(j, task, num_tasks);
     return 0;
   }
 #endif
-  attend_generic(j, task, num_tasks);
+  attend_units_generic(j, task, num_tasks);
   return 0;
 }
 
@@ -315,7 +299,9 @@ static int run(attn_job *j) {
   /* RELAXC_QUANT_ISA=portable (the LLM kernels' switch, quant.c) runs the portable build, so
    * that tests compare both on one CPU. */
   const char *forced = getenv("RELAXC_QUANT_ISA");
-  j->avx2 = rk_cpu_isa() == RK_ISA_AVX2 && !(forced && strcmp(forced, "portable") == 0);
+  bool portable = forced && strcmp(forced, "portable") == 0, avx2 = forced && strcmp(forced, "avx2") == 0;
+  j->isa = ATTEND_GENERIC;
+  if (rk_cpu_isa() == RK_ISA_AVX2 && !portable) j->isa = rk_use_avx512() && !avx2 ? ATTEND_AVX512 : ATTEND_AVX2;
   return rk_parallel(j->rows * j->hkv, attend_task, j);
 }
 

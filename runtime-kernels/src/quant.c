@@ -471,6 +471,7 @@ typedef struct dense_job {
   rk_qdot_fn dot;
   rk_qtile_fn tile;
   rk_qtile8_fn tile8; /* for the regrouped formats */
+  rk_qtile16_fn tile16; /* two of their groups at once, where the CPU has one */
   const uint8_t *w;
   int64_t row_bytes, n, m;
   rk_qrows rows;
@@ -487,7 +488,9 @@ static void dense_tile(const dense_job *j, int64_t c, int rows) {
   for (int64_t r = 0; r < j->m; r += TILE) {
     int xrows = (int)(j->m - r < TILE ? j->m - r : TILE);
     float *out = j->out + r * j->n + c;
-    if (j->tile8) {
+    if (j->tile16 && rows == 16) {
+      j->tile16(j->w + c * j->row_bytes, 8 * j->row_bytes, a, r, xrows, out, j->n);
+    } else if (j->tile8) {
       j->tile8(j->w + c * j->row_bytes, a, r, xrows, out, j->n);
     } else if (j->tile) {
       j->tile(j->w + c * j->row_bytes, j->row_bytes, rows, a, r, xrows, out, j->n);
@@ -517,7 +520,7 @@ static int dense_task(int task, int num_tasks, void *ctx) {
    * far apart, a tile from each in turn: one core keeps more of memory's bandwidth busy with two
    * streams in flight than with one. Mid-size Llama decode at 1 thread, Zen 5: f16 +12%, q8_0
    * +10%, q4_0 and Q4_K_M +5%, f32 even; three or four streams were slower than one. */
-  int64_t step = j->tile8 ? 8 : TILE, tiles = (hi - lo + step - 1) / step;
+  int64_t step = j->tile16 && j->m > TILE ? 16 : j->tile8 ? 8 : TILE, tiles = (hi - lo + step - 1) / step;
   int64_t streams = j->m <= TILE && tiles >= STREAMS ? STREAMS : 1;
   int64_t per = (tiles + streams - 1) / streams;
   for (int64_t t = 0; t < per; t++)
@@ -679,7 +682,11 @@ int rvm_builtin_kl_dense_q(void *self, const TVMFFIAny *args, int32_t num_args, 
   const rk_qinfo *q = &formats[f];
   const rk_qdots *dots = qdots();
   /* A format an instruction set has no code for runs on the portable code. */
-  dense_job j = {dots->dot[f] ? dots->dot[f] : portable.dot[f], dots->tile[f], dots->tile8[f], w, k / q->block * q->bytes, n, m,
+  rk_qtile16_fn tile16 = NULL;
+#if defined(__x86_64__)
+  if (dots == rk_qdots_vnni()) tile16 = rk_qtile16_vnni(f);
+#endif
+  dense_job j = {dots->dot[f] ? dots->dot[f] : portable.dot[f], dots->tile[f], dots->tile8[f], tile16, w, k / q->block * q->bytes, n, m,
                  {rk_data(x), NULL, NULL, NULL, k, q->act_block}, bias ? rk_data(bias) : NULL, rk_data(out)};
   if (q->act_block) {
     size_t qbytes = (size_t)(m * k), dbytes = sizeof(float) * (size_t)(m * (k / q->act_block)),

@@ -81,6 +81,11 @@ typedef void (*rk_qtile_fn)(const uint8_t *w, int64_t row_bytes, int rows, const
  * out[r * out_stride + c] for c < 8. */
 typedef void (*rk_qtile8_fn)(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out, int64_t out_stride);
 
+/* Sixteen rows of a regrouped format (two groups, group_bytes apart) against activation rows
+ * [r0, r0 + xrows): the bits of two rk_qtile8_fn calls. */
+typedef void (*rk_qtile16_fn)(const uint8_t *group, int64_t group_bytes, const rk_qrows *a, int64_t r0, int xrows,
+                              float *out, int64_t out_stride);
+
 /* The dot products of one instruction set, one per format, and its tiles. */
 typedef struct rk_qdots {
   rk_qdot_fn dot[RK_Q_COUNT];
@@ -105,6 +110,8 @@ RVM_HIDDEN float rk_neon_dot_q6_K(const void *w, const float *x, const rk_qact *
 /* AVX2 + FMA + F16C, and the same with AVX-512 VNNI's dpbusd where the CPU has it. */
 RVM_HIDDEN const rk_qdots *rk_qdots_avx2(void);
 RVM_HIDDEN const rk_qdots *rk_qdots_vnni(void);
+/* The 16-row tile of a regrouped format on AVX-512 VNNI, or NULL where it has none. */
+RVM_HIDDEN rk_qtile16_fn rk_qtile16_vnni(rk_qformat f);
 #endif
 
 /* IEEE half to float. */

@@ -36,6 +36,104 @@
 #define QX_SIGNED_DOT(acc, w, x) QX_DOT((acc), _mm256_xor_si256((w), _mm256_set1_epi8((char)0x80)), (x))
 #include "quant_x86_body.h"
 
+/* ---- q4_Kx8, two groups at once in 512-bit registers (AVX-512 VNNI) ---------------------------- */
+
+/* The VNNI q4_Kx8 kernel above with its 8 lanes doubled: lanes 0-7 are the first group's rows and
+ * lanes 8-15 the second's, every lane computing exactly what it computes there (same integer
+ * sums, same float steps), so a tile of 16 rows gives the bits of two tiles of 8, in half the
+ * instructions: on Zen 5, whose 512-bit units are full width, prefill's dense layers over q4_K
+ * took XX% less time. */
+#define KX16_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
+#define KX16_KERNEL(X)                                                                                      \
+  {                                                                                                         \
+    const int64_t k = a->k;                                                                                 \
+    const __m512i low = _mm512_set1_epi8(0xf);                                                              \
+    __m512 acc[4], mins[4];                                                                                 \
+    _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) acc[r] = _mm512_setzero_ps(), mins[r] = acc[r];   \
+    for (int64_t b = 0; b < k / 256; b++) {                                                                 \
+      const uint8_t *b0 = g0 + 1184 * b, *b1 = g1 + 1184 * b;                                               \
+      __m512i sum[4], msum[4];                                                                              \
+      _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) sum[r] = _mm512_setzero_si512(), msum[r] = sum[r]; \
+      for (int ch = 0; ch < 4; ch++) {                                                                      \
+        __m512i lo[8], hi[8];                                                                               \
+        _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                                               \
+          int64_t at = 160 + 256 * ch + 32 * j;                                                             \
+          __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + at))), \
+                                         _mm256_loadu_si256((const __m256i *)(b1 + at)), 1);                \
+          lo[j] = _mm512_and_si512(v, low);                                                                 \
+          hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);                                           \
+        }                                                                                                   \
+        __m512i slo = pair_u8(b0 + 32 + 16 * ch, b1 + 32 + 16 * ch), shi = pair_u8(b0 + 40 + 16 * ch, b1 + 40 + 16 * ch); \
+        __m512i mlo = pair_u8(b0 + 96 + 16 * ch, b1 + 96 + 16 * ch), mhi = pair_u8(b0 + 104 + 16 * ch, b1 + 104 + 16 * ch); \
+        _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                             \
+          const int8_t *qx = a->q + xr[r] * k + 256 * b + 64 * ch;                                          \
+          const int16_t *sx = a->sum16 + xr[r] * (k / 16) + 16 * b + 4 * ch;                                \
+          __m512i tlo = _mm512_setzero_si512(), thi = tlo;                                                  \
+          _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                                             \
+            int32_t x0, x1;                                                                                 \
+            __builtin_memcpy(&x0, qx + 4 * j, 4);                                                           \
+            __builtin_memcpy(&x1, qx + 32 + 4 * j, 4);                                                      \
+            tlo = _mm512_dpbusd_epi32(tlo, lo[j], _mm512_set1_epi32(x0));                                   \
+            thi = _mm512_dpbusd_epi32(thi, hi[j], _mm512_set1_epi32(x1));                                   \
+          }                                                                                                 \
+          sum[r] = _mm512_add_epi32(sum[r], _mm512_add_epi32(_mm512_mullo_epi32(tlo, slo), _mm512_mullo_epi32(thi, shi))); \
+          __m512i m = _mm512_add_epi32(_mm512_mullo_epi32(mlo, _mm512_set1_epi32(sx[0] + sx[1])),           \
+                                       _mm512_mullo_epi32(mhi, _mm512_set1_epi32(sx[2] + sx[3])));          \
+          msum[r] = _mm512_add_epi32(msum[r], m);                                                           \
+        }                                                                                                   \
+      }                                                                                                     \
+      __m512 d = _mm512_cvtph_ps(pair_halves(b0, b1));                                                      \
+      __m512 dmin = _mm512_cvtph_ps(pair_halves(b0 + 16, b1 + 16));                                         \
+      _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                               \
+        __m512 dx = _mm512_set1_ps(a->d[xr[r] * (k / 256) + b]);                                            \
+        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(sum[r]), acc[r]);                 \
+        mins[r] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum[r]), mins[r]);           \
+      }                                                                                                     \
+    }                                                                                                       \
+    _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) _mm512_storeu_ps(res + 16 * r, _mm512_sub_ps(acc[r], mins[r])); \
+  }
+
+/* Eight bytes of each group as 16 int32 lanes. */
+__attribute__((target(KX16_TARGET))) static inline __m512i pair_u8(const uint8_t *p0, const uint8_t *p1) {
+  __m128i both = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)p0), _mm_loadl_epi64((const __m128i *)p1));
+  return _mm512_cvtepu8_epi32(both);
+}
+
+/* Eight half-precision scales of each group, side by side. */
+__attribute__((target(KX16_TARGET))) static inline __m256i pair_halves(const uint8_t *p0, const uint8_t *p1) {
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)),
+                                 _mm_loadu_si128((const __m128i *)p1), 1);
+}
+
+__attribute__((target(KX16_TARGET))) static void kx16_one(const uint8_t *g0, const uint8_t *g1, const rk_qrows *a,
+                                                          const int64_t *xr, float *res) KX16_KERNEL(1)
+__attribute__((target(KX16_TARGET))) static void kx16_pair(const uint8_t *g0, const uint8_t *g1, const rk_qrows *a,
+                                                           const int64_t *xr, float *res) KX16_KERNEL(2)
+__attribute__((target(KX16_TARGET))) static void kx16_wide(const uint8_t *g0, const uint8_t *g1, const rk_qrows *a,
+                                                           const int64_t *xr, float *res) KX16_KERNEL(4)
+
+/* Two groups (16 rows: `group` and the next, row_bytes apart) against activation rows
+ * [r0, r0 + xrows), four at a time, then two, then one. */
+__attribute__((target(KX16_TARGET))) static void tile16_q4_Kx8(const uint8_t *group, int64_t group_bytes,
+                                                               const rk_qrows *a, int64_t r0, int xrows, float *out,
+                                                               int64_t out_stride) {
+  for (int r = 0; r < xrows;) {
+    float res[16 * 4];
+    int64_t xr[4];
+    int left = xrows - r, take = left >= 4 ? 4 : left >= 2 ? 2 : 1;
+    for (int i = 0; i < 4; i++) xr[i] = r0 + r + (i < take ? i : take - 1);
+    if (take == 4) kx16_wide(group, group + group_bytes, a, xr, res);
+    else if (take == 2) kx16_pair(group, group + group_bytes, a, xr, res);
+    else kx16_one(group, group + group_bytes, a, xr, res);
+    for (int i = 0; i < take; i++)
+      for (int c = 0; c < 16; c++) out[(r + i) * out_stride + c] = res[16 * i + c];
+    r += take;
+  }
+}
+#undef KX16_KERNEL
+#undef KX16_TARGET
+
 const rk_qdots *rk_qdots_avx2(void) { return &qdots_avx2; }
 const rk_qdots *rk_qdots_vnni(void) { return &qdots_vnni; }
+rk_qtile16_fn rk_qtile16_vnni(rk_qformat f) { return f == RK_Q_Q4_KX8 ? tile16_q4_Kx8 : NULL; }
 #endif
