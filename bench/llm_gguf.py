@@ -15,12 +15,14 @@ arithmetic changes (flash attention on, weights not repacked), and what float32 
 does to an int8-activation reference (see check_logits: on this random-weight model one activation
 rounded the other way moves the logits by about 2e-2, so two correct runtimes can be that far
 apart; llama.cpp's flash attention alone moves its q8_0 logits by 2.9e-2 and changes its argmax). Then,
-interleaved, at 1 and 2 threads: prefill of a 6-token prompt and decode tokens/s; medians.
+interleaved, at 1 and 2 threads: prefill of a 6-token prompt and decode tokens/s, then the same
+after a 500-token prompt (--long-prompt; attention's share grows with the context); medians.
 Also: file sizes, relaxc's load time and its resident set after loading the weights.
 
 Needs TVM 0.27, llama-cpp-python, gguf and numpy. Builds are cached in --work.
 
 usage: python3 bench/llm_gguf.py [--formats f32,f16,q8_0,q4_0,q4_k_m] [--tokens 32] [--rounds 3]
+                                 [--long-prompt 500]
 """
 
 import argparse
@@ -72,7 +74,8 @@ def quantized_file(work, fmt):
 
 def build(work, relaxc, gguf_path):
     so = gguf_path[: -len(".gguf")] + ".so"
-    if not os.path.exists(so):
+    # A model carries its relaxc's runtime and kernels: one built by an older relaxc is rebuilt.
+    if not os.path.exists(so) or os.path.getmtime(so) < os.path.getmtime(relaxc):
         t = time.time()
         env = dict(os.environ, RELAXC=relaxc, PYTHONPATH=os.path.join(ROOT, "python"))
         subprocess.run(
@@ -94,7 +97,10 @@ def build(work, relaxc, gguf_path):
     return so
 
 
-def relaxc_run(relaxc, so, gguf_path, threads, tokens, runs, logits=None):
+def relaxc_run(relaxc, so, gguf_path, threads, tokens, runs, logits=None, prompt=None, context=512):
+    """relaxc's greedy tokens, prefill ms and decode tokens/s on the file (prompt: PROMPT unless
+    given; prefill in chunks of up to 512 tokens, as llama.cpp's micro-batches)."""
+    prompt = llm_midsize.PROMPT if prompt is None else prompt
     cmd = [
         relaxc,
         "generate",
@@ -102,13 +108,13 @@ def relaxc_run(relaxc, so, gguf_path, threads, tokens, runs, logits=None):
         "--weights",
         gguf_path,
         "--prompt",
-        ",".join(map(str, llm_midsize.PROMPT)),
+        ",".join(map(str, prompt)),
         "--max-new-tokens",
         str(tokens),
         "--max-total-seq-len",
-        "512",
+        str(context),
         "--prefill-chunk-size",
-        "64",
+        str(min(512, context)),
     ]
     if runs:
         cmd += ["--bench", str(runs)]
@@ -209,6 +215,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (0: check the logits only)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument(
+        "--long-prompt",
+        type=int,
+        default=500,
+        help="also time a prompt of this many tokens (0: only the 6-token one)",
+    )
+    ap.add_argument(
         "--time-anyway",
         action="store_true",
         help="time the formats whose logits disagree with llama.cpp's too",
@@ -233,7 +245,10 @@ def main():
 
     if args.rounds == 0:
         return
-    results = {}
+    # The long prompt: token ids spread over the vocabulary, the same every run.
+    long_prompt = [(i * 7919) % 31000 + 100 for i in range(args.long_prompt)]
+    long_context = 1 << (args.long_prompt + args.tokens).bit_length()
+    results, long = {}, {}
     for r in range(args.rounds):
         for f in formats:
             for threads in [1, 2]:
@@ -241,6 +256,23 @@ def main():
                 results.setdefault((f, "relaxc", threads), []).append((p, t))
                 _, p, t = llm_midsize.llama_cpp(files[f], threads, args.tokens, args.runs, theirs)
                 results.setdefault((f, "llama.cpp", threads), []).append((p, t))
+                if not args.long_prompt:
+                    continue
+                _, p, t = relaxc_run(
+                    relaxc,
+                    models[f],
+                    files[f],
+                    threads,
+                    args.tokens,
+                    args.runs,
+                    prompt=long_prompt,
+                    context=long_context,
+                )
+                long.setdefault((f, "relaxc", threads), []).append((p, t))
+                _, p, t = llm_midsize.llama_cpp(
+                    files[f], threads, args.tokens, args.runs, theirs, prompt=long_prompt, context=long_context
+                )
+                long.setdefault((f, "llama.cpp", threads), []).append((p, t))
         print(f"round {r + 1} of {args.rounds} done", flush=True)
 
     with open("/proc/cpuinfo") as info:
@@ -275,8 +307,33 @@ def main():
                 f"| {f} | {size / 2**20:.0f} | {seconds * 1e3:.0f} | {grown / size:.3f} | {threads} | {rp:.2f} | {lp:.2f} | "
                 f"{rt:.1f} | {lt:.1f} | {rt / lt:.2f}x |"
             )
+    long_summary = {}
+    if args.long_prompt:
+        print(
+            f"\nThe same with a {args.long_prompt}-token prompt (prefill in chunks of up to 512 tokens on both sides), "
+            f"{args.tokens} new tokens"
+        )
+        print(
+            "| format | threads | relaxc prefill (ms) | llama.cpp prefill (ms) | prefill llama.cpp / relaxc "
+            "| relaxc decode (tok/s) | llama.cpp decode (tok/s) | decode relaxc / llama.cpp |"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        for f in formats:
+            for threads in [1, 2]:
+                runs = {who: long[(f, who, threads)] for who in ("relaxc", "llama.cpp")}
+                rp, rt = (statistics.median(x[i] for x in runs["relaxc"]) for i in (0, 1))
+                lp, lt = (statistics.median(x[i] for x in runs["llama.cpp"]) for i in (0, 1))
+                long_summary[f"{f}/{threads}"] = {
+                    "relaxc_prefill_ms": rp,
+                    "llama_prefill_ms": lp,
+                    "relaxc_tps": rt,
+                    "llama_tps": lt,
+                }
+                print(
+                    f"| {f} | {threads} | {rp:.1f} | {lp:.1f} | {lp / rp:.2f}x | {rt:.1f} | {lt:.1f} | {rt / lt:.2f}x |"
+                )
     with open(os.path.join(args.work, "summary.json"), "w") as out:
-        json.dump({"checks": checks, "results": summary}, out, indent=1)
+        json.dump({"checks": checks, "results": summary, "long_prompt": long_summary}, out, indent=1)
 
 
 if __name__ == "__main__":

@@ -265,7 +265,10 @@ if variant == "plain":  # Llama() takes its model defaults from the llama_cpp.ll
         params.use_extra_bufts = False
         return params
     low_level.llama_model_default_params = plain_params
-llm = Llama(model_path=path, n_ctx=512, n_batch=64, n_threads=threads, n_threads_batch=threads, verbose=False, **kv)
+# sys.argv[9]: the context; batches of up to 512 prompt tokens (llama.cpp's default micro-batch).
+n_ctx = int(sys.argv[9]) if len(sys.argv) > 9 else 512
+llm = Llama(model_path=path, n_ctx=n_ctx, n_batch=min(512, n_ctx), n_threads=threads, n_threads_batch=threads,
+            verbose=False, **kv)
 prefills, rates, first, generated = [], [], None, None
 vocab = llm.n_vocab()
 last = lambda: np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(vocab,))
@@ -291,12 +294,12 @@ print(json.dumps({"tokens": generated, "prefill_ms": float(np.median(prefills)),
 """
 
 
-def llama_cpp(gguf_path, threads, tokens, runs, logits_path, kv_cache="f16", variant=""):
+def llama_cpp(gguf_path, threads, tokens, runs, logits_path, kv_cache="f16", variant="", prompt=None, context=512):
     """llama.cpp's greedy tokens, prefill ms and decode tokens/s on the file; the first prefill's
     logits saved at logits_path. kv_cache="f32" keeps its KV cache in float32, as relaxc does, for
     comparing numbers; timings use its default, f16. variant "flash" turns its flash attention on,
     "plain" keeps its weights as the file has them (no repacking): both change only the order of
-    its arithmetic."""
+    its arithmetic. prompt (default PROMPT) and context size set the run's length."""
     import json
 
     out = subprocess.run(
@@ -308,10 +311,11 @@ def llama_cpp(gguf_path, threads, tokens, runs, logits_path, kv_cache="f16", var
             str(threads),
             str(tokens),
             str(runs),
-            json.dumps(PROMPT),
+            json.dumps(PROMPT if prompt is None else prompt),
             logits_path,
             kv_cache,
             variant,
+            str(context),
         ],
         check=True,
         capture_output=True,
