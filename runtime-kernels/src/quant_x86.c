@@ -36,7 +36,7 @@
 #define QX_SIGNED_DOT(acc, w, x) QX_DOT((acc), _mm256_xor_si256((w), _mm256_set1_epi8((char)0x80)), (x))
 #include "quant_x86_body.h"
 
-/* ---- q4_Kx8, two groups at once in 512-bit registers (AVX-512 VNNI) ---------------------------- */
+/* ---- q4_Kx8 and q4_0x8, two groups at once in 512-bit registers (AVX-512 VNNI) ---------------------------- */
 
 /* The VNNI q4_Kx8 kernel above with its 8 lanes doubled: lanes 0-7 are the first group's rows and
  * lanes 8-15 the second's, every lane computing exactly what it computes there (same integer
@@ -105,35 +105,84 @@ __attribute__((target(KX16_TARGET))) static inline __m256i pair_halves(const uin
                                  _mm_loadu_si128((const __m128i *)p1), 1);
 }
 
-__attribute__((target(KX16_TARGET))) static void kx16_one(const uint8_t *g0, const uint8_t *g1, const rk_qrows *a,
-                                                          const int64_t *xr, float *res) KX16_KERNEL(1)
-__attribute__((target(KX16_TARGET))) static void kx16_pair(const uint8_t *g0, const uint8_t *g1, const rk_qrows *a,
-                                                           const int64_t *xr, float *res) KX16_KERNEL(2)
-__attribute__((target(KX16_TARGET))) static void kx16_wide(const uint8_t *g0, const uint8_t *g1, const rk_qrows *a,
-                                                           const int64_t *xr, float *res) KX16_KERNEL(4)
+__attribute__((target(KX16_TARGET))) static void q4_Kx16_one(const uint8_t *g0, const uint8_t *g1, const rk_qrows *a,
+                                                             const int64_t *xr, float *res) KX16_KERNEL(1)
+__attribute__((target(KX16_TARGET))) static void q4_Kx16_pair(const uint8_t *g0, const uint8_t *g1, const rk_qrows *a,
+                                                              const int64_t *xr, float *res) KX16_KERNEL(2)
+__attribute__((target(KX16_TARGET))) static void q4_Kx16_wide(const uint8_t *g0, const uint8_t *g1, const rk_qrows *a,
+                                                              const int64_t *xr, float *res) KX16_KERNEL(4)
 
-/* Two groups (16 rows: `group` and the next, row_bytes apart) against activation rows
- * [r0, r0 + xrows), four at a time, then two, then one. */
-__attribute__((target(KX16_TARGET))) static void tile16_q4_Kx8(const uint8_t *group, int64_t group_bytes,
-                                                               const rk_qrows *a, int64_t r0, int xrows, float *out,
-                                                               int64_t out_stride) {
-  for (int r = 0; r < xrows;) {
-    float res[16 * 4];
-    int64_t xr[4];
-    int left = xrows - r, take = left >= 4 ? 4 : left >= 2 ? 2 : 1;
-    for (int i = 0; i < 4; i++) xr[i] = r0 + r + (i < take ? i : take - 1);
-    if (take == 4) kx16_wide(group, group + group_bytes, a, xr, res);
-    else if (take == 2) kx16_pair(group, group + group_bytes, a, xr, res);
-    else kx16_one(group, group + group_bytes, a, xr, res);
-    for (int i = 0; i < take; i++)
-      for (int c = 0; c < 16; c++) out[(r + i) * out_stride + c] = res[16 * i + c];
-    r += take;
+/* q4_0x8's VNNI kernel with its lanes doubled the same way. */
+#define X16_Q4_0_KERNEL(X)                                                                                  \
+  {                                                                                                         \
+    const int64_t k = a->k;                                                                                 \
+    const __m512i low = _mm512_set1_epi8(0xf);                                                              \
+    __m512 acc[4];                                                                                          \
+    _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) acc[r] = _mm512_setzero_ps();                     \
+    for (int64_t b = 0; b < k / 32; b++) {                                                                  \
+      const uint8_t *b0 = g0 + 144 * b, *b1 = g1 + 144 * b;                                                 \
+      __m512 scales = _mm512_cvtph_ps(pair_halves(b0, b1));                                                 \
+      __m512i lo[4], hi[4];                                                                                 \
+      _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                                 \
+        __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(b0 + 16 + 32 * j))), \
+                                       _mm256_loadu_si256((const __m256i *)(b1 + 16 + 32 * j)), 1);         \
+        lo[j] = _mm512_and_si512(v, low);                                                                   \
+        hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);                                             \
+      }                                                                                                     \
+      _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                               \
+        const int8_t *qx = a->q + xr[r] * k + 32 * b;                                                       \
+        const int16_t *s16 = a->sum16 + xr[r] * (k / 16) + 2 * b;                                          \
+        __m512i p = _mm512_set1_epi32(-8 * (s16[0] + s16[1]));                                              \
+        _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                               \
+          int32_t x0, x1;                                                                                   \
+          __builtin_memcpy(&x0, qx + 4 * j, 4);                                                             \
+          __builtin_memcpy(&x1, qx + 16 + 4 * j, 4);                                                        \
+          p = _mm512_dpbusd_epi32(p, lo[j], _mm512_set1_epi32(x0));                                         \
+          p = _mm512_dpbusd_epi32(p, hi[j], _mm512_set1_epi32(x1));                                         \
+        }                                                                                                   \
+        __m512 d = _mm512_mul_ps(scales, _mm512_set1_ps(a->d[xr[r] * (k / 32) + b]));                       \
+        acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(p), acc[r]);                                         \
+      }                                                                                                     \
+    }                                                                                                       \
+    _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) _mm512_storeu_ps(res + 16 * r, acc[r]);           \
   }
-}
+
+__attribute__((target(KX16_TARGET))) static void q4_0x16_one(const uint8_t *g0, const uint8_t *g1, const rk_qrows *a,
+                                                             const int64_t *xr, float *res) X16_Q4_0_KERNEL(1)
+__attribute__((target(KX16_TARGET))) static void q4_0x16_pair(const uint8_t *g0, const uint8_t *g1, const rk_qrows *a,
+                                                              const int64_t *xr, float *res) X16_Q4_0_KERNEL(2)
+__attribute__((target(KX16_TARGET))) static void q4_0x16_wide(const uint8_t *g0, const uint8_t *g1, const rk_qrows *a,
+                                                              const int64_t *xr, float *res) X16_Q4_0_KERNEL(4)
+
+/* Two groups (16 rows: `group` and the next, group_bytes apart) against activation rows
+ * [r0, r0 + xrows), four at a time, then two, then one. */
+#define X16_TILE(format)                                                                                    \
+  __attribute__((target(KX16_TARGET))) static void tile16_##format(const uint8_t *group, int64_t group_bytes, \
+                                                                   const rk_qrows *a, int64_t r0, int xrows, \
+                                                                   float *out, int64_t out_stride) {         \
+    for (int r = 0; r < xrows;) {                                                                           \
+      float res[16 * 4];                                                                                    \
+      int64_t xr[4];                                                                                        \
+      int left = xrows - r, take = left >= 4 ? 4 : left >= 2 ? 2 : 1;                                      \
+      for (int i = 0; i < 4; i++) xr[i] = r0 + r + (i < take ? i : take - 1);                               \
+      if (take == 4) format##_wide(group, group + group_bytes, a, xr, res);                                 \
+      else if (take == 2) format##_pair(group, group + group_bytes, a, xr, res);                            \
+      else format##_one(group, group + group_bytes, a, xr, res);                                            \
+      for (int i = 0; i < take; i++)                                                                        \
+        for (int c = 0; c < 16; c++) out[(r + i) * out_stride + c] = res[16 * i + c];                       \
+      r += take;                                                                                            \
+    }                                                                                                       \
+  }
+X16_TILE(q4_Kx16)
+X16_TILE(q4_0x16)
+#undef X16_TILE
+#undef X16_Q4_0_KERNEL
 #undef KX16_KERNEL
 #undef KX16_TARGET
 
 const rk_qdots *rk_qdots_avx2(void) { return &qdots_avx2; }
 const rk_qdots *rk_qdots_vnni(void) { return &qdots_vnni; }
-rk_qtile16_fn rk_qtile16_vnni(rk_qformat f) { return f == RK_Q_Q4_KX8 ? tile16_q4_Kx8 : NULL; }
+rk_qtile16_fn rk_qtile16_vnni(rk_qformat f) {
+  return f == RK_Q_Q4_KX8 ? tile16_q4_Kx16 : f == RK_Q_Q4_0X8 ? tile16_q4_0x16 : NULL;
+}
 #endif

@@ -164,6 +164,12 @@ def test_regrouped_rows(library, m, fmt):
     plain = np.zeros((m, n), np.float32)
     library["relaxc.dense_q"](t(x), t(w), fmt, t(bias), t(plain))
     assert_close(out, plain.astype(np.float64), 2e-6)
+    # Each row alone (decoding's tiles of 8 rows) gives its bits in the batch (prefill's tiles of
+    # 16 rows where AVX-512 VNNI has them).
+    for r in range(m):
+        alone = np.zeros((1, n), np.float32)
+        library["relaxc.dense_q"](t(x[r : r + 1]), t(REGROUPINGS[f"#{fmt}x8"](w)), fmt + "x8", t(bias), t(alone))
+        assert np.array_equal(alone[0].view(np.uint32), out[r].view(np.uint32)), f"row {r}"
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_K", "q6_K"])
