@@ -206,6 +206,17 @@ def check_logits(fmt, gguf_path, ours, theirs, work, seeds=6):
     return result
 
 
+def medians(results, fmt, threads):
+    """The median prefill ms and decode tokens/s of each runtime's rounds, in the summary's order."""
+    relaxc, theirs = results[(fmt, "relaxc", threads)], results[(fmt, "llama.cpp", threads)]
+    return {
+        "relaxc_prefill_ms": statistics.median(x[0] for x in relaxc),
+        "llama_prefill_ms": statistics.median(x[0] for x in theirs),
+        "relaxc_tps": statistics.median(x[1] for x in relaxc),
+        "llama_tps": statistics.median(x[1] for x in theirs),
+    }
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--relaxc", default=os.path.join(ROOT, "target/release/relaxc"))
@@ -294,15 +305,8 @@ def main():
         size = os.path.getsize(files[f])
         seconds, grown = load_cost(models[f], files[f])
         for threads in [1, 2]:
-            runs = {who: results[(f, who, threads)] for who in ("relaxc", "llama.cpp")}
-            rp, rt = (statistics.median(x[i] for x in runs["relaxc"]) for i in (0, 1))
-            lp, lt = (statistics.median(x[i] for x in runs["llama.cpp"]) for i in (0, 1))
-            summary[f"{f}/{threads}"] = {
-                "relaxc_prefill_ms": rp,
-                "llama_prefill_ms": lp,
-                "relaxc_tps": rt,
-                "llama_tps": lt,
-            }
+            summary[f"{f}/{threads}"] = medians(results, f, threads)
+            rp, lp, rt, lt = summary[f"{f}/{threads}"].values()
             print(
                 f"| {f} | {size / 2**20:.0f} | {seconds * 1e3:.0f} | {grown / size:.3f} | {threads} | {rp:.2f} | {lp:.2f} | "
                 f"{rt:.1f} | {lt:.1f} | {rt / lt:.2f}x |"
@@ -320,15 +324,8 @@ def main():
         print("|---|---|---|---|---|---|---|---|")
         for f in formats:
             for threads in [1, 2]:
-                runs = {who: long[(f, who, threads)] for who in ("relaxc", "llama.cpp")}
-                rp, rt = (statistics.median(x[i] for x in runs["relaxc"]) for i in (0, 1))
-                lp, lt = (statistics.median(x[i] for x in runs["llama.cpp"]) for i in (0, 1))
-                long_summary[f"{f}/{threads}"] = {
-                    "relaxc_prefill_ms": rp,
-                    "llama_prefill_ms": lp,
-                    "relaxc_tps": rt,
-                    "llama_tps": lt,
-                }
+                long_summary[f"{f}/{threads}"] = medians(long, f, threads)
+                rp, lp, rt, lt = long_summary[f"{f}/{threads}"].values()
                 print(
                     f"| {f} | {threads} | {rp:.1f} | {lp:.1f} | {lp / rp:.2f}x | {rt:.1f} | {lt:.1f} | {rt / lt:.2f}x |"
                 )

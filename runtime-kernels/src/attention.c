@@ -81,30 +81,8 @@ static int64_t kv_length(const attn_job *j, int64_t b) {
 #define AT_STORE(p, v) RK_F8_STORE((p), (v))
 #define AT_SPLAT(x) ((rk_f8){(x), (x), (x), (x), (x), (x), (x), (x)})
 #define AT_MADD(acc, a, b) ((acc) + (a) * (b))
-#define AT_SUM(a) ((((a)[0] + (a)[4]) + ((a)[1] + (a)[5])) + (((a)[2] + (a)[6]) + ((a)[3] + (a)[7])))
-#define AT_SW AT_W
-#define AT_SV AT_V
-#define AT_SZERO AT_ZERO
-#define AT_SLOAD AT_LOAD
-#define AT_SMADD AT_MADD
-#define AT_SSUM AT_SUM
+#define AT_SSUM(a) ((((a)[0] + (a)[4]) + ((a)[1] + (a)[5])) + (((a)[2] + (a)[6]) + ((a)[3] + (a)[7])))
 #include "attention_body.h"
-#undef AT
-#undef AT_FN
-#undef AT_W
-#undef AT_V
-#undef AT_ZERO
-#undef AT_LOAD
-#undef AT_STORE
-#undef AT_SPLAT
-#undef AT_MADD
-#undef AT_SUM
-#undef AT_SW
-#undef AT_SV
-#undef AT_SZERO
-#undef AT_SLOAD
-#undef AT_SMADD
-#undef AT_SSUM
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -124,30 +102,8 @@ static inline __attribute__((always_inline, target("avx2,fma"))) float sum8_avx2
 #define AT_STORE(p, v) _mm256_storeu_ps((p), (v))
 #define AT_SPLAT(x) _mm256_set1_ps(x)
 #define AT_MADD(acc, a, b) _mm256_fmadd_ps((a), (b), (acc))
-#define AT_SUM(a) sum8_avx2(a)
-#define AT_SW AT_W
-#define AT_SV AT_V
-#define AT_SZERO AT_ZERO
-#define AT_SLOAD AT_LOAD
-#define AT_SMADD AT_MADD
-#define AT_SSUM AT_SUM
+#define AT_SSUM(a) sum8_avx2(a)
 #include "attention_body.h"
-#undef AT
-#undef AT_FN
-#undef AT_W
-#undef AT_V
-#undef AT_ZERO
-#undef AT_LOAD
-#undef AT_STORE
-#undef AT_SPLAT
-#undef AT_MADD
-#undef AT_SUM
-#undef AT_SW
-#undef AT_SV
-#undef AT_SZERO
-#undef AT_SLOAD
-#undef AT_SMADD
-#undef AT_SSUM
 
 /* AVX-512: the value sums 16 lanes wide, the dot products AVX2's (so the bits are AVX2's). */
 #define AT(name) name##_avx512
@@ -166,22 +122,6 @@ static inline __attribute__((always_inline, target("avx2,fma"))) float sum8_avx2
 #define AT_SMADD(acc, a, b) _mm256_fmadd_ps((a), (b), (acc))
 #define AT_SSUM(a) sum8_avx2(a)
 #include "attention_body.h"
-#undef AT
-#undef AT_FN
-#undef AT_W
-#undef AT_V
-#undef AT_ZERO
-#undef AT_LOAD
-#undef AT_STORE
-#undef AT_SPLAT
-#undef AT_MADD
-#undef AT_SUM
-#undef AT_SW
-#undef AT_SV
-#undef AT_SZERO
-#undef AT_SLOAD
-#undef AT_SMADD
-#undef AT_SSUM
 #endif
 
 static int attend_task(int task, int num_tasks, void *ctx) {

@@ -7,7 +7,15 @@
  * the dot products of the scores. Each unit's sums are taken in an order fixed by the head dim
  * and the instance, so a unit's bits never depend on the thread count; and since the value sums
  * run lane by lane, AVX-512 (16 lanes there, AVX2's 8-lane dot products) gives AVX2's bits.
+ * The AT_S* default to the value sums' vectors. Every AT_* is undefined at the end.
  */
+#ifndef AT_SW
+#define AT_SW AT_W
+#define AT_SV AT_V
+#define AT_SZERO AT_ZERO
+#define AT_SLOAD AT_LOAD
+#define AT_SMADD AT_MADD
+#endif
 
 /* s[r] = q . k[r] for n rows of d values a stride apart. Four rows at a time, so that their sums
  * run side by side; each row's sum is taken in the same order either way. */
@@ -131,3 +139,19 @@ AT_FN static void AT(attend_units)(const attn_job *j, int task, int num_tasks) {
     AT(attend)(j, t, g, b, limit);
   }
 }
+
+#undef AT
+#undef AT_FN
+#undef AT_W
+#undef AT_V
+#undef AT_ZERO
+#undef AT_LOAD
+#undef AT_STORE
+#undef AT_SPLAT
+#undef AT_MADD
+#undef AT_SW
+#undef AT_SV
+#undef AT_SZERO
+#undef AT_SLOAD
+#undef AT_SMADD
+#undef AT_SSUM

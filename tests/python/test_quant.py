@@ -115,17 +115,24 @@ def assert_close(got, want, tol):
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
-@pytest.mark.parametrize("m", [1, 2, 6, 33])
-def test_dense_q_against_gguf(library, fmt, m):
-    rng = np.random.default_rng(m * 7 + len(fmt))
-    k = 512 if BLOCK[fmt] > 1 else 200
-    n = 37
+def dense_matches_reference(library, rng, fmt, m, n, k):
+    """relaxc.dense_q on random rows and weights in fmt, with a bias, against the reference;
+    returns (x, w, exact) for further checks."""
     w, exact = weights(rng, n, k, fmt)
     x = rng.standard_normal((m, k)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
     out = np.zeros((m, n), np.float32)
     library["relaxc.dense_q"](t(x), t(w), fmt, t(bias), t(out))
     assert_close(out, dense_reference(x, exact, fmt, bias), 2e-5)
+    return x, w, exact
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("m", [1, 2, 6, 33])
+def test_dense_q_against_gguf(library, fmt, m):
+    rng = np.random.default_rng(m * 7 + len(fmt))
+    k, n = 512 if BLOCK[fmt] > 1 else 200, 37
+    x, w, exact = dense_matches_reference(library, rng, fmt, m, n, k)
     # Without the bias, and with batch axes in front (the rows of a prefill, [1, s, k]).
     out3 = np.zeros((1, m, n), np.float32)
     library["relaxc.dense_q"](t(x.reshape(1, m, k)), t(w), fmt, None, t(out3))
@@ -137,14 +144,7 @@ def test_dense_q_against_gguf(library, fmt, m):
 def test_float_weights_at_prefill_rows(library, fmt, k):
     """Many rows of float weights take the GEMM, its panels gathered from the [n, k] rows (whole
     panels of 16 rows and a partial one; reduction blocks of 250 and 257, not multiples of 8)."""
-    rng = np.random.default_rng(k)
-    m, n = 70, 53
-    w, exact = weights(rng, n, k, fmt)
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    bias = rng.standard_normal(n).astype(np.float32)
-    out = np.zeros((m, n), np.float32)
-    library["relaxc.dense_q"](t(x), t(w), fmt, t(bias), t(out))
-    assert_close(out, dense_reference(x, exact, fmt, bias), 2e-5)
+    dense_matches_reference(library, np.random.default_rng(k), fmt, 70, 53, k)
 
 
 @pytest.mark.parametrize("m", [1, 3, 4, 6, 9])
