@@ -8,7 +8,8 @@
  * cache's merge kernel combines across parts (an empty part: zeros and -5e4).
  *
  * TVM's kernels are scalar and single-threaded: at a 500-token prompt they took 45% of the
- * mid-size Llama's prefill and 15% of its decode. Here each (token, KV head) pair is a unit of
+ * mid-size Q4_K_M Llama's prefill at 2 threads, and 8% of its decode's samples with the second
+ * thread waiting meanwhile. Here each (token, KV head) pair is a unit of
  * work: its query heads run over the key rows in runs of up to CHUNK (never across a page), with
  * the softmax kept online from run to run. The units are dealt to the threads in turn (causal
  * rows grow in cost) and each unit's arithmetic depends only on the unit, so the bits are the
@@ -19,6 +20,7 @@
  * RoPE inside attention (rotary_mode 1, the cache's sliding-window route) is refused by name.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,7 +33,9 @@ enum { CHUNK = 64, MAX_HEAD_DIM = 512 };
 #define EMPTY_LSE (-5e4f)
 #define LOG2E 1.4426950408889634f
 
-/* Where one sequence's key and value rows are: ragged (rows at a fixed stride from k and v) or
+enum { ATTEND_GENERIC, ATTEND_AVX2, ATTEND_AVX512 };
+
+/* One call: its queries and outputs, and where each sequence's key and value rows are: ragged (rows at a fixed stride from k and v) or
  * paged (row r at slot r % page_size of page page_ids[r / page_size]). */
 typedef struct attn_job {
   const char *kernel;
@@ -48,11 +52,13 @@ typedef struct attn_job {
   const float *pages;
   const int32_t *page_indptr, *page_ids, *last_page_len;
   int64_t page_size;
-  enum { ATTEND_GENERIC, ATTEND_AVX2, ATTEND_AVX512 } isa;
+  int isa; /* ATTEND_* */
 } attn_job;
 
-/* The sequence b whose query rows hold row t: q_indptr[b] <= t < q_indptr[b + 1]. */
+/* The sequence b whose query rows hold row t: q_indptr[b] <= t < q_indptr[b + 1] (decode, with
+ * no q_indptr: one row each). */
 static int64_t sequence_of(const attn_job *j, int64_t t) {
+  if (!j->q_indptr) return t;
   int64_t lo = 0, hi = j->batch - 1;
   while (lo < hi) {
     int64_t mid = (lo + hi + 1) / 2;
@@ -209,6 +215,8 @@ static int check_scalars(attn_job *j, const TVMFFIAny *args, int32_t num_args, i
 
 /* Every page id of the table within the pages, and every last page's length within a page. */
 static int check_pages(attn_job *j, const DLTensor *pages) {
+  if (j->page_indptr[0] < 0)
+    return rvm_raise("ValueError", "%s: page_indptr starts below 0", j->kernel);
   for (int64_t b = 0; b < j->batch; b++) {
     if (j->page_indptr[b + 1] < j->page_indptr[b])
       return rvm_raise("ValueError", "%s: page_indptr decreases at sequence %lld", j->kernel, (long long)b);
@@ -234,14 +242,23 @@ static int check_q_indptr(const attn_job *j) {
   return 0;
 }
 
-static int run(attn_job *j) {
-  if (j->rows == 0) return 0;
-  /* RELAXC_QUANT_ISA=portable (the LLM kernels' switch, quant.c) runs the portable build, so
-   * that tests compare both on one CPU. */
+/* The build this CPU runs, decided once. RELAXC_QUANT_ISA=portable|avx2 (the LLM kernels' switch,
+ * quant.c) picks a lesser one, so that tests compare them on one CPU. */
+static int attend_isa(void) {
+  static _Atomic int chosen = -1;
+  int isa = atomic_load_explicit(&chosen, memory_order_relaxed);
+  if (isa >= 0) return isa;
   const char *forced = getenv("RELAXC_QUANT_ISA");
   bool portable = forced && strcmp(forced, "portable") == 0, avx2 = forced && strcmp(forced, "avx2") == 0;
-  j->isa = ATTEND_GENERIC;
-  if (rk_cpu_isa() == RK_ISA_AVX2 && !portable) j->isa = rk_use_avx512() && !avx2 ? ATTEND_AVX512 : ATTEND_AVX2;
+  isa = ATTEND_GENERIC;
+  if (rk_cpu_isa() == RK_ISA_AVX2 && !portable) isa = rk_use_avx512() && !avx2 ? ATTEND_AVX512 : ATTEND_AVX2;
+  atomic_store_explicit(&chosen, isa, memory_order_relaxed);
+  return isa;
+}
+
+static int run(attn_job *j) {
+  if (j->rows == 0) return 0;
+  j->isa = attend_isa();
   return rk_parallel(j->rows * j->hkv, attend_task, j);
 }
 
@@ -345,11 +362,6 @@ int rvm_builtin_kl_attention_paged_decode(void *self, const TVMFFIAny *args, int
     return rvm_raise("ValueError", "%s: %lld query rows for %lld sequences (decode takes one each)", j.kernel,
                      (long long)j.rows, (long long)j.batch);
   if ((rc = check_scalars(&j, args, num_args, 9))) return rc;
-  /* One row per sequence: q_indptr is 0, 1, ..., batch. */
-  int32_t *steps = rk_scratch(RK_SLOT_INPUT, sizeof(int32_t) * (size_t)(j.batch + 1));
-  if (!steps) return rk_out_of_memory(j.kernel);
-  for (int64_t b = 0; b <= j.batch; b++) steps[b] = (int32_t)b;
-  j.q_indptr = steps;
   j.q = rk_data(q), j.out = rk_data(out), j.lse = rk_data(lse);
   return run(&j);
 }

@@ -91,6 +91,7 @@ typedef struct rk_qdots {
   rk_qdot_fn dot[RK_Q_COUNT];
   rk_qtile_fn tile[RK_Q_COUNT];
   rk_qtile8_fn tile8[RK_Q_COUNT]; /* the regrouped formats' */
+  rk_qtile16_fn tile16[RK_Q_COUNT]; /* and 16 of their rows at once, where an instruction set has it */
 } rk_qdots;
 
 /* The portable dot products. */
@@ -110,8 +111,6 @@ RVM_HIDDEN float rk_neon_dot_q6_K(const void *w, const float *x, const rk_qact *
 /* AVX2 + FMA + F16C, and the same with AVX-512 VNNI's dpbusd where the CPU has it. */
 RVM_HIDDEN const rk_qdots *rk_qdots_avx2(void);
 RVM_HIDDEN const rk_qdots *rk_qdots_vnni(void);
-/* The 16-row tile of a regrouped format on AVX-512 VNNI, or NULL where it has none. */
-RVM_HIDDEN rk_qtile16_fn rk_qtile16_vnni(rk_qformat f);
 #endif
 
 /* IEEE half to float. */

@@ -1,7 +1,8 @@
 /*
  * quant_x86_body.h: the body of quant_x86.c's dot products, included once per instruction set
- * with QX_TARGET (the target attribute), QX(name) (the instance's names) and QX_DOT (adds the
- * products of 32 unsigned bytes and 32 signed bytes, four at a time, into 8 int32 lanes).
+ * with QX_TARGET (the target attribute), QX(name) (the instance's names), QX_DOT (adds the
+ * products of 32 unsigned bytes and 32 signed bytes, four at a time, into 8 int32 lanes) and
+ * QX_TILE16 (the instance's table of 16-row tiles).
  *
  * Each format has a tile: up to 4 weight rows against up to 4 activation rows, every weight
  * block unpacked once for all the activation rows and every activation block loaded once for all
@@ -450,6 +451,7 @@ static const rk_qdots QX(qdots) = {
     {NULL},
     {QX(tile_f32), QX(tile_f16), QX(tile_q8_0), QX(tile_q4_0), QX(tile_q4_K), QX(tile_q6_K), NULL, NULL, NULL},
     {[RK_Q_Q4_0X8] = QX(tile_q4_0x8), [RK_Q_Q4_KX8] = QX(tile_q4_Kx8), [RK_Q_Q8_0X8] = QX(tile_q8_0x8)},
+    QX_TILE16,
 };
 
 #undef QX_FN

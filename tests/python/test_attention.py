@@ -193,15 +193,14 @@ def test_bad_calls_are_errors_naming_the_kernel(library):
     decode = library["relaxc.attention_paged_decode"]
     zeros = t(np.zeros(1, np.int32))
 
-    def call(pages=pages, ids=ids, last=last, q=q, rotary=0, lse=lse):
-        return lambda: decode(
-            q, t(pages), t(page_indptr), t(ids), t(last), zeros, zeros, out, lse, rotary, 1.0, 1e4, 0.3
-        )
+    def call(pages=pages, ids=ids, last=last, q=q, rotary=0, lse=lse, indptr=page_indptr):
+        return lambda: decode(q, t(pages), t(indptr), t(ids), t(last), zeros, zeros, out, lse, rotary, 1.0, 1e4, 0.3)
 
     assert_each_raises(
         [
             (call(ids=np.array([0, 99], np.int32)), ValueError, "page id 99 of sequence 0 is outside the 5 pages"),
             (call(last=np.array([17], np.int32)), ValueError, "sequence 0's last page holds 17 rows of 16"),
+            (call(indptr=np.array([-1, 2], np.int32)), ValueError, "page_indptr starts below 0"),
             (call(rotary=1), ValueError, "rotary_mode 1"),
             (call(q=t(np.zeros((1, 3, 8), np.float32))), ValueError, "3 query heads are not a multiple of 2 KV heads"),
             (call(q=t(np.zeros((1, 4, 6), np.float32))), ValueError, "q's head dim"),
