@@ -63,7 +63,7 @@ static inline __attribute__((always_inline)) float round_to_f16(float x) {
  * rounded to even; per 256 (q8_K's) the scale is the float 1 / (-127 / max), where max is the value
  * of largest magnitude with its sign, and the values max's opposite. */
 static inline __attribute__((always_inline)) void quantize_row(const float *x, int64_t k, int64_t block, int8_t *q,
-                                                             float *d, int16_t *sum16) {
+                                                             float *d, int16_t *sum16, bool prefer_positive) {
   for (int64_t b = 0; b < k / block; b++) {
     const float *xb = x + b * block;
     /* The largest magnitude, 8 lanes at a time (max is exact, so the order is free; NaN never
@@ -82,7 +82,7 @@ static inline __attribute__((always_inline)) void quantize_row(const float *x, i
     for (int64_t i = 0; i < block; i++)
       if (fabsf(xb[i]) == amax) {
         max = xb[i];
-        break;
+        if (!prefer_positive || max > 0.0f) break;
       }
     float scale, inverse;
     if (block == 32) {
@@ -109,19 +109,20 @@ static inline __attribute__((always_inline)) void quantize_row(const float *x, i
  * bits are the portable build's). */
 #if defined(__x86_64__)
 RK_AVX2_TARGET static void quantize_row_avx2(const float *x, int64_t k, int64_t block, int8_t *q, float *d,
-                                             int16_t *sum16) {
-  quantize_row(x, k, block, q, d, sum16);
+                                             int16_t *sum16, bool prefer_positive) {
+  quantize_row(x, k, block, q, d, sum16, prefer_positive);
 }
 #endif
 
-void rk_quantize_row(const float *x, int64_t k, int64_t block, int8_t *q, float *d, int16_t *sum16) {
+void rk_quantize_row(const float *x, int64_t k, int64_t block, int8_t *q, float *d, int16_t *sum16,
+                     bool prefer_positive) {
 #if defined(__x86_64__)
   if (rk_cpu_isa() == RK_ISA_AVX2) {
-    quantize_row_avx2(x, k, block, q, d, sum16);
+    quantize_row_avx2(x, k, block, q, d, sum16, prefer_positive);
     return;
   }
 #endif
-  quantize_row(x, k, block, q, d, sum16);
+  quantize_row(x, k, block, q, d, sum16, prefer_positive);
 }
 
 /* ---- portable dot products ------------------------------------------------------------------- */
@@ -150,18 +151,29 @@ static float dot_f16(const void *w, const float *x, const rk_qact *a, int64_t k)
   return sum;
 }
 
-/* q8_0: a block is the scale (f16), then 32 int8 values. */
+/* Eight float sums added as llama.cpp's x86 code adds its 8 lanes: halves, then pairs, then the
+ * last two. */
+static inline float sum_lanes(const float acc[8]) {
+  return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+/* q8_0: a block is the scale (f16), then 32 int8 values. Summed as llama.cpp sums it on x86, so
+ * that the two agree to the bit: lane l adds, block after block, the block's scale times the
+ * exact sum of values 4l..4l+3, and the 8 lanes are added at the end. */
 static float dot_q8_0(const void *w, const float *x, const rk_qact *a, int64_t k) {
   (void)x;
   const uint8_t *blk = w;
-  float sum = 0.0f;
+  float acc[8] = {0};
   for (int64_t b = 0; b < k / 32; b++, blk += 34) {
     const int8_t *qw = (const int8_t *)(blk + 2), *qx = a->q + b * 32;
-    int32_t s = 0;
-    for (int i = 0; i < 32; i++) s += qw[i] * qx[i];
-    sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk) * a->d[b], (float)s, sum);
+    float d = rk_load_f16(blk) * a->d[b];
+    for (int l = 0; l < 8; l++) {
+      int32_t s = 0;
+      for (int i = 4 * l; i < 4 * l + 4; i++) s += qw[i] * qx[i];
+      acc[l] = rk_madd(RK_PORTABLE_FUSED, d, (float)s, acc[l]);
+    }
   }
-  return sum;
+  return sum_lanes(acc);
 }
 
 /* q4_0: the scale (f16), then 16 bytes: value i is (low nibble of byte i) - 8, value i + 16 the
@@ -257,35 +269,34 @@ static float dot_q4_K(const void *w, const float *x, const rk_qact *a, int64_t k
  * scales (one per 16 values) and d (f16). In each half of 128 values, for l < 32: value l takes
  * the low nibble of ql[l] and bits 0-1 of qh[l]; l + 32 the low nibble of ql[l + 32] and bits
  * 2-3; l + 64 the high nibble of ql[l] and bits 4-5; l + 96 the high nibble of ql[l + 32] and
- * bits 6-7. Value = d * scale * (q - 32). */
+ * bits 6-7. Value = d * scale * (q - 32).
+ * Summed in llama.cpp's x86 lanes, to agree with it to the bit: lane l holds, per super-block,
+ * the exact sum over its 8 parts of 32 values of scale times values 4l..4l+3 of the part (q
+ * unsigned), less 32 times the activation sums of sub-blocks 2l and 2l + 1 times their scales. */
 static float dot_q6_K(const void *w, const float *x, const rk_qact *a, int64_t k) {
   (void)x;
   const uint8_t *blk = w;
-  float sum = 0.0f;
+  float acc[8] = {0};
   for (int64_t b = 0; b < k / 256; b++, blk += 210) {
     const int8_t *scales = (const int8_t *)(blk + 192);
     const int8_t *qx = a->q + b * 256;
     const int16_t *sx = a->sum16 + b * 16;
-    int32_t s = 0;
+    int32_t lane[8];
+    for (int l = 0; l < 8; l++) lane[l] = -32 * (sx[2 * l] * scales[2 * l] + sx[2 * l + 1] * scales[2 * l + 1]);
     for (int half = 0; half < 2; half++) {
       const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
-      for (int part = 0; part < 4; part++) {
-        for (int h = 0; h < 2; h++) { /* 16 values under one scale */
-          int32_t p = 0;
-          for (int i = 16 * h; i < 16 * h + 16; i++) {
-            int low = part & 1 ? ql[i + 32] : ql[i];
-            low = part & 2 ? low >> 4 : low & 0xf;
-            int q = low | (((qh[i] >> (2 * part)) & 3) << 4);
-            p += q * qx[128 * half + 32 * part + i];
-          }
-          int sub = 8 * half + 2 * part + h;
-          s += scales[sub] * (p - 32 * sx[sub]);
+      for (int part = 0; part < 4; part++)
+        for (int i = 0; i < 32; i++) {
+          int low = part & 1 ? ql[i + 32] : ql[i];
+          low = part & 2 ? low >> 4 : low & 0xf;
+          int q = low | (((qh[i] >> (2 * part)) & 3) << 4);
+          lane[i / 4] += scales[8 * half + 2 * part + i / 16] * q * qx[128 * half + 32 * part + i];
         }
-      }
     }
-    sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk + 208) * a->d[b], (float)s, sum);
+    float d = rk_load_f16(blk + 208) * a->d[b];
+    for (int l = 0; l < 8; l++) acc[l] = rk_madd(RK_PORTABLE_FUSED, d, (float)lane[l], acc[l]);
   }
-  return sum;
+  return sum_lanes(acc);
 }
 
 /* q4_0x8: per block, the 8 rows' scales, then for j = 0..3 the 8 rows' bytes 4j..4j+3. Each
@@ -339,10 +350,13 @@ static void tile8_q4_Kx8(const uint8_t *group, const rk_qrows *a, int64_t r0, in
   for (int r = 0; r < xrows; r++) {
     const int8_t *qx = a->q + (r0 + r) * k;
     const int16_t *sx = a->sum16 + (r0 + r) * (k / 16);
+    /* Sums added to the floats per 64 values (paired rows) or per 256. */
+    int per = r0 + r < a->paired_rows ? 2 : 8;
     for (int c = 0; c < 8; c++) {
       float sum = 0.0f, mins = 0.0f;
       for (int64_t b = 0; b < k / 256; b++) {
         const uint8_t *blk = group + 1184 * b;
+        float dx = a->d[(r0 + r) * (k / 256) + b];
         int32_t s = 0, m = 0;
         for (int sub = 0; sub < 8; sub++) {
           int32_t part = 0;
@@ -353,10 +367,12 @@ static void tile8_q4_Kx8(const uint8_t *group, const rk_qrows *a, int64_t r0, in
             }
           s += blk[32 + 8 * sub + c] * part;
           m += blk[96 + 8 * sub + c] * (sx[16 * b + 2 * sub] + sx[16 * b + 2 * sub + 1]);
+          if (sub % per == per - 1) {
+            sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk + 2 * c) * dx, (float)s, sum);
+            mins = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk + 16 + 2 * c) * dx, (float)m, mins);
+            s = m = 0;
+          }
         }
-        float dx = a->d[(r0 + r) * (k / 256) + b];
-        sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk + 2 * c) * dx, (float)s, sum);
-        mins = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk + 16 + 2 * c) * dx, (float)m, mins);
       }
       out[r * out_stride + c] = sum - mins;
     }
@@ -542,7 +558,7 @@ static int quantize_task(int task, int num_tasks, void *ctx) {
   rk_split(j->m, task, num_tasks, &begin, &end);
   for (int64_t r = begin; r < end; r++)
     rk_quantize_row(a->x + r * a->k, a->k, a->act_block, (int8_t *)a->q + r * a->k, (float *)a->d + r * (a->k / a->act_block),
-                    (int16_t *)a->sum16 + r * (a->k / 16));
+                    (int16_t *)a->sum16 + r * (a->k / 16), r < a->paired_rows);
   return 0;
 }
 
@@ -685,7 +701,8 @@ int rvm_builtin_kl_dense_q(void *self, const TVMFFIAny *args, int32_t num_args, 
   const rk_qdots *dots = qdots();
   /* A format an instruction set has no code for runs on the portable code. */
   dense_job j = {dots->dot[f] ? dots->dot[f] : portable.dot[f], dots->tile[f], dots->tile8[f], dots->tile16[f], w, k / q->block * q->bytes, n, m,
-                 {rk_data(x), NULL, NULL, NULL, k, q->act_block}, bias ? rk_data(bias) : NULL, rk_data(out)};
+                 {rk_data(x), NULL, NULL, NULL, k, q->act_block, f == RK_Q_Q4_KX8 ? m - m % 4 : 0},
+                 bias ? rk_data(bias) : NULL, rk_data(out)};
   if (q->act_block) {
     size_t qbytes = (size_t)(m * k), dbytes = sizeof(float) * (size_t)(m * (k / q->act_block)),
            sbytes = sizeof(int16_t) * (size_t)(m * (k / 16));

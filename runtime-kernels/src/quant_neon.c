@@ -111,8 +111,14 @@ void rk_neon_tile8_q4_Kx8(const uint8_t *group, const rk_qrows *a, int64_t r0, i
     const int8_t *qx = a->q + (r0 + r) * k;
     const int16_t *sx = a->sum16 + (r0 + r) * (k / 16);
     float32x4_t sum0 = vdupq_n_f32(0.0f), sum1 = sum0, mins0 = sum0, mins1 = sum0;
+    int per = r0 + r < a->paired_rows ? 2 : 8; /* sub-blocks per float multiply-add (quant.h) */
     for (int64_t b = 0; b < k / 256; b++) {
       const uint8_t *blk = group + 1184 * b;
+      float dxb = a->d[(r0 + r) * (k / 256) + b];
+      float32x4_t d0, d1, dm0, dm1;
+      halves8(blk, &d0, &d1);
+      halves8(blk + 16, &dm0, &dm1);
+      d0 = vmulq_n_f32(d0, dxb), d1 = vmulq_n_f32(d1, dxb), dm0 = vmulq_n_f32(dm0, dxb), dm1 = vmulq_n_f32(dm1, dxb);
       int32x4_t s0 = vdupq_n_s32(0), s1 = s0, m0 = s0, m1 = s0;
       for (int sub = 0; sub < 8; sub++) {
         int shift = 4 * (sub & 1);
@@ -133,35 +139,39 @@ void rk_neon_tile8_q4_Kx8(const uint8_t *group, const rk_qrows *a, int64_t r0, i
         s1 = vmlaq_s32(s1, sc1, t1);
         m0 = vmlaq_n_s32(m0, mn0, sum32);
         m1 = vmlaq_n_s32(m1, mn1, sum32);
+        if (sub % per == per - 1) {
+          sum0 = madd4(sum0, d0, vcvtq_f32_s32(s0));
+          sum1 = madd4(sum1, d1, vcvtq_f32_s32(s1));
+          mins0 = madd4(mins0, dm0, vcvtq_f32_s32(m0));
+          mins1 = madd4(mins1, dm1, vcvtq_f32_s32(m1));
+          s0 = s1 = m0 = m1 = vdupq_n_s32(0);
+        }
       }
-      float dxb = a->d[(r0 + r) * (k / 256) + b];
-      float32x4_t d0, d1, dm0, dm1;
-      halves8(blk, &d0, &d1);
-      halves8(blk + 16, &dm0, &dm1);
-      sum0 = madd4(sum0, vmulq_n_f32(d0, dxb), vcvtq_f32_s32(s0));
-      sum1 = madd4(sum1, vmulq_n_f32(d1, dxb), vcvtq_f32_s32(s1));
-      mins0 = madd4(mins0, vmulq_n_f32(dm0, dxb), vcvtq_f32_s32(m0));
-      mins1 = madd4(mins1, vmulq_n_f32(dm1, dxb), vcvtq_f32_s32(m1));
     }
     store8(out + r * out_stride, vsubq_f32(sum0, mins0), vsubq_f32(sum1, mins1));
   }
 }
 /* 16 products of q (unsigned, < 64) and x summed: exact in int32. */
-static inline int32_t dot16(uint8x16_t q, const int8_t *x) {
+/* The sums of q * x over bytes 4l..4l+3, l = 0..3, of 16 values: 4 of llama.cpp's lanes. */
+static inline int32x4_t groups4(uint8x16_t q, const int8_t *x) {
   int8x16_t xv = vld1q_s8(x), qv = vreinterpretq_s8_u8(q);
   int32x4_t low = vpaddlq_s16(vmull_s8(vget_low_s8(qv), vget_low_s8(xv)));
-  return vaddvq_s32(vaddq_s32(low, vpaddlq_s16(vmull_high_s8(qv, xv))));
+  return vpaddq_s32(low, vpaddlq_s16(vmull_high_s8(qv, xv)));
 }
 
+/* q6_K in quant.c's dot_q6_K lanes (llama.cpp's x86 ones): lanes 0-3 from the first 16 values of
+ * each part of 32 (h = 0), lanes 4-7 from the last 16. */
 float rk_neon_dot_q6_K(const void *w, const float *x, const rk_qact *a, int64_t k) {
   (void)x;
   const uint8_t *blk = w;
   const uint8x16_t nibble = vdupq_n_u8(0xf), two = vdupq_n_u8(3);
-  float sum = 0.0f;
+  float32x4_t acc[2] = {vdupq_n_f32(0.0f), vdupq_n_f32(0.0f)};
   for (int64_t b = 0; b < k / 256; b++, blk += 210) {
     const int8_t *scales = (const int8_t *)(blk + 192), *qx = a->q + b * 256;
     const int16_t *sx = a->sum16 + b * 16;
-    int32_t s = 0; /* exact, so the order of its terms is free: quant.c's dot_q6_K gets the same */
+    int32_t start[8];
+    for (int l = 0; l < 8; l++) start[l] = -32 * (sx[2 * l] * scales[2 * l] + sx[2 * l + 1] * scales[2 * l + 1]);
+    int32x4_t lanes[2] = {vld1q_s32(start), vld1q_s32(start + 4)};
     for (int half = 0; half < 2; half++) {
       const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
       for (int h = 0; h < 2; h++) { /* values 16h..16h+15 of each part of 32 */
@@ -174,12 +184,17 @@ float rk_neon_dot_q6_K(const void *w, const float *x, const rk_qact *a, int64_t 
         };
         for (int part = 0; part < 4; part++) {
           int sub = 8 * half + 2 * part + h;
-          s += scales[sub] * (dot16(q[part], qx + 128 * half + 32 * part + 16 * h) - 32 * sx[sub]);
+          lanes[h] = vmlaq_n_s32(lanes[h], groups4(q[part], qx + 128 * half + 32 * part + 16 * h), scales[sub]);
         }
       }
     }
-    sum = rk_madd(RK_PORTABLE_FUSED, rk_load_f16(blk + 208) * a->d[b], (float)s, sum);
+    float32x4_t d = vdupq_n_f32(rk_load_f16(blk + 208) * a->d[b]);
+    for (int h = 0; h < 2; h++)
+      acc[h] = RK_PORTABLE_FUSED ? vfmaq_f32(acc[h], d, vcvtq_f32_s32(lanes[h]))
+                                 : vaddq_f32(acc[h], vmulq_f32(d, vcvtq_f32_s32(lanes[h])));
   }
-  return sum;
+  /* quant.c's sum_lanes: (l0 + l4, l1 + l5, l2 + l6, l3 + l7), then (0 + 2) + (1 + 3). */
+  float32x4_t pairs = vaddq_f32(acc[0], acc[1]);
+  return (vgetq_lane_f32(pairs, 0) + vgetq_lane_f32(pairs, 2)) + (vgetq_lane_f32(pairs, 1) + vgetq_lane_f32(pairs, 3));
 }
 #endif

@@ -27,6 +27,13 @@
     _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) acc[r] = _mm512_setzero_ps(), mins[r] = acc[r];   \
     for (int64_t b = 0; b < k / 256; b++) {                                                                 \
       const uint8_t *b0 = g0 + 1184 * b, *b1 = g1 + 1184 * b;                                               \
+      const __m512 d = _mm512_cvtph_ps(pair_halves(b0, b1));                                                \
+      const __m512 dmin = _mm512_cvtph_ps(pair_halves(b0 + 16, b1 + 16));                                   \
+      __m512 scale[4], scale_min[4];                                                                        \
+      _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                               \
+        __m512 dx = _mm512_set1_ps(a->d[xr[r] * (k / 256) + b]);                                            \
+        scale[r] = _mm512_mul_ps(d, dx), scale_min[r] = _mm512_mul_ps(dmin, dx);                            \
+      }                                                                                                     \
       __m512i sum[4], msum[4];                                                                              \
       _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) sum[r] = _mm512_setzero_si512(), msum[r] = sum[r]; \
       for (int ch = 0; ch < 4; ch++) {                                                                      \
@@ -55,14 +62,12 @@
           __m512i m = _mm512_add_epi32(_mm512_mullo_epi32(mlo, _mm512_set1_epi32(sx[0] + sx[1])),           \
                                        _mm512_mullo_epi32(mhi, _mm512_set1_epi32(sx[2] + sx[3])));          \
           msum[r] = _mm512_add_epi32(msum[r], m);                                                           \
+          if (xr[r] < a->paired_rows || ch == 3) {                                                          \
+            acc[r] = _mm512_fmadd_ps(scale[r], _mm512_cvtepi32_ps(sum[r]), acc[r]);                         \
+            mins[r] = _mm512_fmadd_ps(scale_min[r], _mm512_cvtepi32_ps(msum[r]), mins[r]);                  \
+            sum[r] = _mm512_setzero_si512(), msum[r] = sum[r];                                              \
+          }                                                                                                 \
         }                                                                                                   \
-      }                                                                                                     \
-      __m512 d = _mm512_cvtph_ps(pair_halves(b0, b1));                                                      \
-      __m512 dmin = _mm512_cvtph_ps(pair_halves(b0 + 16, b1 + 16));                                         \
-      _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                               \
-        __m512 dx = _mm512_set1_ps(a->d[xr[r] * (k / 256) + b]);                                            \
-        acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(sum[r]), acc[r]);                 \
-        mins[r] = _mm512_fmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(msum[r]), mins[r]);           \
       }                                                                                                     \
     }                                                                                                       \
     _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) _mm512_storeu_ps(res + 16 * r, _mm512_sub_ps(acc[r], mins[r])); \

@@ -254,7 +254,7 @@ QX_KERNEL_PAIR(q6_K, NULL, {
       __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales));
       _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
         __m256i sx = _mm256_loadu_si256((const __m256i *)(a->sum16 + xr[r] * (k / 16) + 16 * b));
-        sum[r] = _mm256_setr_epi32(-32 * QX(dot16)(scales16, sx), 0, 0, 0, 0, 0, 0, 0);
+        sum[r] = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(scales16, sx)), 5);
       }
       for (int half = 0; half < 2; half++) {
         const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
@@ -371,7 +371,8 @@ QX_FN void QX(q8_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_
 
 /* Per super-block: for each sub-block, 8 products per activation row accumulate the 8 rows' sums
  * of 32 values in their lanes, which are then multiplied by the 8 rows' scales (exact, in
- * integers); the minimums' products use the activation's sums of 32. */
+ * integers); the minimums' products use the activation's sums of 32. The floats take the sums
+ * per 64 values for paired rows (quant.h), per 256 for the others. */
 #define QX_KX8_KERNEL(X)                                                                                       \
   {                                                                                                            \
     const int64_t k = a->k;                                                                                    \
@@ -380,6 +381,13 @@ QX_FN void QX(q8_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_
     _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) acc[r] = _mm256_setzero_ps(), mins[r] = acc[r];      \
     for (int64_t b = 0; b < k / 256; b++) {                                                                    \
       const uint8_t *blk = group + 1184 * b;                                                                   \
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                                 \
+      const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));                       \
+      __m256 scale[QX_WIDE], scale_min[QX_WIDE];                                                               \
+      _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                                  \
+        __m256 dx = _mm256_set1_ps(a->d[xr[r] * (k / 256) + b]);                                               \
+        scale[r] = _mm256_mul_ps(d, dx), scale_min[r] = _mm256_mul_ps(dmin, dx);                               \
+      }                                                                                                        \
       __m256i sum[QX_WIDE], msum[QX_WIDE];                                                                     \
       _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) sum[r] = _mm256_setzero_si256(), msum[r] = sum[r]; \
       for (int ch = 0; ch < 4; ch++) {                                                                         \
@@ -408,14 +416,12 @@ QX_FN void QX(q8_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_
           __m256i m = _mm256_add_epi32(_mm256_mullo_epi32(mlo, _mm256_set1_epi32(sx[0] + sx[1])),              \
                                        _mm256_mullo_epi32(mhi, _mm256_set1_epi32(sx[2] + sx[3])));             \
           msum[r] = _mm256_add_epi32(msum[r], m);                                                              \
+          if (xr[r] < a->paired_rows || ch == 3) {                                                             \
+            acc[r] = _mm256_fmadd_ps(scale[r], _mm256_cvtepi32_ps(sum[r]), acc[r]);                            \
+            mins[r] = _mm256_fmadd_ps(scale_min[r], _mm256_cvtepi32_ps(msum[r]), mins[r]);                     \
+            sum[r] = _mm256_setzero_si256(), msum[r] = sum[r];                                                 \
+          }                                                                                                    \
         }                                                                                                      \
-      }                                                                                                        \
-      __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                                       \
-      __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));                             \
-      _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                                  \
-        __m256 dx = _mm256_set1_ps(a->d[xr[r] * (k / 256) + b]);                                            \
-        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), _mm256_cvtepi32_ps(sum[r]), acc[r]);                    \
-        mins[r] = _mm256_fmadd_ps(_mm256_mul_ps(dmin, dx), _mm256_cvtepi32_ps(msum[r]), mins[r]);              \
       }                                                                                                        \
     }                                                                                                          \
     _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) _mm256_storeu_ps(res + 8 * r, _mm256_sub_ps(acc[r], mins[r])); \

@@ -165,11 +165,14 @@ def test_regrouped_rows(library, m, fmt):
     library["relaxc.dense_q"](t(x), t(w), fmt, t(bias), t(plain))
     assert_close(out, plain.astype(np.float64), 2e-6)
     # Each row alone (decoding's tiles of 8 rows) gives its bits in the batch (prefill's tiles of
-    # 16 rows where AVX-512 VNNI has them).
-    for r in range(m):
-        alone = np.zeros((1, n), np.float32)
-        library["relaxc.dense_q"](t(x[r : r + 1]), t(REGROUPINGS[f"#{fmt}x8"](w)), fmt + "x8", t(bias), t(alone))
-        assert np.array_equal(alone[0].view(np.uint32), out[r].view(np.uint32)), f"row {r}"
+    # 16 rows where AVX-512 VNNI has them). q4_K's rows taken four at a time are summed as
+    # llama.cpp sums them (per 64 values, not 256): each four alone give their bits, and the rows
+    # left over are summed as rows alone.
+    paired = m - m % 4 if fmt == "q4_K" else 0
+    for r, rows in [(r, 4) for r in range(0, paired, 4)] + [(r, 1) for r in range(paired, m)]:
+        alone = np.zeros((rows, n), np.float32)
+        library["relaxc.dense_q"](t(x[r : r + rows]), t(REGROUPINGS[f"#{fmt}x8"](w)), fmt + "x8", t(bias), t(alone))
+        assert np.array_equal(alone.view(np.uint32), out[r : r + rows].view(np.uint32)), f"rows {r}..{r + rows}"
 
 
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_K", "q6_K"])
