@@ -169,6 +169,7 @@ X16_TILE(q4_0x16)
 #define QX_SIGNED_START(sum) ((void)(sum), _mm256_setzero_si256())
 #define QX_SIGNED_DOT(acc, w, x) QX_DOT((acc), _mm256_sign_epi8((w), (w)), _mm256_sign_epi8((x), (w)))
 #define QX_TILE16 {NULL}
+#define QX_Q6_K_ZMM 0
 #include "quant_x86_body.h"
 #undef QX_TARGET
 #undef QX
@@ -177,6 +178,7 @@ X16_TILE(q4_0x16)
 #undef QX_SIGNED_START
 #undef QX_SIGNED_DOT
 #undef QX_TILE16
+#undef QX_Q6_K_ZMM
 
 #define QX_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni"
 #define QX(name) name##_vnni
@@ -187,6 +189,8 @@ X16_TILE(q4_0x16)
 #define QX_SIGNED_START(sum) _mm256_set1_epi32(-128 * (sum))
 #define QX_SIGNED_DOT(acc, w, x) QX_DOT((acc), _mm256_xor_si256((w), _mm256_set1_epi8((char)0x80)), (x))
 #define QX_TILE16 {[RK_Q_Q4_0X8] = tile16_q4_0x16, [RK_Q_Q4_KX8] = tile16_q4_Kx16}
+/* q6_K two parts per 512-bit register (the same bits). */
+#define QX_Q6_K_ZMM 1
 #include "quant_x86_body.h"
 
 const rk_qdots *rk_qdots_avx2(void) { return &qdots_avx2; }

@@ -239,6 +239,66 @@ QX_KERNEL_PAIR(q4_K, NULL, {
     for (int r = 0; r < X; r++) res[c][r] = QX(hsum)(acc[c][r]) + extra[c][r];
 })
 
+/* q6_K in llama.cpp's lanes (quant.c's dot_q6_K): per super-block, lane i of an 8-lane int32 sum
+ * holds scale times values 4i..4i+3 of each part of 32, less 32 times the activation sums of
+ * sub-blocks 2i and 2i + 1 times their scales; then one multiply-add per super-block. */
+#if QX_Q6_K_ZMM
+/* Two parts of 32 per 512-bit register (parts 0-1, then 2-3, of each half): the lanes of the low
+ * 256 bits and of the high ones are the same lanes of two parts, added before the float step,
+ * so the integers and the bits are the 256-bit version's, in half the instructions. */
+QX_FN inline __m512i QX(q6_K_scales2)(const int8_t *sc) {
+  /* int16 lanes 8j..8j+7 take scale sc[j], j = 0..3 (each part's two sub-blocks of 16). */
+  int32_t four;
+  __builtin_memcpy(&four, sc, 4);
+  const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                                          3, 3, 3, 3, 3, 3);
+  return _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(_mm256_set1_epi32(four), spread));
+}
+QX_KERNEL_PAIR(q6_K, NULL, {
+  const int64_t k = a->k;
+  const __m512i low = _mm512_set1_epi8(0xf), high = _mm512_set1_epi8(0x30);
+  /* 16-bit shift counts: the low 256 bits hold parts 0 and 2's high bits, the upper parts 1 and 3's. */
+  const __m512i up01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
+  const __m512i down23 = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+  __m256 acc[4][QX_WIDE];
+  _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) _Pragma("GCC unroll 4") for (int r = 0; r < X; r++)
+      acc[c][r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < k / 256; b++) {
+    _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {
+      const uint8_t *blk = wr[c] + 210 * b;
+      if (ahead) _mm_prefetch((const char *)blk + ahead, _MM_HINT_T0);
+      const int8_t *scales = (const int8_t *)(blk + 192);
+      __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales));
+      __m512i sum[QX_WIDE];
+      _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) sum[r] = _mm512_setzero_si512();
+      for (int half = 0; half < 2; half++) {
+        const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+        __m512i l = _mm512_loadu_si512((const void *)ql);
+        __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
+        __m512i q01 = _mm512_or_si512(_mm512_and_si512(l, low), _mm512_and_si512(_mm512_sllv_epi16(h, up01), high));
+        __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low),
+                                      _mm512_and_si512(_mm512_srlv_epi16(h, down23), high));
+        __m512i s01 = QX(q6_K_scales2)(scales + 8 * half), s23 = QX(q6_K_scales2)(scales + 8 * half + 4);
+        _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
+          const int8_t *qx = a->q + xr[r] * k + 256 * b + 128 * half;
+          __m512i p01 = _mm512_maddubs_epi16(q01, _mm512_loadu_si512((const void *)qx));
+          __m512i p23 = _mm512_maddubs_epi16(q23, _mm512_loadu_si512((const void *)(qx + 64)));
+          sum[r] = _mm512_add_epi32(sum[r], _mm512_add_epi32(_mm512_madd_epi16(p01, s01), _mm512_madd_epi16(p23, s23)));
+        }
+      }
+      float d = QX(half)(blk + 208);
+      _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
+        __m256i sx = _mm256_loadu_si256((const __m256i *)(a->sum16 + xr[r] * (k / 16) + 16 * b));
+        __m256i lanes = _mm256_add_epi32(_mm512_castsi512_si256(sum[r]), _mm512_extracti64x4_epi64(sum[r], 1));
+        lanes = _mm256_sub_epi32(lanes, _mm256_slli_epi32(_mm256_madd_epi16(scales16, sx), 5));
+        acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d[xr[r] * (k / 256) + b]), _mm256_cvtepi32_ps(lanes), acc[c][r]);
+      }
+    }
+  }
+  for (int c = 0; c < C; c++)
+    for (int r = 0; r < X; r++) res[c][r] = QX(hsum)(acc[c][r]);
+})
+#else
 QX_KERNEL_PAIR(q6_K, NULL, {
   const int64_t k = a->k;
   const __m256i low = _mm256_set1_epi8(0xf), high = _mm256_set1_epi8(0x30);
@@ -284,6 +344,7 @@ QX_KERNEL_PAIR(q6_K, NULL, {
   for (int c = 0; c < C; c++)
     for (int r = 0; r < X; r++) res[c][r] = QX(hsum)(acc[c][r]);
 })
+#endif
 
 QX_TILES(f32)
 QX_TILES(f16)

@@ -19,9 +19,8 @@ import platform
 
 import numpy as np
 import pytest
-from relaxc.llm.quantize import REGROUPINGS
 from test_kernels import t
-from test_quant import random_k_blocks
+from test_quant import REGROUPINGS, random_k_blocks
 
 if platform.machine() not in ("x86_64", "AMD64"):
     pytest.skip("llama.cpp's x86 kernels are the reference; this is not x86-64", allow_module_level=True)
