@@ -36,6 +36,7 @@ from .patterns import (
     _tir_elementwise,
     _type,
 )
+from .rope import use_rope_once_per_position
 
 # Activations worth a library call on their own: TVM's kernels compute their exp, erf or tanh one
 # value at a time. Not the piecewise-linear ones: TVM fuses those into the kernel before them for
@@ -463,8 +464,8 @@ class _Apply(PyExprMutator):
 def rewrite_module(mod, quantize=None):
     """A copy of the module with every covered operator calling relaxc's kernel library (dense
     layers over weights quantized to `quantize` when it names a format: f16, q8_0, q4_0, q4_K,
-    q6_K), float32 KV caches' attention included."""
-    mod = use_library_attention(mod.clone())
+    q6_K), float32 KV caches' attention included, and their RoPE computed once per angle."""
+    mod = use_rope_once_per_position(use_library_attention(mod.clone()))
     for gvar, func in list(mod.functions.items()):
         if not isinstance(func, relax.Function):
             continue
