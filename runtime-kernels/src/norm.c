@@ -43,6 +43,20 @@ RK_INLINE float row_squares(const float *x, int64_t n, float mean, const bool fu
   return combine(lanes);
 }
 
+/* The sum of the float squares x^2 in double precision, as llama.cpp's RMS norm takes it (it
+ * adds them one by one; in double the order moves the sum by about 1e-13 of itself, which the
+ * float mean rounded from it almost never shows). With the float mean llama.cpp rounds, a
+ * quantized model's activations round to int8 as its do: a float sum's last-bit differences
+ * flipped some of them, each moving a random-weight model's logits by about 1e-2. */
+RK_INLINE double row_squares_double(const float *x, int64_t n) {
+  double lanes[SUM_LANES] = {0};
+  int64_t i = 0;
+  for (; i + SUM_LANES <= n; i += SUM_LANES)
+    for (int l = 0; l < SUM_LANES; l++) lanes[l] += (double)(x[i + l] * x[i + l]);
+  for (int l = 0; i < n; i++, l++) lanes[l] += (double)(x[i] * x[i]);
+  return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+}
+
 /* The largest of x[0..n), NaN when x[0] is NaN, other NaNs passed over (a compare and select
  * per value, as `x > max ? x : max` from x[0] would). In SUM_LANES running maxima, so that it
  * vectorizes: one chain of dependent selects was most of a softmax over 128 values. Where
@@ -86,7 +100,8 @@ RK_INLINE void norm_rows(const norm_job *j, int64_t begin, int64_t end, const bo
       float inv = 1.0f / __builtin_sqrtf(var + j->eps);
       for (int64_t i = 0; i < n; i++) y[i] = rk_madd(fused, (x[i] - mean) * inv, j->gamma[i], j->beta ? j->beta[i] : 0.0f);
     } else {
-      float inv = 1.0f / __builtin_sqrtf(row_squares(x, n, 0.0f, fused) / (float)n + j->eps);
+      float mean = (float)(row_squares_double(x, n) / (double)n);
+      float inv = 1.0f / __builtin_sqrtf(mean + j->eps);
       for (int64_t i = 0; i < n; i++) y[i] = x[i] * inv * j->gamma[i];
     }
   }

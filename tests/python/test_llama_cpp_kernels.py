@@ -99,28 +99,32 @@ def same_bits(got, want, what):
     )
 
 
-@pytest.mark.parametrize("k", [256, 1024])
-def test_q6_K_is_llama_cpps_vec_dot(library, k):
-    rng = np.random.default_rng(k)
+@pytest.mark.parametrize("k", [256, 2816])
+@pytest.mark.parametrize("m", [1, 6])
+def test_q6_K_is_llama_cpps_vec_dot(library, m, k):
+    """llama.cpp multiplies q6_K (never repacked on x86) one row at a time, whatever the rows."""
+    rng = np.random.default_rng(k + m)
     n = 24
     w = random_k_blocks(rng, n, k, "q6_K")
-    x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
-    act = np.zeros(k // 256 * Q8_K_BYTES, np.uint8)
-    quantize_row_q8_K(ptr(x), ptr(act), k)
-    want = np.zeros(n, np.float32)
-    for row in range(n):
-        one = np.zeros(1, np.float32)
-        vec_dot_q6_K(k, ptr(one), 0, ptr(np.ascontiguousarray(w[row])), 0, ptr(act), 0, 1)
-        want[row] = one[0]
-    same_bits(relaxc_dense(library, x, w, "q6_K")[0], want, "q6_K")
+    x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+    want = np.zeros((m, n), np.float32)
+    for r in range(m):
+        act = np.zeros(k // 256 * Q8_K_BYTES, np.uint8)
+        quantize_row_q8_K(ptr(np.ascontiguousarray(x[r])), ptr(act), k)
+        for row in range(n):
+            one = np.zeros(1, np.float32)
+            vec_dot_q6_K(k, ptr(one), 0, ptr(np.ascontiguousarray(w[row])), 0, ptr(act), 0, 1)
+            want[r, row] = one[0]
+    same_bits(relaxc_dense(library, x, w, "q6_K"), want, f"q6_K, {m} rows")
 
 
-@pytest.mark.parametrize("m", [1, 4, 6])
-def test_q4_Kx8_is_llama_cpps_gemm_and_gemv(library, m):
+@pytest.mark.parametrize("k", [512, 2816])
+@pytest.mark.parametrize("m", [1, 4, 5, 6, 7, 9, 13])
+def test_q4_Kx8_is_llama_cpps_gemm_and_gemv(library, m, k):
     """Rows m - m % 4 go through llama.cpp's gemm (its activations quantized four rows at a time),
     the rest through its gemv, one at a time: relaxc's rows must match whichever llama.cpp takes."""
     rng = np.random.default_rng(m)
-    k, n = 512, 32
+    n = 48
     w = random_k_blocks(rng, n, k, "q4_K")
     x = rng.standard_normal((m, k)).astype(np.float32)
     theirs = llama_q4_Kx8(w)

@@ -188,7 +188,9 @@ class Block(nn.Module):
         x = op.permute_dims(x, [0, 1, 2, 4, 3])
         return op.reshape(x, (b, s, heads * hd))
 
-    def forward(self, x, cache: PagedKVCache):
+    def forward(self, x, cache: PagedKVCache, keep=None):
+        """keep (the last layer of a prefill): the rows that go on past attention, whose K and V
+        the cache has taken for every row (only their logits are asked for)."""
         c = self.c
         b, s, _ = x.shape
         h = self.attn_norm(x)
@@ -198,6 +200,8 @@ class Block(nn.Module):
         qkv = op.reshape(op.concat([q, k, v], dim=-1), (b, s, c.heads + 2 * c.kv_heads, c.head_dim))
         o = cache.attention_with_fused_qkv(self.layer, qkv, c.heads, sm_scale=c.head_dim**-0.5)
         x = x + self.attn_output(op.reshape(o, (b, s, c.heads * c.head_dim)))
+        if keep is not None:
+            x = keep(x)
         h = self.ffn_norm(x)
         return x + self.ffn_down(op.silu(self.ffn_gate(h)) * self.ffn_up(h))
 
@@ -216,26 +220,29 @@ class LlamaFamily(nn.Module):
             return self.token_embd.as_output(h)
         return self.output(h)
 
-    def _body(self, x, cache):
-        for block in self.blk:
-            x = block(x, cache)
+    def _body(self, x, cache, keep=None):
+        """The layers; keep selects the rows the last layer's feed-forward runs on, as llama.cpp's
+        graph does (a prefill's other rows matter only through the KV cache, filled by then)."""
+        for i, block in enumerate(self.blk):
+            x = block(x, cache, keep if i == len(self.blk) - 1 else None)
         return self.output_norm(x)
 
     def embed(self, input_ids: Tensor):
         return self.token_embd(input_ids)
 
     def prefill(self, input_embed: Tensor, paged_kv_cache: PagedKVCache):
-        h = self._body(input_embed, paged_kv_cache)
-        last = op.tensor_expr_op(
-            lambda x: te.compute(
-                (x.shape[0], 1, x.shape[2]),
-                lambda i, j, k: x[i, x.shape[1] - 1, k],
-                name="last_token",
-            ),
-            "last_token",
-            [h],
-        )
-        return self._logits(last), paged_kv_cache
+        def last(x):
+            return op.tensor_expr_op(
+                lambda x: te.compute(
+                    (x.shape[0], 1, x.shape[2]),
+                    lambda i, j, k: x[i, x.shape[1] - 1, k],
+                    name="last_token",
+                ),
+                "last_token",
+                [x],
+            )
+
+        return self._logits(self._body(input_embed, paged_kv_cache, last)), paged_kv_cache
 
     def decode(self, input_embed: Tensor, paged_kv_cache: PagedKVCache):
         return self._logits(self._body(input_embed, paged_kv_cache)), paged_kv_cache
@@ -243,7 +250,7 @@ class LlamaFamily(nn.Module):
     def batch_prefill(self, input_embeds: Tensor, logit_positions: Tensor, paged_kv_cache: PagedKVCache):
         """MLC's batch_prefill: several sequences' prompts concatenated in one pass; the logits of
         the tokens at logit_positions (each sequence's last), so a server prefills them together."""
-        h = op.take(self._body(input_embeds, paged_kv_cache), logit_positions, axis=1)
+        h = self._body(input_embeds, paged_kv_cache, lambda x: op.take(x, logit_positions, axis=1))
         return self._logits(h), paged_kv_cache
 
     def create_paged_kv_cache(
