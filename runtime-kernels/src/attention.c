@@ -20,6 +20,9 @@
  * RoPE inside attention (rotary_mode 1, the cache's sliding-window route) is refused by name.
  */
 #include <math.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,6 +102,16 @@ static inline __attribute__((always_inline, target("avx2,fma"))) float sum8_avx2
   a = _mm_add_ps(a, _mm_movehl_ps(a, a));
   return _mm_cvtss_f32(_mm_add_ss(a, _mm_movehdup_ps(a)));
 }
+/* The sums of eight rows' 8 lanes, each in sum8_avx2's order ((0 + 4) + (2 + 6)) + ((1 + 5) +
+ * (3 + 7)), side by side: halves, then pairs, then the last two, for all eight at once. */
+static inline __attribute__((always_inline, target("avx2,fma"))) void sum8x8_avx2(const __m256 *a, float *out) {
+  __m256 t[4];
+  for (int i = 0; i < 4; i++)
+    t[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[i], a[i + 4], 0x20), _mm256_permute2f128_ps(a[i], a[i + 4], 0x31));
+  __m256 u01 = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], 0x44), _mm256_shuffle_ps(t[0], t[1], 0xee));
+  __m256 u23 = _mm256_add_ps(_mm256_shuffle_ps(t[2], t[3], 0x44), _mm256_shuffle_ps(t[2], t[3], 0xee));
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_shuffle_ps(u01, u23, 0x88), _mm256_shuffle_ps(u01, u23, 0xdd)));
+}
 #define AT(name) name##_avx2
 #define AT_FN __attribute__((target("avx2,fma")))
 #define AT_W 8
@@ -109,11 +122,12 @@ static inline __attribute__((always_inline, target("avx2,fma"))) float sum8_avx2
 #define AT_SPLAT(x) _mm256_set1_ps(x)
 #define AT_MADD(acc, a, b) _mm256_fmadd_ps((a), (b), (acc))
 #define AT_SSUM(a) sum8_avx2(a)
+#define AT_SSUM8(a, out) sum8x8_avx2((a), (out))
 #include "attention_body.h"
 
 /* AVX-512: the value sums 16 lanes wide, the dot products AVX2's (so the bits are AVX2's). */
 #define AT(name) name##_avx512
-#define AT_FN __attribute__((target("avx512f,avx2,fma")))
+#define AT_FN __attribute__((target("avx512f,avx512vl,avx2,fma")))
 #define AT_W 16
 #define AT_V __m512
 #define AT_ZERO _mm512_setzero_ps()
@@ -127,6 +141,9 @@ static inline __attribute__((always_inline, target("avx2,fma"))) float sum8_avx2
 #define AT_SLOAD(p) _mm256_loadu_ps(p)
 #define AT_SMADD(acc, a, b) _mm256_fmadd_ps((a), (b), (acc))
 #define AT_SSUM(a) sum8_avx2(a)
+#define AT_SSUM8(a, out) sum8x8_avx2((a), (out))
+/* Four query heads side by side: 16 zmm accumulators for a head dim of 64. */
+#define AT_HEADS 4
 #include "attention_body.h"
 #endif
 
@@ -242,6 +259,17 @@ static int check_q_indptr(const attn_job *j) {
   return 0;
 }
 
+/* Whether the CPU has AVX-512's 256-bit forms (every AVX-512 CPU but the Xeon Phi): the AVX-512
+ * build takes its dot products in ymm16-31 too. */
+static bool has_avx512vl(void) {
+#if defined(__x86_64__)
+  unsigned eax, ebx, ecx, edx;
+  return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (ebx & (1u << 31));
+#else
+  return false;
+#endif
+}
+
 /* The build this CPU runs, decided once. RELAXC_QUANT_ISA=portable|avx2 (the LLM kernels' switch,
  * quant.c) picks a lesser one, so that tests compare them on one CPU. */
 static int attend_isa(void) {
@@ -251,7 +279,7 @@ static int attend_isa(void) {
   const char *forced = getenv("RELAXC_QUANT_ISA");
   bool portable = forced && strcmp(forced, "portable") == 0, avx2 = forced && strcmp(forced, "avx2") == 0;
   isa = ATTEND_GENERIC;
-  if (rk_cpu_isa() == RK_ISA_AVX2 && !portable) isa = rk_use_avx512() && !avx2 ? ATTEND_AVX512 : ATTEND_AVX2;
+  if (rk_cpu_isa() == RK_ISA_AVX2 && !portable) isa = rk_use_avx512() && has_avx512vl() && !avx2 ? ATTEND_AVX512 : ATTEND_AVX2;
   atomic_store_explicit(&chosen, isa, memory_order_relaxed);
   return isa;
 }

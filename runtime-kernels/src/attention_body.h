@@ -17,10 +17,26 @@
 #define AT_SMADD AT_MADD
 #endif
 
-/* s[r] = q . k[r] for n rows of d values a stride apart. Four rows at a time, so that their sums
- * run side by side; each row's sum is taken in the same order either way. */
-AT_FN static inline void AT(scores)(const float *q, const float *k, int64_t n, int64_t stride, int64_t d, float *s) {
+/* s[r] = q . k[r] for n rows of d values a stride apart. Eight rows at a time where the instance
+ * adds eight rows' lanes together (AT_SSUM8: each row's lanes in AT_SSUM's order, so the same
+ * bits), then four, then one; each row's sum is taken in the same order either way. */
+AT_FN static inline __attribute__((always_inline)) void AT(scores)(const float *q, const float *k, int64_t n,
+                                                                  int64_t stride, int64_t d, float *s) {
   int64_t r = 0, whole = d / AT_SW * AT_SW;
+#ifdef AT_SSUM8
+  for (; r + 8 <= n; r += 8) {
+    AT_SV a[8];
+    for (int i = 0; i < 8; i++) a[i] = AT_SZERO;
+    const float *rows = k + r * stride;
+    for (int64_t c = 0; c < whole; c += AT_SW) {
+      AT_SV x = AT_SLOAD(q + c);
+      for (int i = 0; i < 8; i++) a[i] = AT_SMADD(a[i], x, AT_SLOAD(rows + i * stride + c));
+    }
+    AT_SSUM8(a, s + r);
+    for (int64_t c = whole; c < d; c++)
+      for (int i = 0; i < 8; i++) s[r + i] += q[c] * rows[i * stride + c];
+  }
+#endif
   for (; r + 4 <= n; r += 4) {
     AT_SV a0 = AT_SZERO, a1 = AT_SZERO, a2 = AT_SZERO, a3 = AT_SZERO;
     const float *k0 = k + r * stride, *k1 = k0 + stride, *k2 = k1 + stride, *k3 = k2 + stride;
@@ -71,19 +87,57 @@ AT_FN static inline void AT(accumulate)(float *acc, const float *p, const float 
     for (int64_t r = 0; r < n; r++) acc[c] += p[r] * v[r * stride + c];
 }
 
-/* One unit: query row t's heads of KV head g, over the first `limit` key rows of sequence b. */
+#ifndef AT_HEADS
+#define AT_HEADS 1
+#endif
+
+/* accumulate for AT_HEADS query heads at once (acc[h] += p[h][r] * v[r] ...), each head's sums in
+ * accumulate's order: the value rows are loaded once for all of them, and the heads' sums are
+ * independent chains, so the multiply-adds no longer wait on each other (one head's 64 values
+ * are only 64 / AT_W chains, fewer than the multiply-add's latency needs). */
+AT_FN static inline void AT(accumulate_heads)(float (*acc)[MAX_HEAD_DIM], const float (*p)[CHUNK], const float *v,
+                                              int64_t n, int64_t stride, int64_t d) {
+  enum { BLOCK = 64 / AT_W };
+  int64_t c = 0;
+  for (; c + 64 <= d; c += 64) {
+    AT_V a[AT_HEADS][BLOCK];
+    for (int h = 0; h < AT_HEADS; h++)
+      for (int i = 0; i < BLOCK; i++) a[h][i] = AT_LOAD(acc[h] + c + AT_W * i);
+    for (int64_t r = 0; r < n; r++) {
+      const float *row = v + r * stride + c;
+      AT_V values[BLOCK];
+      for (int i = 0; i < BLOCK; i++) values[i] = AT_LOAD(row + AT_W * i);
+      for (int h = 0; h < AT_HEADS; h++) {
+        AT_V weight = AT_SPLAT(p[h][r]);
+        for (int i = 0; i < BLOCK; i++) a[h][i] = AT_MADD(a[h][i], weight, values[i]);
+      }
+    }
+    for (int h = 0; h < AT_HEADS; h++)
+      for (int i = 0; i < BLOCK; i++) AT_STORE(acc[h] + c + AT_W * i, a[h][i]);
+  }
+  if (c < d)
+    for (int h = 0; h < AT_HEADS; h++) AT(accumulate)(acc[h] + c, p[h], v + c, n, stride, d - c);
+}
+
+/* One unit: query row t's heads of KV head g, over the first `limit` key rows of sequence b;
+ * AT_HEADS heads side by side while that many remain, then one at a time (the same bits). */
 AT_FN static inline void AT(attend)(const attn_job *j, int64_t t, int64_t g, int64_t b, int64_t limit) {
   int64_t group = j->hq / j->hkv, d = j->d;
-  for (int64_t h = g * group; h < (g + 1) * group; h++) {
-    const float *q = j->q + (t * j->hq + h) * d;
-    float *o = j->out + (t * j->hq + h) * d;
+  for (int64_t h0 = g * group; h0 < (g + 1) * group;) {
+    int heads = (g + 1) * group - h0 >= AT_HEADS ? AT_HEADS : 1;
     if (limit <= 0) {
-      memset(o, 0, sizeof(float) * (size_t)d);
-      j->lse[t * j->hq + h] = EMPTY_LSE;
+      for (int64_t h = h0; h < h0 + heads; h++) {
+        memset(j->out + (t * j->hq + h) * d, 0, sizeof(float) * (size_t)d);
+        j->lse[t * j->hq + h] = EMPTY_LSE;
+      }
+      h0 += heads;
       continue;
     }
-    float acc[MAX_HEAD_DIM], s[CHUNK], m = -INFINITY, sum = 0.0f;
-    memset(acc, 0, sizeof(float) * (size_t)d);
+    float acc[AT_HEADS][MAX_HEAD_DIM], s[AT_HEADS][CHUNK], m[AT_HEADS], sum[AT_HEADS];
+    for (int h = 0; h < heads; h++) {
+      memset(acc[h], 0, sizeof(float) * (size_t)d);
+      m[h] = -INFINITY, sum[h] = 0.0f;
+    }
     for (int64_t r0 = 0; r0 < limit;) {
       const float *k, *v;
       int64_t stride, n;
@@ -102,27 +156,37 @@ AT_FN static inline void AT(attend)(const attn_job *j, int64_t t, int64_t g, int
       }
       if (n > CHUNK) n = CHUNK;
       if (n > limit - r0) n = limit - r0;
-      AT(scores)(q, k, n, stride, d, s);
-      float top = -INFINITY;
-      for (int64_t r = 0; r < n; r++) {
-        s[r] *= j->sm_scale;
-        top = s[r] > top ? s[r] : top;
+      for (int h = 0; h < heads; h++) {
+        float *sh = s[h];
+        const float *q = j->q + (t * j->hq + h0 + h) * d;
+        /* The common head dim as a constant: its loops unroll. */
+        if (d == 64) AT(scores)(q, k, n, stride, 64, sh);
+        else AT(scores)(q, k, n, stride, d, sh);
+        float top = -INFINITY;
+        for (int64_t r = 0; r < n; r++) {
+          sh[r] *= j->sm_scale;
+          top = sh[r] > top ? sh[r] : top;
+        }
+        if (top > m[h]) {
+          /* A larger maximum: what was summed so far shrinks to its weight under the new one. */
+          float keep = m[h] == -INFINITY ? 0.0f : rk_exp(m[h] - top);
+          for (int64_t c = 0; c < d; c++) acc[h][c] *= keep;
+          sum[h] *= keep;
+          m[h] = top;
+        }
+        for (int64_t r = 0; r < n; r++) sh[r] = rk_exp(sh[r] - m[h]);
+        for (int64_t r = 0; r < n; r++) sum[h] += sh[r];
       }
-      if (top > m) {
-        /* A larger maximum: what was summed so far shrinks to its weight under the new one. */
-        float keep = m == -INFINITY ? 0.0f : rk_exp(m - top);
-        for (int64_t c = 0; c < d; c++) acc[c] *= keep;
-        sum *= keep;
-        m = top;
-      }
-      for (int64_t r = 0; r < n; r++) s[r] = rk_exp(s[r] - m);
-      for (int64_t r = 0; r < n; r++) sum += s[r];
-      AT(accumulate)(acc, s, v, n, stride, d);
+      if (heads == AT_HEADS) AT(accumulate_heads)(acc, (const float (*)[CHUNK])s, v, n, stride, d);
+      else AT(accumulate)(acc[0], s[0], v, n, stride, d);
       r0 += n;
     }
-    float inverse = 1.0f / sum;
-    for (int64_t c = 0; c < d; c++) o[c] = acc[c] * inverse;
-    j->lse[t * j->hq + h] = m * LOG2E + log2f(sum);
+    for (int h = 0; h < heads; h++) {
+      float inverse = 1.0f / sum[h], *o = j->out + (t * j->hq + h0 + h) * d;
+      for (int64_t c = 0; c < d; c++) o[c] = acc[h][c] * inverse;
+      j->lse[t * j->hq + h0 + h] = m[h] * LOG2E + log2f(sum[h]);
+    }
+    h0 += heads;
   }
 }
 
@@ -155,3 +219,5 @@ AT_FN static void AT(attend_units)(const attn_job *j, int task, int num_tasks) {
 #undef AT_SLOAD
 #undef AT_SMADD
 #undef AT_SSUM
+#undef AT_SSUM8
+#undef AT_HEADS

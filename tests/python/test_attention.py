@@ -152,7 +152,16 @@ qd = rng.standard_normal((2, hq, d)).astype(np.float32)
 od, ld = np.zeros((2, hq, d), np.float32), np.zeros((2, hq), np.float32)
 decode(t(qd), t(pages), t(np.array([0, 30, 40], np.int32)), t(ids), t(np.array([9, 16], np.int32)), zeros(2),
        zeros(2), t(od), t(ld), 0, 1.0, 1e4, 0.125)
-np.savez(out_path, ragged=out, ragged_lse=lse, decode=od, decode_lse=ld)
+# Six query heads per KV head (AVX-512 takes four side by side, then one and one) and a head dim
+# past a multiple of 64.
+hq2, hkv2, d2, rows2 = 12, 2, 80, 70
+q2 = rng.standard_normal((rows2, hq2, d2)).astype(np.float32)
+k2 = rng.standard_normal((rows2, hkv2, d2)).astype(np.float32)
+v2 = rng.standard_normal((rows2, hkv2, d2)).astype(np.float32)
+indptr2 = np.array([0, 33, rows2], np.int32)
+out2, lse2 = np.zeros((rows2, hq2, d2), np.float32), np.zeros((rows2, hq2), np.float32)
+ragged(t(q2), t(indptr2), t(k2), t(v2), t(indptr2), zeros(rows2), zeros(2), t(out2), t(lse2), 1, 0, 1.0, 1e4, 0.1)
+np.savez(out_path, ragged=out, ragged_lse=lse, decode=od, decode_lse=ld, ragged_grouped=out2, ragged_grouped_lse=lse2)
 """
 
 
