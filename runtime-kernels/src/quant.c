@@ -10,6 +10,7 @@
  */
 #include <math.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,16 +59,16 @@ static inline __attribute__((always_inline)) float round_to_f16(float x) {
   return out;
 }
 
-/* Activations as llama.cpp quantizes them, so that both give nearly the same numbers: per 32
- * (q8_0's blocks) the scale is amax / 127 rounded to half precision, the values x * 127 / amax
- * rounded to even; per 256 (q8_K's) the scale is the float 1 / (-127 / max), where max is the value
- * of largest magnitude with its sign, and the values max's opposite. */
+/* Activations as llama.cpp quantizes them, so that the products are its products: per 32 (q8_0's
+ * blocks) the scale is amax / 127 rounded to half precision, the values x * 127 / amax rounded to
+ * even; per 256 (q8_K's) the scale is the float 1 / (127 / amax), the values x * 127 / amax (up
+ * to a sign that changes no product, below). */
 static inline __attribute__((always_inline)) void quantize_row(const float *x, int64_t k, int64_t block, int8_t *q,
-                                                             float *d, int16_t *sum16, bool prefer_positive) {
+                                                             float *d, int16_t *sum16) {
   for (int64_t b = 0; b < k / block; b++) {
     const float *xb = x + b * block;
     /* The largest magnitude, 8 lanes at a time (max is exact, so the order is free; NaN never
-     * compares larger), then the first value of that magnitude, as a scan would have kept it. */
+     * compares larger). */
     typedef int32_t lanes_i8 __attribute__((vector_size(32)));
     lanes_i8 magnitude = {0}, sign_off = {0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff,
                                           0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff};
@@ -77,19 +78,18 @@ static inline __attribute__((always_inline)) void quantize_row(const float *x, i
       magnitude = (a & larger) | (magnitude & ~larger);
     }
     rk_f8 lanes = (rk_f8)magnitude;
-    float amax = 0.0f, max = 0.0f;
+    float amax = 0.0f;
     for (int i = 0; i < 8; i++) amax = lanes[i] > amax ? lanes[i] : amax;
-    for (int64_t i = 0; i < block; i++)
-      if (fabsf(xb[i]) == amax) {
-        max = xb[i];
-        if (!prefer_positive || max > 0.0f) break;
-      }
+    /* Per 256, llama.cpp takes the scale's sign from the first value of largest magnitude (its
+     * quantize_mat from +amax where there is one): -127 / max. Either sign gives the same
+     * products and sums (the values and the scale negate together, and rounding to even is
+     * symmetric), so relaxc takes +127 / amax and skips finding that value. */
     float scale, inverse;
     if (block == 32) {
       scale = round_to_f16(amax / 127.0f);
       inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
     } else {
-      inverse = amax > 0.0f ? -127.0f / max : 0.0f;
+      inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
       scale = amax > 0.0f ? 1.0f / inverse : 0.0f;
     }
     d[b] = scale;
@@ -109,20 +109,19 @@ static inline __attribute__((always_inline)) void quantize_row(const float *x, i
  * bits are the portable build's). */
 #if defined(__x86_64__)
 RK_AVX2_TARGET static void quantize_row_avx2(const float *x, int64_t k, int64_t block, int8_t *q, float *d,
-                                             int16_t *sum16, bool prefer_positive) {
-  quantize_row(x, k, block, q, d, sum16, prefer_positive);
+                                             int16_t *sum16) {
+  quantize_row(x, k, block, q, d, sum16);
 }
 #endif
 
-void rk_quantize_row(const float *x, int64_t k, int64_t block, int8_t *q, float *d, int16_t *sum16,
-                     bool prefer_positive) {
+void rk_quantize_row(const float *x, int64_t k, int64_t block, int8_t *q, float *d, int16_t *sum16) {
 #if defined(__x86_64__)
   if (rk_cpu_isa() == RK_ISA_AVX2) {
-    quantize_row_avx2(x, k, block, q, d, sum16, prefer_positive);
+    quantize_row_avx2(x, k, block, q, d, sum16);
     return;
   }
 #endif
-  quantize_row(x, k, block, q, d, sum16, prefer_positive);
+  quantize_row(x, k, block, q, d, sum16);
 }
 
 /* ---- portable dot products ------------------------------------------------------------------- */
@@ -558,7 +557,7 @@ static int quantize_task(int task, int num_tasks, void *ctx) {
   rk_split(j->m, task, num_tasks, &begin, &end);
   for (int64_t r = begin; r < end; r++)
     rk_quantize_row(a->x + r * a->k, a->k, a->act_block, (int8_t *)a->q + r * a->k, (float *)a->d + r * (a->k / a->act_block),
-                    (int16_t *)a->sum16 + r * (a->k / 16), r < a->paired_rows);
+                    (int16_t *)a->sum16 + r * (a->k / 16));
   return 0;
 }
 

@@ -53,11 +53,8 @@ typedef struct rk_qact {
   const int16_t *sum16;
 } rk_qact;
 
-/* Quantizes k values of x (k a multiple of `block`, 32 or 256) into q, d and sum16. A block of
- * 256 holding both +amax and -amax takes its scale's sign from the first of them, or from +amax
- * where prefer_positive (llama.cpp's quantizer for rows it takes four at a time does so). */
-RVM_HIDDEN void rk_quantize_row(const float *x, int64_t k, int64_t block, int8_t *q, float *d, int16_t *sum16,
-                                bool prefer_positive);
+/* Quantizes k values of x (k a multiple of `block`, 32 or 256) into q, d and sum16. */
+RVM_HIDDEN void rk_quantize_row(const float *x, int64_t k, int64_t block, int8_t *q, float *d, int16_t *sum16);
 
 /* One weight row (`w`, k values in its format) times one row of activations: float32 x for f32
  * and f16, quantized for the others. Every function sums in an order fixed by k alone. */
@@ -67,7 +64,8 @@ typedef float (*rk_qdot_fn)(const void *w, const float *x, const rk_qact *a, int
  * has one) at q + r * k, d + r * (k / act_block) and sum16 + r * (k / 16).
  * Rows below paired_rows are summed as llama.cpp sums the rows it takes four at a time (m - m % 4
  * of a call's m rows; the others one by one): for q4_Kx8 one float multiply-add per 64 values
- * instead of per 256, so that both give the same bits. Other formats sum every row alike. */
+ * instead of per 256, so that both give the same bits (their activations are quantized alike). Other
+ * formats sum every row alike. */
 typedef struct rk_qrows {
   const float *x;
   const int8_t *q;

@@ -86,6 +86,14 @@ def llama_q4_Kx8(w):
     return out.reshape(n // 8, -1)
 
 
+def with_ties(x):
+    """x with its first super-block's largest magnitude there twice, negative first: llama.cpp
+    quantizes a row it takes alone with the first one's sign (scale negative), and rows it takes
+    four at a time with +amax's."""
+    x[:, 7], x[:, 200] = -50.0, 50.0
+    return x
+
+
 def relaxc_dense(library, x, w, fmt):
     out = np.zeros((x.shape[0], w.shape[0] if fmt == "q6_K" else w.shape[0] * 8), np.float32)
     library["relaxc.dense_q"](t(x), t(w), fmt, None, t(out))
@@ -106,7 +114,7 @@ def test_q6_K_is_llama_cpps_vec_dot(library, m, k):
     rng = np.random.default_rng(k + m)
     n = 24
     w = random_k_blocks(rng, n, k, "q6_K")
-    x = (rng.standard_normal((m, k)) * 3).astype(np.float32)
+    x = with_ties((rng.standard_normal((m, k)) * 3).astype(np.float32))
     want = np.zeros((m, n), np.float32)
     for r in range(m):
         act = np.zeros(k // 256 * Q8_K_BYTES, np.uint8)
@@ -126,7 +134,7 @@ def test_q4_Kx8_is_llama_cpps_gemm_and_gemv(library, m, k):
     rng = np.random.default_rng(m)
     n = 48
     w = random_k_blocks(rng, n, k, "q4_K")
-    x = rng.standard_normal((m, k)).astype(np.float32)
+    x = with_ties(rng.standard_normal((m, k)).astype(np.float32))
     theirs = llama_q4_Kx8(w)
     want = np.zeros((m, n), np.float32)
     grouped = m - m % 4
