@@ -138,14 +138,20 @@ lib = tvm_ffi.load_module(path)
 ragged, decode = lib[names["relaxc.attention_ragged"]], lib[names["relaxc.attention_paged_decode"]]
 t = lambda a: tvm_ffi.from_dlpack(np.ascontiguousarray(a))
 rng = np.random.default_rng(5)
-hq, hkv, d, rows = 16, 4, 64, 300
-q = rng.standard_normal((rows, hq, d)).astype(np.float32)
-k = rng.standard_normal((rows, hkv, d)).astype(np.float32)
-v = rng.standard_normal((rows, hkv, d)).astype(np.float32)
-indptr = np.array([0, 120, rows], np.int32)
-out, lse = np.zeros((rows, hq, d), np.float32), np.zeros((rows, hq), np.float32)
 zeros = lambda n: t(np.zeros(n, np.int32))
-ragged(t(q), t(indptr), t(k), t(v), t(indptr), zeros(rows), zeros(2), t(out), t(lse), 1, 0, 1.0, 1e4, 0.125)
+
+# Two causal sequences, rows [0, split) and [split, rows): the output and lse.
+def ragged_case(hq, hkv, d, rows, split, sm_scale):
+    q = rng.standard_normal((rows, hq, d)).astype(np.float32)
+    k = rng.standard_normal((rows, hkv, d)).astype(np.float32)
+    v = rng.standard_normal((rows, hkv, d)).astype(np.float32)
+    indptr = np.array([0, split, rows], np.int32)
+    out, lse = np.zeros((rows, hq, d), np.float32), np.zeros((rows, hq), np.float32)
+    ragged(t(q), t(indptr), t(k), t(v), t(indptr), zeros(rows), zeros(2), t(out), t(lse), 1, 0, 1.0, 1e4, sm_scale)
+    return out, lse
+
+hq, hkv, d = 16, 4, 64
+out, lse = ragged_case(hq, hkv, d, 300, 120, 0.125)
 pages = rng.standard_normal((40, 2, hkv, 16, d)).astype(np.float32)
 ids = rng.permutation(40).astype(np.int32)
 qd = rng.standard_normal((2, hq, d)).astype(np.float32)
@@ -154,13 +160,7 @@ decode(t(qd), t(pages), t(np.array([0, 30, 40], np.int32)), t(ids), t(np.array([
        zeros(2), t(od), t(ld), 0, 1.0, 1e4, 0.125)
 # Six query heads per KV head (AVX-512 takes four side by side, then one and one) and a head dim
 # past a multiple of 64.
-hq2, hkv2, d2, rows2 = 12, 2, 80, 70
-q2 = rng.standard_normal((rows2, hq2, d2)).astype(np.float32)
-k2 = rng.standard_normal((rows2, hkv2, d2)).astype(np.float32)
-v2 = rng.standard_normal((rows2, hkv2, d2)).astype(np.float32)
-indptr2 = np.array([0, 33, rows2], np.int32)
-out2, lse2 = np.zeros((rows2, hq2, d2), np.float32), np.zeros((rows2, hq2), np.float32)
-ragged(t(q2), t(indptr2), t(k2), t(v2), t(indptr2), zeros(rows2), zeros(2), t(out2), t(lse2), 1, 0, 1.0, 1e4, 0.1)
+out2, lse2 = ragged_case(12, 2, 80, 70, 33, 0.1)
 np.savez(out_path, ragged=out, ragged_lse=lse, decode=od, decode_lse=ld, ragged_grouped=out2, ragged_grouped_lse=lse2)
 """
 
