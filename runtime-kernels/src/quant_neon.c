@@ -151,7 +151,6 @@ void rk_neon_tile8_q4_Kx8(const uint8_t *group, const rk_qrows *a, int64_t r0, i
     store8(out + r * out_stride, vsubq_f32(sum0, mins0), vsubq_f32(sum1, mins1));
   }
 }
-/* 16 products of q (unsigned, < 64) and x summed: exact in int32. */
 /* The sums of q * x over bytes 4l..4l+3, l = 0..3, of 16 values: 4 of llama.cpp's lanes. */
 static inline int32x4_t groups4(uint8x16_t q, const int8_t *x) {
   int8x16_t xv = vld1q_s8(x), qv = vreinterpretq_s8_u8(q);

@@ -254,54 +254,78 @@ QX_FN inline __m512i QX(q6_K_scales2)(const int8_t *sc) {
                                           3, 3, 3, 3, 3, 3);
   return _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(_mm256_set1_epi32(four), spread));
 }
-QX_KERNEL_PAIR(q6_K, NULL, {
+
+/* The 8 lanes of super-block blk against activation rows xr[0..X), super-block b of each. */
+QX_FN inline __attribute__((always_inline)) void QX(q6_K_lanes)(const uint8_t *blk, const rk_qrows *a,
+                                                                const int64_t *xr, int X, int64_t b, __m256i *lanes) {
   const int64_t k = a->k;
   const __m512i low = _mm512_set1_epi8(0xf), high = _mm512_set1_epi8(0x30);
   /* 16-bit shift counts: the low 256 bits hold parts 0 and 2's high bits, the upper parts 1 and 3's. */
   const __m512i up01 = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1);
   const __m512i down23 = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
-  __m256 acc[4][QX_WIDE];
-  _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) _Pragma("GCC unroll 4") for (int r = 0; r < X; r++)
-      acc[c][r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < k / 256; b++) {
-    _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {
-      const uint8_t *blk = wr[c] + 210 * b;
-      if (ahead) _mm_prefetch((const char *)blk + ahead, _MM_HINT_T0);
-      const int8_t *scales = (const int8_t *)(blk + 192);
-      __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales));
-      __m512i sum[QX_WIDE];
-      _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) sum[r] = _mm512_setzero_si512();
-      for (int half = 0; half < 2; half++) {
-        const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
-        __m512i l = _mm512_loadu_si512((const void *)ql);
-        __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
-        __m512i q01 = _mm512_or_si512(_mm512_and_si512(l, low), _mm512_and_si512(_mm512_sllv_epi16(h, up01), high));
-        __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low),
-                                      _mm512_and_si512(_mm512_srlv_epi16(h, down23), high));
-        __m512i s01 = QX(q6_K_scales2)(scales + 8 * half), s23 = QX(q6_K_scales2)(scales + 8 * half + 4);
-        _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
-          const int8_t *qx = a->q + xr[r] * k + 256 * b + 128 * half;
-          __m512i p01 = _mm512_maddubs_epi16(q01, _mm512_loadu_si512((const void *)qx));
-          __m512i p23 = _mm512_maddubs_epi16(q23, _mm512_loadu_si512((const void *)(qx + 64)));
-          sum[r] = _mm512_add_epi32(sum[r], _mm512_add_epi32(_mm512_madd_epi16(p01, s01), _mm512_madd_epi16(p23, s23)));
-        }
-      }
-      float d = QX(half)(blk + 208);
-      _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
-        __m256i sx = _mm256_loadu_si256((const __m256i *)(a->sum16 + xr[r] * (k / 16) + 16 * b));
-        __m256i lanes = _mm256_add_epi32(_mm512_castsi512_si256(sum[r]), _mm512_extracti64x4_epi64(sum[r], 1));
-        lanes = _mm256_sub_epi32(lanes, _mm256_slli_epi32(_mm256_madd_epi16(scales16, sx), 5));
-        acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d[xr[r] * (k / 256) + b]), _mm256_cvtepi32_ps(lanes), acc[c][r]);
-      }
+  const int8_t *scales = (const int8_t *)(blk + 192);
+  __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales));
+  __m512i sum[QX_WIDE];
+  _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) sum[r] = _mm512_setzero_si512();
+  for (int half = 0; half < 2; half++) {
+    const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+    __m512i l = _mm512_loadu_si512((const void *)ql);
+    __m512i h = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
+    __m512i q01 = _mm512_or_si512(_mm512_and_si512(l, low), _mm512_and_si512(_mm512_sllv_epi16(h, up01), high));
+    __m512i q23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low),
+                                  _mm512_and_si512(_mm512_srlv_epi16(h, down23), high));
+    __m512i s01 = QX(q6_K_scales2)(scales + 8 * half), s23 = QX(q6_K_scales2)(scales + 8 * half + 4);
+    _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
+      const int8_t *qx = a->q + xr[r] * k + 256 * b + 128 * half;
+      __m512i p01 = _mm512_maddubs_epi16(q01, _mm512_loadu_si512((const void *)qx));
+      __m512i p23 = _mm512_maddubs_epi16(q23, _mm512_loadu_si512((const void *)(qx + 64)));
+      sum[r] = _mm512_add_epi32(sum[r], _mm512_add_epi32(_mm512_madd_epi16(p01, s01), _mm512_madd_epi16(p23, s23)));
     }
   }
-  for (int c = 0; c < C; c++)
-    for (int r = 0; r < X; r++) res[c][r] = QX(hsum)(acc[c][r]);
-})
+  _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
+    __m256i sx = _mm256_loadu_si256((const __m256i *)(a->sum16 + xr[r] * (k / 16) + 16 * b));
+    lanes[r] = _mm256_add_epi32(_mm512_castsi512_si256(sum[r]), _mm512_extracti64x4_epi64(sum[r], 1));
+    lanes[r] = _mm256_sub_epi32(lanes[r], _mm256_slli_epi32(_mm256_madd_epi16(scales16, sx), 5));
+  }
+}
 #else
-QX_KERNEL_PAIR(q6_K, NULL, {
+/* The 8 lanes of super-block blk against activation rows xr[0..X), super-block b of each: one
+ * part of 32 per 256-bit register. */
+QX_FN inline __attribute__((always_inline)) void QX(q6_K_lanes)(const uint8_t *blk, const rk_qrows *a,
+                                                                const int64_t *xr, int X, int64_t b, __m256i *lanes) {
   const int64_t k = a->k;
   const __m256i low = _mm256_set1_epi8(0xf), high = _mm256_set1_epi8(0x30);
+  const int8_t *scales = (const int8_t *)(blk + 192);
+  __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales));
+  _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
+    __m256i sx = _mm256_loadu_si256((const __m256i *)(a->sum16 + xr[r] * (k / 16) + 16 * b));
+    lanes[r] = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(scales16, sx)), 5);
+  }
+  for (int half = 0; half < 2; half++) {
+    const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+    __m256i q[4] = {
+        _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(h, 4), high)),
+        _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(h, 2), high)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(h, high)),
+        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low), _mm256_and_si256(_mm256_srli_epi16(h, 2), high)),
+    };
+    _Pragma("GCC unroll 4") for (int part = 0; part < 4; part++) {
+      const int8_t *sc = scales + 8 * half + 2 * part;
+      __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
+      _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
+        const int8_t *qx = a->q + xr[r] * k + 256 * b + 128 * half + 32 * part;
+        __m256i p = _mm256_maddubs_epi16(q[part], _mm256_loadu_si256((const __m256i *)qx));
+        lanes[r] = _mm256_add_epi32(lanes[r], _mm256_madd_epi16(p, s));
+      }
+    }
+  }
+}
+#endif
+
+QX_KERNEL_PAIR(q6_K, NULL, {
+  const int64_t k = a->k;
   __m256 acc[4][QX_WIDE];
   _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) _Pragma("GCC unroll 4") for (int r = 0; r < X; r++)
       acc[c][r] = _mm256_setzero_ps();
@@ -309,42 +333,16 @@ QX_KERNEL_PAIR(q6_K, NULL, {
     _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {
       const uint8_t *blk = wr[c] + 210 * b;
       if (ahead) _mm_prefetch((const char *)blk + ahead, _MM_HINT_T0);
-      const int8_t *scales = (const int8_t *)(blk + 192);
-      __m256i sum[QX_WIDE];
-      __m256i scales16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)scales));
-      _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
-        __m256i sx = _mm256_loadu_si256((const __m256i *)(a->sum16 + xr[r] * (k / 16) + 16 * b));
-        sum[r] = _mm256_slli_epi32(_mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(scales16, sx)), 5);
-      }
-      for (int half = 0; half < 2; half++) {
-        const uint8_t *ql = blk + 64 * half, *qh = blk + 128 + 32 * half;
-        __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-        __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-        __m256i q[4] = {
-            _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_and_si256(_mm256_slli_epi16(h, 4), high)),
-            _mm256_or_si256(_mm256_and_si256(l1, low), _mm256_and_si256(_mm256_slli_epi16(h, 2), high)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low), _mm256_and_si256(h, high)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low), _mm256_and_si256(_mm256_srli_epi16(h, 2), high)),
-        };
-        _Pragma("GCC unroll 4") for (int part = 0; part < 4; part++) {
-          const int8_t *sc = scales + 8 * half + 2 * part;
-          __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
-          _Pragma("GCC unroll 4") for (int r = 0; r < X; r++) {
-            const int8_t *qx = a->q + xr[r] * k + 256 * b + 128 * half + 32 * part;
-            __m256i p = _mm256_maddubs_epi16(q[part], _mm256_loadu_si256((const __m256i *)qx));
-            sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(p, s));
-          }
-        }
-      }
+      __m256i lanes[QX_WIDE];
+      QX(q6_K_lanes)(blk, a, xr, X, b, lanes);
       float d = QX(half)(blk + 208);
       _Pragma("GCC unroll 4") for (int r = 0; r < X; r++)
-          acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d[xr[r] * (k / 256) + b]), _mm256_cvtepi32_ps(sum[r]), acc[c][r]);
+          acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(d * a->d[xr[r] * (k / 256) + b]), _mm256_cvtepi32_ps(lanes[r]), acc[c][r]);
     }
   }
   for (int c = 0; c < C; c++)
     for (int r = 0; r < X; r++) res[c][r] = QX(hsum)(acc[c][r]);
 })
-#endif
 
 QX_TILES(f32)
 QX_TILES(f16)

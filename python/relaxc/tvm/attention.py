@@ -35,6 +35,19 @@ def _int(expr):
     return int(expr.value) if isinstance(expr, tirx.IntImm) else None
 
 
+def _is_cache_creation(call, arguments):
+    """Whether call creates a paged KV cache (`vm.builtin.paged_attention_kv_cache_create` through
+    call_pure_packed) with at least `arguments` operands."""
+    return (
+        isinstance(call, relax.Call)
+        and isinstance(call.op, tvm.ir.Op)
+        and call.op.name == "relax.call_pure_packed"
+        and len(call.args) >= arguments
+        and isinstance(call.args[0], relax.ExternFunc)
+        and call.args[0].global_symbol == _CREATE
+    )
+
+
 @mutator
 class _UseLibraryAttention(PyExprMutator):
     def __init__(self, mod):
@@ -55,12 +68,7 @@ class _UseLibraryAttention(PyExprMutator):
         call = super().visit_call_(call)
         args = list(call.args)
         if not (
-            isinstance(call.op, tvm.ir.Op)
-            and call.op.name == "relax.call_pure_packed"
-            and args
-            and isinstance(args[0], relax.ExternFunc)
-            and args[0].global_symbol == _CREATE
-            and len(args) > max(_SLOTS)
+            _is_cache_creation(call, max(_SLOTS) + 1)
             and _int(args[_ROPE_MODE]) in (0, 1)
             and _dtype(args[_PAGE_DTYPE]) == "float32"
         ):

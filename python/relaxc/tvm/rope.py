@@ -18,22 +18,15 @@ import tvm_ffi
 from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_position_map, switch_rope_freq_func
 from tvm.script import tirx as T
 
-import tvm
 from tvm import relax, tirx
 
-_CREATE = "vm.builtin.paged_attention_kv_cache_create"
-# Argument positions in the creation call (spec/paged-kv-cache.md 2.1: slot + 1, the call's first
-# operand being the builtin's name).
-_ARG = {
-    "q_heads": 3,
-    "kv_heads": 4,
-    "head_dim": 5,
-    "rope_mode": 9,
-    "scale": 10,
-    "theta": 11,
-    "page_dtype": 13,
-    "split_rotary": 25,
-}
+from .attention import _PAGE_DTYPE, _ROPE_MODE, _dtype, _is_cache_creation
+
+# The creation call's constants this kernel is built from, by argument position (spec/paged-kv-
+# cache.md 2.1: slot + 1, the call's first operand being the builtin's name; attention.py names
+# the rest), and the RoPE kernel's position.
+_CONSTANTS = {"q_heads": 3, "kv_heads": 4, "head_dim": 5, "rope_mode": _ROPE_MODE, "scale": 10, "theta": 11}
+_SPLIT_ROTARY = 25
 _ONCE_PER_POSITION = (None, "llama3", "llama4")
 
 
@@ -112,16 +105,8 @@ def _cache_creations(mod):
     found = {}
 
     def visit(expr):
-        if (
-            isinstance(expr, relax.Call)
-            and isinstance(expr.op, tvm.ir.Op)
-            and expr.op.name == "relax.call_pure_packed"
-            and len(expr.args) > _ARG["split_rotary"]
-            and isinstance(expr.args[0], relax.ExternFunc)
-            and expr.args[0].global_symbol == _CREATE
-            and isinstance(expr.args[_ARG["split_rotary"]], relax.GlobalVar)
-        ):
-            found[expr.args[_ARG["split_rotary"]]] = expr.args
+        if _is_cache_creation(expr, _SPLIT_ROTARY + 1) and isinstance(expr.args[_SPLIT_ROTARY], relax.GlobalVar):
+            found[expr.args[_SPLIT_ROTARY]] = expr.args
 
     for func in mod.functions.values():
         if isinstance(func, relax.Function):
@@ -142,8 +127,8 @@ def use_rope_once_per_position(mod, rope_scaling=None):
     if rope_scaling.get("rope_type") not in _ONCE_PER_POSITION:
         return mod
     for gvar, args in _cache_creations(mod):
-        values = {name: _constant(args[at]) for name, at in _ARG.items() if name not in ("split_rotary", "page_dtype")}
-        dtype = getattr(getattr(args[_ARG["page_dtype"]], "ty", None), "dtype", None)
+        values = {name: _constant(args[at]) for name, at in _CONSTANTS.items()}
+        dtype = _dtype(args[_PAGE_DTYPE])
         if (
             values["rope_mode"] != 1
             or None in values.values()
