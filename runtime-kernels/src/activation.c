@@ -37,9 +37,7 @@ int rvm_builtin_kl_activation(void *self, const TVMFFIAny *args, int32_t num_arg
   if (!rc) rc = rk_arg_epilogue(kernel, args, num_args, 1, &ep);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 3, "out", &out);
   if (rc) return rc;
-  bool same = out->ndim == x->ndim;
-  for (int32_t d = 0; same && d < x->ndim; d++) same = out->shape[d] == x->shape[d];
-  if (!same) return rk_shape_error(kernel, "out must have x's shape", out);
+  if (!rk_same_shape(out, x)) return rk_shape_error(kernel, "out must have x's shape", out);
   activation_job j = {rk_data(x), rk_data(out), rk_numel(x), ep};
   if (j.n == 0) return 0;
   return rk_parallel((j.n + CHUNK - 1) / CHUNK, activation_task, &j);

@@ -30,53 +30,7 @@
 #include "rk.h"
 #include "rk_math.h"
 
-enum { CHUNK = 64, MAX_HEAD_DIM = 512 };
-
-/* The masked/empty log-sum-exp TVM's kernels write, so that its merge gives such a part no weight. */
-#define EMPTY_LSE (-5e4f)
-#define LOG2E 1.4426950408889634f
-
-enum { ATTEND_GENERIC, ATTEND_AVX2, ATTEND_AVX512 };
-
-/* One call: its queries and outputs, and where each sequence's key and value rows are: ragged (rows at a fixed stride from k and v) or
- * paged (row r at slot r % page_size of page page_ids[r / page_size]). */
-typedef struct attn_job {
-  const char *kernel;
-  const float *q;
-  float *out, *lse;
-  int64_t hq, hkv, d, rows, batch;
-  float sm_scale;
-  bool causal;
-  const int32_t *q_indptr;
-  /* ragged */
-  const float *k, *v;
-  const int32_t *kv_indptr;
-  /* paged */
-  const float *pages;
-  const int32_t *page_indptr, *page_ids, *last_page_len;
-  int64_t page_size;
-  int isa; /* ATTEND_* */
-} attn_job;
-
-/* The sequence b whose query rows hold row t: q_indptr[b] <= t < q_indptr[b + 1] (decode, with
- * no q_indptr: one row each). */
-static int64_t sequence_of(const attn_job *j, int64_t t) {
-  if (!j->q_indptr) return t;
-  int64_t lo = 0, hi = j->batch - 1;
-  while (lo < hi) {
-    int64_t mid = (lo + hi + 1) / 2;
-    if (j->q_indptr[mid] <= t) lo = mid;
-    else hi = mid - 1;
-  }
-  return lo;
-}
-
-/* The number of key rows of sequence b. */
-static int64_t kv_length(const attn_job *j, int64_t b) {
-  if (!j->pages) return j->kv_indptr[b + 1] - j->kv_indptr[b];
-  int64_t pages = j->page_indptr[b + 1] - j->page_indptr[b];
-  return pages <= 0 ? 0 : (pages - 1) * j->page_size + j->last_page_len[b];
-}
+#include "attention.h"
 
 /* ---- the instances ------------------------------------------------------------------------------ */
 
@@ -149,6 +103,7 @@ static inline __attribute__((always_inline, target("avx2,fma"))) void sum8x8_avx
 
 static int attend_task(int task, int num_tasks, void *ctx) {
   const attn_job *j = ctx;
+  if (j->ggml) return rk_attend_ggml(j, task, num_tasks);
 #if defined(__x86_64__)
   if (j->isa == ATTEND_AVX512) {
     attend_units_avx512(j, task, num_tasks);
@@ -276,8 +231,7 @@ static int attend_isa(void) {
   static _Atomic int chosen = -1;
   int isa = atomic_load_explicit(&chosen, memory_order_relaxed);
   if (isa >= 0) return isa;
-  const char *forced = getenv("RELAXC_QUANT_ISA");
-  bool portable = forced && strcmp(forced, "portable") == 0, avx2 = forced && strcmp(forced, "avx2") == 0;
+  bool portable = rk_quant_isa_forced("portable"), avx2 = rk_quant_isa_forced("avx2");
   isa = ATTEND_GENERIC;
   if (rk_cpu_isa() == RK_ISA_AVX2 && !portable) isa = rk_use_avx512() && has_avx512vl() && !avx2 ? ATTEND_AVX512 : ATTEND_AVX2;
   atomic_store_explicit(&chosen, isa, memory_order_relaxed);
@@ -292,9 +246,7 @@ static int run(attn_job *j) {
 
 /* (q, q_indptr, k, v, kv_indptr, q_rope_position, k_rope_pos_offset, output, lse, causal,
  * rotary_mode, rope_scale, rope_theta, sm_scale) */
-int rvm_builtin_kl_attention_ragged(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
-  (void)self, (void)result;
-  attn_job j = {.kernel = "relaxc.attention_ragged"};
+static int ragged(attn_job j, const TVMFFIAny *args, int32_t num_args) {
   DLTensor *q, *k, *v, *out, *lse;
   int64_t causal;
   int rc = rk_check_count(j.kernel, num_args, 14);
@@ -352,9 +304,7 @@ static int paged_args(attn_job *j, const TVMFFIAny *args, int32_t num_args, int3
 
 /* (q, q_indptr, pages, page_indptr, page_values, length_info, k_rope_pos_offset, q_rope_position,
  * output, lse, causal, rotary_mode, rope_scale, rope_theta, sm_scale) */
-int rvm_builtin_kl_attention_paged_prefill(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
-  (void)self, (void)result;
-  attn_job j = {.kernel = "relaxc.attention_paged_prefill"};
+static int paged_prefill(attn_job j, const TVMFFIAny *args, int32_t num_args) {
   DLTensor *q, *out, *lse;
   int64_t causal;
   int rc = rk_check_count(j.kernel, num_args, 15);
@@ -375,9 +325,7 @@ int rvm_builtin_kl_attention_paged_prefill(void *self, const TVMFFIAny *args, in
 
 /* (q, pages, page_indptr, page_values, length_info, k_rope_pos_offset, q_rope_position, output,
  * lse, rotary_mode, rope_scale, rope_theta, sm_scale): one query row per sequence. */
-int rvm_builtin_kl_attention_paged_decode(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
-  (void)self, (void)result;
-  attn_job j = {.kernel = "relaxc.attention_paged_decode"};
+static int paged_decode(attn_job j, const TVMFFIAny *args, int32_t num_args) {
   DLTensor *q, *out, *lse;
   int rc = rk_check_count(j.kernel, num_args, 13);
   if (!rc) rc = rk_arg_f32(j.kernel, args, num_args, 0, "q", &q);
@@ -393,3 +341,16 @@ int rvm_builtin_kl_attention_paged_decode(void *self, const TVMFFIAny *args, int
   j.q = rk_data(q), j.out = rk_data(out), j.lse = rk_data(lse);
   return run(&j);
 }
+
+/* Each kernel in relaxc's order and in llama.cpp's (the _ggml twins: attention_ggml.c). */
+#define ATTENTION_KERNEL(suffix, parse, name, ggml_arithmetic)                                                  \
+  int rvm_builtin_kl_##suffix(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {        \
+    (void)self, (void)result;                                                                                   \
+    return parse((attn_job){.kernel = name, .ggml = ggml_arithmetic}, args, num_args);                         \
+  }
+ATTENTION_KERNEL(attention_ragged, ragged, "relaxc.attention_ragged", false)
+ATTENTION_KERNEL(attention_paged_prefill, paged_prefill, "relaxc.attention_paged_prefill", false)
+ATTENTION_KERNEL(attention_paged_decode, paged_decode, "relaxc.attention_paged_decode", false)
+ATTENTION_KERNEL(attention_ragged_ggml, ragged, "relaxc.attention_ragged_ggml", true)
+ATTENTION_KERNEL(attention_paged_prefill_ggml, paged_prefill, "relaxc.attention_paged_prefill_ggml", true)
+ATTENTION_KERNEL(attention_paged_decode_ggml, paged_decode, "relaxc.attention_paged_decode_ggml", true)

@@ -194,13 +194,7 @@ AT_FN static inline void AT(attend)(const attn_job *j, int64_t t, int64_t g, int
 AT_FN static void AT(attend_units)(const attn_job *j, int task, int num_tasks) {
   for (int64_t u = task; u < j->rows * j->hkv; u += num_tasks) {
     int64_t t = u / j->hkv, g = u % j->hkv, b = sequence_of(j, t);
-    int64_t kv_len = kv_length(j, b), limit = kv_len;
-    if (j->causal) {
-      int64_t qo_len = j->q_indptr[b + 1] - j->q_indptr[b], i = t - j->q_indptr[b];
-      int64_t visible = kv_len - qo_len + i + 1;
-      limit = visible < kv_len ? visible : kv_len;
-    }
-    AT(attend)(j, t, g, b, limit);
+    AT(attend)(j, t, g, b, visible_rows(j, t, b));
   }
 }
 

@@ -129,9 +129,7 @@ static int norm_task(int task, int num_tasks, void *ctx) {
 
 static int run_norm(const char *kernel, norm_job *j, const DLTensor *x, const DLTensor *out) {
   if (x->ndim < 1) return rk_shape_error(kernel, "x must have rank 1 or more", x);
-  bool same = out->ndim == x->ndim;
-  for (int32_t d = 0; same && d < x->ndim; d++) same = out->shape[d] == x->shape[d];
-  if (!same) return rk_shape_error(kernel, "out must have x's shape", out);
+  if (!rk_same_shape(out, x)) return rk_shape_error(kernel, "out must have x's shape", out);
   j->n = x->shape[x->ndim - 1];
   j->rows = j->n ? rk_numel(x) / j->n : 0;
   j->x = rk_data(x), j->out = rk_data(out);

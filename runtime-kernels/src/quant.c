@@ -413,15 +413,13 @@ static const rk_qdots *qdots(void) {
   if (c) return c;
   c = &portable;
 #if defined(__aarch64__)
-  const char *wanted = getenv("RELAXC_QUANT_ISA");
-  if (!(wanted && strcmp(wanted, "portable") == 0)) c = &neon;
+  if (!rk_quant_isa_forced("portable")) c = &neon;
 #endif
 #if defined(__x86_64__)
-  const char *forced = getenv("RELAXC_QUANT_ISA");
   __builtin_cpu_init();
-  if (rk_cpu_isa() == RK_ISA_AVX2 && __builtin_cpu_supports("f16c") && !(forced && strcmp(forced, "portable") == 0)) {
+  if (rk_cpu_isa() == RK_ISA_AVX2 && __builtin_cpu_supports("f16c") && !rk_quant_isa_forced("portable")) {
     bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw");
-    c = vnni && !(forced && strcmp(forced, "avx2") == 0) ? rk_qdots_vnni() : rk_qdots_avx2();
+    c = vnni && !rk_quant_isa_forced("avx2") ? rk_qdots_vnni() : rk_qdots_avx2();
   }
 #endif
   atomic_store_explicit(&chosen, c, memory_order_relaxed);
@@ -800,11 +798,8 @@ int rvm_builtin_kl_take_q(void *self, const TVMFFIAny *args, int32_t num_args, T
   if (!rc) rc = arg_format(kernel, args, num_args, 2, &f);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 3, "out", &out);
   if (rc) return rc;
-  ids = rvm_as_dltensor(&args[1]);
-  if (!ids || ids->device.device_type != kDLCPU || ids->dtype.code != kDLInt || ids->dtype.bits != 32 || ids->dtype.lanes != 1 ||
-      !rk_compact(ids))
-    return rvm_raise("TypeError", "%s: argument 1 (ids) must be a compact int32 CPU tensor, got %s", kernel,
-                     ids ? "another tensor" : rvm_type_name(&args[1]));
+  rc = rk_arg_i32(kernel, args, num_args, 1, "ids", &ids);
+  if (rc) return rc;
   if (out->ndim != ids->ndim + 1) return rk_shape_error(kernel, "out must be ids' shape and one more axis", out);
   for (int32_t i = 0; i < ids->ndim; i++)
     if (out->shape[i] != ids->shape[i]) return rk_shape_error(kernel, "out must be ids' shape and one more axis", out);

@@ -302,6 +302,9 @@ RVM_HIDDEN int rk_arg_f32(const char *kernel, const TVMFFIAny *args, int32_t num
 /* The same, or NULL for a None argument. */
 RVM_HIDDEN int rk_arg_f32_or_none(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i,
                                   const char *name, DLTensor **out);
+/* A compact int32 CPU tensor argument (ids, positions), or a TypeError naming it. */
+RVM_HIDDEN int rk_arg_i32(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
+                          DLTensor **out);
 /* An integer argument (an Int or Bool). */
 RVM_HIDDEN int rk_arg_int(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
                           int64_t *out);
@@ -327,6 +330,11 @@ RVM_HIDDEN int rk_check_count(const char *kernel, int32_t num_args, int32_t expe
 static inline float *rk_data(const DLTensor *t) { return (float *)((char *)t->data + t->byte_offset); }
 /* Whether a tensor is compact and row-major (strides NULL or matching its shape). */
 RVM_HIDDEN bool rk_compact(const DLTensor *t);
+/* Whether two tensors have the same shape. */
+RVM_HIDDEN bool rk_same_shape(const DLTensor *a, const DLTensor *b);
+/* Whether RELAXC_QUANT_ISA names `isa` ("portable", "avx2"): the LLM kernels' switch to a lesser
+ * instruction set than the CPU's, so that tests compare the sets on one CPU. */
+RVM_HIDDEN bool rk_quant_isa_forced(const char *isa);
 /* The number of elements of a tensor. */
 RVM_HIDDEN int64_t rk_numel(const DLTensor *t);
 /* A ValueError naming the kernel, with a shape in the message: "<kernel>: <what> (got [2, 3])". */

@@ -110,6 +110,17 @@ int64_t rk_numel(const DLTensor *t) {
   return n;
 }
 
+bool rk_same_shape(const DLTensor *a, const DLTensor *b) {
+  bool same = a->ndim == b->ndim;
+  for (int32_t d = 0; same && d < a->ndim; d++) same = a->shape[d] == b->shape[d];
+  return same;
+}
+
+bool rk_quant_isa_forced(const char *isa) {
+  const char *forced = getenv("RELAXC_QUANT_ISA");
+  return forced && strcmp(forced, isa) == 0;
+}
+
 bool rk_compact(const DLTensor *t) {
   if (!t->strides || rk_numel(t) == 0) return true; /* an empty tensor has no layout to get wrong */
   int64_t expected = 1;
@@ -144,6 +155,17 @@ int rk_arg_f32(const char *kernel, const TVMFFIAny *args, int32_t num_args, int3
   }
   if (!rk_compact(t))
     return rvm_raise("ValueError", "%s: argument %d (%s) must be a compact row-major tensor", kernel, i, name);
+  *out = t;
+  return 0;
+}
+
+int rk_arg_i32(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
+               DLTensor **out) {
+  DLTensor *t = i < num_args ? rvm_as_dltensor(&args[i]) : NULL;
+  if (!t || t->device.device_type != kDLCPU || t->dtype.code != kDLInt || t->dtype.bits != 32 || t->dtype.lanes != 1 ||
+      !rk_compact(t))
+    return rvm_raise("TypeError", "%s: argument %d (%s) must be a compact int32 CPU tensor, got %s", kernel, i, name,
+                     t ? "another tensor" : (i < num_args ? rvm_type_name(&args[i]) : "nothing"));
   *out = t;
   return 0;
 }

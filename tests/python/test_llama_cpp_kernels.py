@@ -1,4 +1,4 @@
-"""relaxc's q4_K and q6_K dense layers against llama.cpp's own x86 kernels, bit for bit.
+"""relaxc's q4_K and q6_K dense layers and its swiglu against llama.cpp's own x86 kernels, bit for bit.
 
 relaxc sums its q4_Kx8 tiles and q6_K dot products in the order llama.cpp's x86 CPU backend sums
 them (the same integer partial sums, converted and multiply-added in the same lanes, added up
@@ -152,3 +152,21 @@ def test_q4_Kx8_is_llama_cpps_gemm_and_gemv(library, m, k):
         want[r] = out[0]
     got = relaxc_dense(library, x, REGROUPINGS["#q4_Kx8"](w), "q4_Kx8")
     same_bits(got, want, f"q4_Kx8, {m} rows")
+
+
+vec_swiglu = symbol("ggml_vec_swiglu_f32", ctypes.c_int, P, P, P)
+
+
+@pytest.mark.parametrize("cols", [2816, 1000, 45])
+def test_swiglu_is_llama_cpps_vec_swiglu(library, cols):
+    """relaxc.swiglu against ggml_vec_swiglu_f32 (the form of its exp this CPU runs, and libm's
+    expf on the row's tail), row by row, over magnitudes up to exp's saturation."""
+    rng = np.random.default_rng(cols)
+    gate = (rng.standard_normal((6, cols)) * rng.choice([1.0, 4.0, 30.0, 120.0], (6, 1))).astype(np.float32)
+    up = rng.standard_normal((6, cols)).astype(np.float32)
+    got = np.zeros_like(gate)
+    library["relaxc.swiglu"](t(gate), t(up), t(got))
+    want = np.zeros_like(gate)
+    for r in range(gate.shape[0]):
+        vec_swiglu(cols, ptr(want[r]), ptr(gate[r]), ptr(up[r]))
+    same_bits(got, want, f"swiglu of {cols} values a row")

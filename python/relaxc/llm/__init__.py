@@ -53,10 +53,11 @@ def export(gguf_path, tar, target=None, log=print):
     for gvar, func in list(mod.functions.items()):
         if isinstance(func, relax.Function) and func.attrs is not None and "num_input" in func.attrs:
             mod[gvar] = func.without_attr("num_input")
-    from relaxc.tvm.rope import use_rope_once_per_position
+    from relaxc.tvm.attention import use_library_attention
 
-    # relaxc.tvm's rewrite replaces the default RoPE; the file's scaling (llama3) is known here.
-    mod = use_rope_once_per_position(mod, config.rope_scaling)
+    # Attention in llama.cpp's arithmetic, as RoPE, the gate and the dense layers are: the logits
+    # are then llama.cpp's on the same CPU (its KV cache in f32).
+    mod = use_library_attention(mod, llama_cpp_arithmetic=True)
     ex = relaxc.tvm.build(mod, target=relaxc.tvm.target_for(target))
     ex.export_library(tar)
     return config, [name for name, _ in params]

@@ -84,9 +84,7 @@ def read_config(path):
     if scaling not in ("none", "linear"):
         raise GGUFError(f"{path}: RoPE scaling {scaling!r} is not supported (none or linear)")
     factor = float(meta("rope.scaling.factor", 1.0)) if scaling == "linear" else 1.0
-    freq_factors = _rope_freq_factors(path, reader, formats, dims, head_dim)
-    rope_theta = float(meta("rope.freq_base", 10000.0))
-    rope_scaling = {} if freq_factors is None else llama3_scaling(path, freq_factors, rope_theta, head_dim)
+    _check_rope_freqs(path, reader, formats, dims, head_dim)
     if "token_embd.weight" not in formats:
         raise GGUFError(f"{path}: token_embd.weight is missing")
     for name, fmt in formats.items():
@@ -117,24 +115,24 @@ def read_config(path):
         head_dim=head_dim,
         ffn=int(meta("feed_forward_length")),
         rms_eps=float(meta("attention.layer_norm_rms_epsilon", 1e-5)),
-        rope_theta=rope_theta,
+        rope_theta=float(meta("rope.freq_base", 10000.0)),
         rope_scale=factor,
-        rope_scaling=rope_scaling,
+        rope_freqs="rope_freqs.weight" in formats,
         context=int(meta("context_length", 2048)),
         formats=formats,
         qkv_bias="blk.0.attn_q.bias" in formats,
         tied_embeddings="output.weight" not in formats,
-        rope_rows_permuted=arch in ("llama", "mistral"),
+        rope_mode="normal" if arch in ("llama", "mistral") else "neox",
     )
 
 
-def _rope_freq_factors(path, reader, formats, dims, head_dim):
-    """rope_freqs.weight, the per-frequency divisors of RoPE's angles that llama.cpp's converter
-    writes for Llama 3.1 and later (their "llama3" RoPE scaling): one float32 per pair of a head's
-    dimensions (float32), or None when the file has none."""
+def _check_rope_freqs(path, reader, formats, dims, head_dim):
+    """rope_freqs.weight, where the file has it: the per-frequency divisors of RoPE's angles that
+    llama.cpp's converter writes for Llama 3.1 and later (their "llama3" scaling), one positive
+    float32 per pair of a head's dimensions. relaxc.rope divides by them as llama.cpp does."""
     name = "rope_freqs.weight"
     if name not in formats:
-        return None
+        return
     if formats[name] != "f32" or dims[name] != [head_dim // 2]:
         raise GGUFError(
             f"{path}: tensor {name} must be f32 with {head_dim // 2} values (one per pair of a head's "
@@ -143,43 +141,3 @@ def _rope_freq_factors(path, reader, formats, dims, head_dim):
     values = next(np.array(t.data, np.float32) for t in reader.tensors if t.name == name)
     if not np.all(np.isfinite(values)) or np.any(values <= 0):
         raise GGUFError(f"{path}: tensor {name} holds a value that is not a positive number")
-    return values
-
-
-def llama3_scaling(path, factors, theta, head_dim):
-    """TVM's "llama3" RoPE scaling that gives the file's frequency factors. llama.cpp's converter
-    writes Llama 3's scaling as one divisor per frequency, computed from four numbers the file
-    does not keep: 1 for short wavelengths, `factor` for long ones, and between them
-    1 / ((1 - s) / factor + s) with s = alpha * frequency - beta, a straight line in the frequency.
-    factor is the largest divisor; alpha and beta come from the divisors between; TVM's form
-    needs the low-frequency factor only through beta, so it is taken as 1. Factors that do not
-    follow that form are refused. (TVM 0.27's other way to pass divisors, "longrope" with
-    extension factors, fails to build: its RoPE kernel tests a buffer for truth.)"""
-    factors = np.array(factors, np.float64)
-    frequency = theta ** (-np.arange(0, head_dim, 2) / head_dim)
-    factor = float(factors.max())
-    if factor <= 1.0 + 1e-6:  # no scaling at all: plain RoPE
-        return {}
-    smooth = (1 / factors - 1 / factor) / (1 - 1 / factor)
-    between = (smooth > 1e-6) & (smooth < 1 - 1e-6)
-    if between.sum() >= 2:
-        alpha, minus_beta = np.polyfit(frequency[between], smooth[between], 1)
-        beta = -minus_beta
-    else:  # a step: the line runs from 0 at the highest frequency divided by `factor` to 1 at
-        # the lowest one left whole
-        divided = frequency[smooth <= 1e-6].max()
-        whole = frequency[smooth >= 1 - 1e-6].min(initial=2 * frequency.max())
-        alpha = 1 / (whole - divided)
-        beta = alpha * divided
-    rebuilt = np.clip(alpha * frequency - beta, 0.0, 1.0)
-    off = np.abs(1 / ((1 - rebuilt) / factor + rebuilt) - factors).max()
-    if alpha <= 0 or beta <= 0 or off > 1e-4 * factor:
-        raise GGUFError(f"{path}: rope_freqs.weight does not follow Llama 3's RoPE scaling ({off:.2g} off the nearest)")
-    high_freq_factor = float(1 + 1 / beta)
-    return {
-        "rope_type": "llama3",
-        "factor": factor,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": high_freq_factor,
-        "original_max_position_embeddings": float(alpha * 2 * np.pi * (high_freq_factor - 1.0)),
-    }

@@ -4,13 +4,16 @@ Each weight is a parameter named as the file names it (``blk.0.attn_q.weight``),
 dtype and shape its format gives (rvm.h's weights_open passes GGUF tensors that way): f32 and f16
 matrices as themselves, block formats (q8_0, q4_0, q4_K, q6_K) as uint8 rows of blocks. Dense
 layers call ``relaxc.dense_q`` and the embedding ``relaxc.take_q``, so the weights are used in
-place; RMS norms become ``relaxc.rms_norm`` in relaxc.tvm's rewrite. Attention runs on TVM's
-paged KV cache with the file's RoPE theta, as fixtures/tvm/llm.py's Llama does, and the module
+place; the feed-forward's gate is ``relaxc.swiglu`` (llama.cpp's arithmetic for silu(gate) * up);
+RMS norms become ``relaxc.rms_norm`` in relaxc.tvm's rewrite. RoPE is ``relaxc.rope`` (llama.cpp's
+arithmetic, with the file's theta, scale and frequency divisors), and attention runs on TVM's paged
+KV cache, as fixtures/tvm/llm.py's Llama does (without RoPE of its own), and the module
 follows the same export convention (create_paged_kv_cache, embed, prefill, decode).
 """
 
 from dataclasses import dataclass
 
+import numpy as np
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import Tensor, op
 from tvm.relax.frontend.nn.core import wrap_nested
@@ -58,25 +61,29 @@ class Config:
     ffn: int
     rms_eps: float
     rope_theta: float
-    rope_scale: float
-    # TVM's RoPE scaling: {} or "llama3" with its four numbers (read back from the file's
-    # rope_freqs.weight by gguf_file.llama3_scaling).
-    rope_scaling: dict
+    rope_scale: float  # the file's linear RoPE scaling factor (1: none)
+    # Whether the file has rope_freqs.weight: a divisor per frequency of RoPE's angles (Llama 3.1's
+    # scaling, as llama.cpp's converter writes it).
+    rope_freqs: bool
     context: int
     formats: dict  # tensor name -> format
     qkv_bias: bool
     tied_embeddings: bool
-    # llama.cpp's converter reorders the rows of Q and K for llama (its RoPE rotates adjacent
-    # pairs, Hugging Face's and TVM's the two halves); qwen2 files are left in Hugging Face's order.
-    rope_rows_permuted: bool
+    # How relaxc.rope pairs a head's dimensions, as llama.cpp does for the architecture: "normal"
+    # (adjacent pairs) for llama and mistral, whose Q and K rows its converter reordered for
+    # that, "neox" (the two halves) for qwen2, whose rows are in Hugging Face's order.
+    rope_mode: str
 
 
 def _extern(name, args, out):
-    """``R.call_dps_packed(name, args)``, where None passes None (an absent bias)."""
+    """``R.call_dps_packed(name, args)``, where None passes None (an absent bias) and a numpy
+    array a constant."""
     converted = []
     for a in args:
         if a is None:
             converted.append(relax.op.null_value())
+        elif isinstance(a, np.ndarray):
+            converted.append(relax.const(a))
         elif isinstance(a, Tensor):
             converted.append(a._expr)
         else:
@@ -179,36 +186,50 @@ class Block(nn.Module):
         self.ffn_up = Linear(c.ffn, c.hidden, f[p + "ffn_up.weight"])
         self.ffn_down = Linear(c.hidden, c.ffn, f[p + "ffn_down.weight"])
 
-    def _unpermute(self, x, heads):
-        """Rows of a Q or K projection back from llama.cpp's order to the halves TVM rotates:
-        within each head, [pairs, 2] becomes [2, pairs]."""
+    def _rope(self, x, heads, rope):
+        """relaxc.rope on a Q or K projection: rope is (positions, frequency divisors or None)."""
         b, s, _ = x.shape
-        hd = self.c.head_dim
-        x = op.reshape(x, (b, s, heads, hd // 2, 2))
-        x = op.permute_dims(x, [0, 1, 2, 4, 3])
-        return op.reshape(x, (b, s, heads * hd))
+        c = self.c
+        x = op.reshape(x, (b, s, heads, c.head_dim))
+        params = np.array([c.rope_theta, 1.0 / c.rope_scale, 1.0], np.float32)
+        return _extern("relaxc.rope", [x, *rope, c.rope_mode, params], Tensor.placeholder(x.shape, "float32"))
 
-    def forward(self, x, cache: PagedKVCache, keep=None):
-        """keep (the last layer of a prefill): the rows that go on past attention, whose K and V
-        the cache has taken for every row (only their logits are asked for)."""
+    def forward(self, x, cache: PagedKVCache, rope, keep=None):
+        """rope: the step's positions and the frequency divisors (relaxc.rope: llama.cpp's
+        arithmetic; the cache applies none of its own). keep (the last layer of a prefill): the
+        rows that go on past attention, whose K and V the cache has taken for every row (only
+        their logits are asked for)."""
         c = self.c
         b, s, _ = x.shape
         h = self.attn_norm(x)
         q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
-        if c.rope_rows_permuted:
-            q, k = self._unpermute(q, c.heads), self._unpermute(k, c.kv_heads)
-        qkv = op.reshape(op.concat([q, k, v], dim=-1), (b, s, c.heads + 2 * c.kv_heads, c.head_dim))
+        q, k = self._rope(q, c.heads, rope), self._rope(k, c.kv_heads, rope)
+        v = op.reshape(v, (b, s, c.kv_heads, c.head_dim))
+        qkv = op.concat([q, k, v], dim=2)
         o = cache.attention_with_fused_qkv(self.layer, qkv, c.heads, sm_scale=c.head_dim**-0.5)
         x = x + self.attn_output(op.reshape(o, (b, s, c.heads * c.head_dim)))
         if keep is not None:
             x = keep(x)
         h = self.ffn_norm(x)
-        return x + self.ffn_down(op.silu(self.ffn_gate(h)) * self.ffn_up(h))
+        gate, up = self.ffn_gate(h), self.ffn_up(h)
+        # silu(gate) * up in llama.cpp's arithmetic (its exp): the down projection quantizes it
+        # to int8, where a value one rounding off llama.cpp's flips an int8 now and then.
+        gated = _extern("relaxc.swiglu", [gate, up], Tensor.placeholder(gate.shape, "float32"))
+        return x + self.ffn_down(gated)
+
+
+class RopeFreqs(nn.Module):
+    """rope_freqs.weight: the divisor of each frequency's angle (llama.cpp's freq_factors)."""
+
+    def __init__(self, pairs):
+        self.weight = nn.Parameter((pairs,), "float32")
 
 
 class LlamaFamily(nn.Module):
     def __init__(self, c: Config):
         self.c = c
+        if c.rope_freqs:
+            self.rope_freqs = RopeFreqs(c.head_dim // 2)
         self.token_embd = Embedding(c.vocab, c.hidden, c.formats["token_embd.weight"], tied=c.tied_embeddings)
         self.blk = nn.ModuleList([Block(i, c) for i in range(c.layers)])
         self.output_norm = RMSNorm(c.hidden, c.rms_eps)
@@ -223,8 +244,10 @@ class LlamaFamily(nn.Module):
     def _body(self, x, cache, keep=None):
         """The layers; keep selects the rows the last layer's feed-forward runs on, as llama.cpp's
         graph does (a prefill's other rows matter only through the KV cache, filled by then)."""
+        b, s, _ = x.shape
+        rope = (cache.get_query_positions(b * s), self.rope_freqs.weight if self.c.rope_freqs else None)
         for i, block in enumerate(self.blk):
-            x = block(x, cache, keep if i == len(self.blk) - 1 else None)
+            x = block(x, cache, rope, keep if i == len(self.blk) - 1 else None)
         return self.output_norm(x)
 
     def embed(self, input_ids: Tensor):
@@ -277,10 +300,10 @@ class LlamaFamily(nn.Module):
             v_head_dim=c.head_dim,
             mla_original_qk_head_dim=0,
             mla_original_v_head_dim=0,
-            rope_mode=RopeMode.NORMAL,
-            rope_scale=c.rope_scale,
+            rope_mode=RopeMode.NONE,  # relaxc.rope has rotated Q and K
+            rope_scale=1,
             rope_theta=c.rope_theta,
-            rope_scaling=self.c.rope_scaling,
+            rope_scaling={},
             rope_ext_factors=relax.prim_value(0),
             rotary_dim=c.head_dim,
             enable_disaggregation=False,

@@ -7,6 +7,7 @@ prefill, paged prefill and paged decode slots get ``relaxc.attention_ragged``,
 ``relaxc.attention_paged_prefill`` and ``relaxc.attention_paged_decode`` instead: the same
 parameter lists and results (runtime-kernels/src/attention.c), on every core. The sliding-window,
 tree and merge slots keep TVM's kernels, and so does a cache whose RoPE runs inside attention.
+relaxc.llm's GGUF models ask for the kernels' ``_ggml`` twins (llama.cpp's arithmetic).
 """
 
 from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -50,9 +51,10 @@ def _is_cache_creation(call, arguments):
 
 @mutator
 class _UseLibraryAttention(PyExprMutator):
-    def __init__(self, mod):
+    def __init__(self, mod, suffix):
         super().__init__(mod)
         self.mod = mod
+        self.suffix = suffix
         self.replaced = set()
 
     def _tir_kernel(self, slot_tuple, params):
@@ -77,7 +79,7 @@ class _UseLibraryAttention(PyExprMutator):
         for position, (kernel, params) in _SLOTS.items():
             gvar = self._tir_kernel(args[position], params)
             if gvar is not None:
-                args[position] = relax.Tuple([tvm.ir.StringImm("tirx"), relax.ExternFunc(kernel)])
+                args[position] = relax.Tuple([tvm.ir.StringImm("tirx"), relax.ExternFunc(kernel + self.suffix)])
                 self.replaced.add(gvar)
                 changed = True
         if not changed:
@@ -85,10 +87,11 @@ class _UseLibraryAttention(PyExprMutator):
         return relax.Call(call.op, args, call.attrs, call.ty_args, call.span)
 
 
-def use_library_attention(mod):
+def use_library_attention(mod, llama_cpp_arithmetic=False):
     """The module with its float32 KV caches' attention on relaxc's kernels (the TIR kernels they
-    replace removed when nothing else calls them)."""
-    mutator = _UseLibraryAttention(mod)
+    replace removed when nothing else calls them); with llama_cpp_arithmetic, on their twins that
+    reproduce llama.cpp's bits (runtime-kernels/src/attention_ggml.c)."""
+    mutator = _UseLibraryAttention(mod, "_ggml" if llama_cpp_arithmetic else "")
     for gvar, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
             mod[gvar] = mutator.visit_expr(func)
