@@ -30,18 +30,11 @@
 #include "attention.h"
 #include "ggml_math.h"
 
-/* The key (part 0) or value (part 1) row r of sequence b, KV head g. */
-static const float *kv_row(const attn_job *j, int64_t b, int64_t g, int64_t r, int part) {
-  if (!j->pages) return (part ? j->v : j->k) + ((j->kv_indptr[b] + r) * j->hkv + g) * j->d;
-  int64_t page = j->page_ids[j->page_indptr[b] + r / j->page_size], slot = r % j->page_size;
-  return j->pages + (((page * 2 + part) * j->hkv + g) * j->page_size + slot) * j->d;
-}
-
 /* ---- ggml_vec_dot_f32 --------------------------------------------------------------------------- */
 
 /* The AVX2 form in C: acc[a][l] over runs of 32, then (a0 + a2) + (a1 + a3) lane by lane, then
  * the halves, then two horizontal adds; the rest one product at a time. */
-static float dot_portable(const float *x, const float *y, int64_t n) {
+static inline float dot_portable(const float *x, const float *y, int64_t n) {
   float acc[4][8] = {{0}};
   int64_t whole = n & ~(int64_t)31;
   for (int64_t i = 0; i < whole; i += 32)
@@ -56,7 +49,7 @@ static float dot_portable(const float *x, const float *y, int64_t n) {
 }
 
 #if defined(__x86_64__)
-RK_AVX2_TARGET static float dot_avx2(const float *x, const float *y, int64_t n) {
+RK_AVX2_TARGET static inline __attribute__((always_inline)) float dot_avx2(const float *x, const float *y, int64_t n) {
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   int64_t whole = n & ~(int64_t)31;
   for (int64_t i = 0; i < whole; i += 32)
@@ -70,7 +63,7 @@ RK_AVX2_TARGET static float dot_avx2(const float *x, const float *y, int64_t n) 
   return sum;
 }
 
-RK_AVX512DQ_TARGET static float dot_avx512(const float *x, const float *y, int64_t n) {
+RK_AVX512DQ_TARGET static inline __attribute__((always_inline)) float dot_avx512(const float *x, const float *y, int64_t n) {
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   int64_t whole = n & ~(int64_t)63;
   for (int64_t i = 0; i < whole; i += 64)
@@ -81,6 +74,29 @@ RK_AVX512DQ_TARGET static float dot_avx512(const float *x, const float *y, int64
   return sum;
 }
 #endif
+
+/* s[r] = the dot product of the query and key row r, times the scale; returns the largest. */
+#define SCORES_BODY(dot)                              \
+  float top = -INFINITY;                              \
+  for (int64_t r = 0; r < n; r++) {                   \
+    s[r] = dot(keys[r], q, d) * scale;                \
+    top = s[r] > top ? s[r] : top;                    \
+  }                                                   \
+  return top;
+static float scores_portable(const float *q, const float *const *keys, int64_t n, int64_t d, float scale, float *s) {
+  SCORES_BODY(dot_portable)
+}
+#if defined(__x86_64__)
+RK_AVX2_TARGET static float scores_avx2(const float *q, const float *const *keys, int64_t n, int64_t d, float scale,
+                                        float *s) {
+  SCORES_BODY(dot_avx2)
+}
+RK_AVX512DQ_TARGET static float scores_avx512(const float *q, const float *const *keys, int64_t n, int64_t d,
+                                              float scale, float *s) {
+  SCORES_BODY(dot_avx512)
+}
+#endif
+#undef SCORES_BODY
 
 /* ---- softmax: exps in place, their sum in double ----------------------------------------------- */
 
@@ -129,36 +145,16 @@ RK_AVX512DQ_TARGET static double softmax_avx512(float *s, int64_t n, float top) 
 }
 #endif
 
-/* ---- values: one partial sum per lane, then the lanes' tree ------------------------------------ */
+/* ---- values: one accumulator per lane, then the lanes' tree ------------------------------------- */
 
-/* acc[r % lanes] += p[r] * v[r], every value of the head dim (the same fused multiply-add per
- * value whatever the vector width: built per instruction set only for speed). */
-#define ACCUMULATE_BODY                                                               \
-  for (int64_t r = 0; r < n; r++) {                                                   \
-    const float *v = kv_row(j, b, g, r, 1);                                           \
-    float *a = acc + (r % lanes) * d, weight = p[r];                                  \
-    for (int64_t c = 0; c < d; c++) a[c] = fmaf(v[c], weight, a[c]);                  \
-  }
-static void accumulate_portable(const attn_job *j, int64_t b, int64_t g, const float *p, int64_t n, int lanes,
-                                float *acc) {
-  int64_t d = j->d;
-  ACCUMULATE_BODY
-}
-#if defined(__x86_64__)
-RK_AVX2_TARGET static void accumulate_avx2(const attn_job *j, int64_t b, int64_t g, const float *p, int64_t n,
-                                           int lanes, float *acc) {
-  int64_t d = j->d;
-  ACCUMULATE_BODY
-}
-#endif
-#undef ACCUMULATE_BODY
-
-/* out[c] = the lanes' partial sums added in the form's tree: hsum8's, or GCC's
- * _mm512_reduce_add_ps (halves, quarters, then (0 + 2) + (1 + 3)). */
-static void add_lanes(const float *acc, int lanes, int64_t d, float *out) {
-  for (int64_t c = 0; c < d; c++) {
-    float l[16];
-    for (int i = 0; i < lanes; i++) l[i] = acc[i * d + c];
+/* out = sum over rows r of p[r] * values[r], value by value: row r multiply-added into lane
+ * r % lanes's accumulator, rows in order, then the accumulators added in the form's tree:
+ * hsum8's, or GCC's _mm512_reduce_add_ps (halves, quarters, then (0 + 2) + (1 + 3)). */
+static void values_portable(const float *const *values, const float *p, int64_t n, int64_t from, int64_t d, int lanes,
+                            float *out) {
+  for (int64_t c = from; c < d; c++) {
+    float l[16] = {0};
+    for (int64_t r = 0; r < n; r++) l[r % lanes] = fmaf(values[r][c], p[r], l[r % lanes]);
     if (lanes == 8) {
       out[c] = tree8(l);
       continue;
@@ -170,65 +166,136 @@ static void add_lanes(const float *acc, int lanes, int64_t d, float *out) {
   }
 }
 
+#if defined(__x86_64__)
+/* Rows a block: their values stay in L1 while every part of the head dim passes over them (the
+ * lane accumulators wait in acc between blocks; a block starts at a multiple of the lanes). */
+enum { ROW_BLOCK = 64 };
+
+/* Eight values of the head dim at a time, the eight lane accumulators in registers. */
+RK_AVX2_TARGET static void values_avx2(const float *const *values, const float *p, int64_t n, int64_t d, float *out) {
+  int64_t whole = d & ~(int64_t)7;
+  __m256 acc[MAX_HEAD_DIM / 8][8];
+  for (int64_t c = 0; c < whole / 8; c++)
+    for (int l = 0; l < 8; l++) acc[c][l] = _mm256_setzero_ps();
+  for (int64_t r0 = 0; r0 < n; r0 += ROW_BLOCK) {
+    int64_t end = r0 + ROW_BLOCK < n ? r0 + ROW_BLOCK : n;
+    for (int64_t c = 0; c < whole; c += 8) {
+      __m256 a[8];
+      for (int l = 0; l < 8; l++) a[l] = acc[c / 8][l];
+      int64_t r = r0;
+      for (; r + 8 <= end; r += 8)
+        for (int l = 0; l < 8; l++)
+          a[l] = _mm256_fmadd_ps(_mm256_loadu_ps(values[r + l] + c), _mm256_set1_ps(p[r + l]), a[l]);
+      for (int l = 0; r + l < end; l++)
+        a[l] = _mm256_fmadd_ps(_mm256_loadu_ps(values[r + l] + c), _mm256_set1_ps(p[r + l]), a[l]);
+      for (int l = 0; l < 8; l++) acc[c / 8][l] = a[l];
+    }
+  }
+  for (int64_t c = 0; c < whole; c += 8) {
+    __m256 *a = acc[c / 8];
+    __m256 even = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+    __m256 odd = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+    _mm256_storeu_ps(out + c, _mm256_add_ps(even, odd));
+  }
+  values_portable(values, p, n, whole, d, 8, out);
+}
+
+/* Sixteen values at a time, the sixteen lane accumulators in zmm registers. */
+RK_AVX512DQ_TARGET static void values_avx512(const float *const *values, const float *p, int64_t n, int64_t d,
+                                             float *out) {
+  int64_t whole = d & ~(int64_t)15;
+  __m512 acc[MAX_HEAD_DIM / 16][16];
+  for (int64_t c = 0; c < whole / 16; c++)
+    for (int l = 0; l < 16; l++) acc[c][l] = _mm512_setzero_ps();
+  for (int64_t r0 = 0; r0 < n; r0 += ROW_BLOCK) {
+    int64_t end = r0 + ROW_BLOCK < n ? r0 + ROW_BLOCK : n;
+    for (int64_t c = 0; c < whole; c += 16) {
+      __m512 a[16];
+      for (int l = 0; l < 16; l++) a[l] = acc[c / 16][l];
+      int64_t r = r0;
+      for (; r + 16 <= end; r += 16)
+        for (int l = 0; l < 16; l++)
+          a[l] = _mm512_fmadd_ps(_mm512_loadu_ps(values[r + l] + c), _mm512_set1_ps(p[r + l]), a[l]);
+      for (int l = 0; r + l < end; l++)
+        a[l] = _mm512_fmadd_ps(_mm512_loadu_ps(values[r + l] + c), _mm512_set1_ps(p[r + l]), a[l]);
+      for (int l = 0; l < 16; l++) acc[c / 16][l] = a[l];
+    }
+  }
+  for (int64_t c = 0; c < whole; c += 16) {
+    __m512 *a = acc[c / 16], half[8], quarter[4];
+    for (int i = 0; i < 8; i++) half[i] = _mm512_add_ps(a[i + 8], a[i]);
+    for (int i = 0; i < 4; i++) quarter[i] = _mm512_add_ps(half[i + 4], half[i]);
+    _mm512_storeu_ps(out + c, _mm512_add_ps(_mm512_add_ps(quarter[0], quarter[2]), _mm512_add_ps(quarter[1], quarter[3])));
+  }
+  values_portable(values, p, n, whole, d, 16, out);
+}
+#endif
+
 /* ---- units --------------------------------------------------------------------------------------- */
 
-/* One query row t's heads of KV head g against its `limit` visible key rows; s holds a score per
- * key row and acc 16 rows of the head dim. */
-static void attend(const attn_job *j, ggml_form form, int64_t t, int64_t g, int64_t b, int64_t limit, float *s,
-                   float *acc) {
-  int64_t group = j->hq / j->hkv, d = j->d;
-  int lanes = form == GGML_FORM_AVX512 ? 16 : 8;
-  for (int64_t h = g * group; h < (g + 1) * group; h++) {
-    const float *q = j->q + (t * j->hq + h) * d;
-    float *out = j->out + (t * j->hq + h) * d;
-    if (limit <= 0) {
-      for (int64_t c = 0; c < d; c++) out[c] = 0.0f;
-      j->lse[t * j->hq + h] = EMPTY_LSE;
-      continue;
-    }
-    float top = -INFINITY;
-    for (int64_t r = 0; r < limit; r++) {
-      const float *k = kv_row(j, b, g, r, 0);
-      float score;
-#if defined(__x86_64__)
-      if (form == GGML_FORM_AVX512) score = dot_avx512(k, q, d);
-      else if (form == GGML_FORM_AVX2) score = dot_avx2(k, q, d);
-      else
-#endif
-        score = dot_portable(k, q, d);
-      s[r] = score * j->sm_scale;
-      top = s[r] > top ? s[r] : top;
-    }
-    double sum;
-#if defined(__x86_64__)
-    if (form == GGML_FORM_AVX512) sum = softmax_avx512(s, limit, top);
-    else if (form == GGML_FORM_AVX2) sum = softmax_avx2(s, limit, top);
-    else
-#endif
-      sum = softmax_portable(s, limit, top);
-    float inverse = (float)(1.0 / sum);
-    for (int64_t r = 0; r < limit; r++) s[r] *= inverse;
-    for (int64_t i = 0; i < lanes * d; i++) acc[i] = 0.0f;
-#if defined(__x86_64__)
-    if (form != GGML_FORM_PORTABLE) accumulate_avx2(j, b, g, s, limit, lanes, acc);
-    else
-#endif
-      accumulate_portable(j, b, g, s, limit, lanes, acc);
-    add_lanes(acc, lanes, d, out);
-    j->lse[t * j->hq + h] = top * LOG2E + log2f((float)sum);
+/* The visible key and value rows of sequence b, KV head g, as pointers (pages walked once). */
+static void gather_rows(const attn_job *j, int64_t b, int64_t g, int64_t n, const float **keys, const float **values) {
+  if (!j->pages) {
+    const float *k = j->k + (j->kv_indptr[b] * j->hkv + g) * j->d, *v = j->v + (j->kv_indptr[b] * j->hkv + g) * j->d;
+    for (int64_t r = 0; r < n; r++) keys[r] = k + r * j->hkv * j->d, values[r] = v + r * j->hkv * j->d;
+    return;
   }
+  for (int64_t r = 0, page = j->page_indptr[b]; r < n; page++) {
+    const float *k = j->pages + ((int64_t)j->page_ids[page] * 2 * j->hkv + g) * j->page_size * j->d;
+    const float *v = k + j->hkv * j->page_size * j->d;
+    for (int64_t slot = 0; slot < j->page_size && r < n; slot++, r++) keys[r] = k + slot * j->d, values[r] = v + slot * j->d;
+  }
+}
+
+/* One query head against n visible rows: out, and the base-2 log-sum-exp. s: n scores. */
+static float attend_head(ggml_form form, const float *q, const float *const *keys, const float *const *values,
+                         int64_t n, int64_t d, float scale, float *s, float *out) {
+  float top;
+#if defined(__x86_64__)
+  if (form == GGML_FORM_AVX512) top = scores_avx512(q, keys, n, d, scale, s);
+  else if (form == GGML_FORM_AVX2) top = scores_avx2(q, keys, n, d, scale, s);
+  else
+#endif
+    top = scores_portable(q, keys, n, d, scale, s);
+  double sum;
+#if defined(__x86_64__)
+  if (form == GGML_FORM_AVX512) sum = softmax_avx512(s, n, top);
+  else if (form == GGML_FORM_AVX2) sum = softmax_avx2(s, n, top);
+  else
+#endif
+    sum = softmax_portable(s, n, top);
+  float inverse = (float)(1.0 / sum);
+  for (int64_t r = 0; r < n; r++) s[r] *= inverse;
+#if defined(__x86_64__)
+  if (form == GGML_FORM_AVX512) values_avx512(values, s, n, d, out);
+  else if (form == GGML_FORM_AVX2) values_avx2(values, s, n, d, out);
+  else
+#endif
+    values_portable(values, s, n, 0, d, 8, out);
+  return top * LOG2E + log2f((float)sum);
 }
 
 int rk_attend_ggml(const attn_job *j, int task, int num_tasks) {
   int64_t longest = 0;
   for (int64_t b = 0; b < j->batch; b++) longest = kv_length(j, b) > longest ? kv_length(j, b) : longest;
   ggml_form form = ggml_cpu_form();
-  float *scratch = malloc(((size_t)longest + 16 * (size_t)j->d) * sizeof(float));
-  if (!scratch) return rk_out_of_memory(j->kernel);
+  float *scores = malloc((size_t)(longest + 1) * (sizeof(float) + 2 * sizeof(float *)));
+  if (!scores) return rk_out_of_memory(j->kernel);
+  const float **keys = (const float **)(void *)(scores + longest + (longest & 1)), **values = keys + longest;
+  int64_t group = j->hq / j->hkv;
   for (int64_t u = task; u < j->rows * j->hkv; u += num_tasks) {
-    int64_t t = u / j->hkv, g = u % j->hkv, b = sequence_of(j, t);
-    attend(j, form, t, g, b, visible_rows(j, t, b), scratch + 16 * j->d, scratch);
+    int64_t t = u / j->hkv, g = u % j->hkv, b = sequence_of(j, t), n = visible_rows(j, t, b);
+    if (n > 0) gather_rows(j, b, g, n, keys, values);
+    for (int64_t h = g * group; h < (g + 1) * group; h++) {
+      float *out = j->out + (t * j->hq + h) * j->d;
+      if (n <= 0) {
+        for (int64_t c = 0; c < j->d; c++) out[c] = 0.0f;
+        j->lse[t * j->hq + h] = EMPTY_LSE;
+        continue;
+      }
+      j->lse[t * j->hq + h] = attend_head(form, j->q + (t * j->hq + h) * j->d, keys, values, n, j->d, j->sm_scale, scores, out);
+    }
   }
-  free(scratch);
+  free(scores);
   return 0;
 }
