@@ -76,12 +76,13 @@ RK_AVX512DQ_TARGET static inline __attribute__((always_inline)) float dot_avx512
 #endif
 
 /* s[r] = the dot product of the query and key row r, times the scale; returns the largest. */
-#define SCORES_BODY(dot)                              \
-  float top = -INFINITY;                              \
-  for (int64_t r = 0; r < n; r++) {                   \
-    s[r] = dot(keys[r], q, d) * scale;                \
-    top = s[r] > top ? s[r] : top;                    \
-  }                                                   \
+#define SCORES_BODY(dot)                                                      \
+  float top = -INFINITY;                                                      \
+  for (int64_t r = 0; r < n; r++) {                                           \
+    /* The common head dim as a constant: the query stays in registers. */    \
+    s[r] = (d == 64 ? dot(keys[r], q, 64) : dot(keys[r], q, d)) * scale;      \
+    top = s[r] > top ? s[r] : top;                                            \
+  }                                                                           \
   return top;
 static float scores_portable(const float *q, const float *const *keys, int64_t n, int64_t d, float scale, float *s) {
   SCORES_BODY(dot_portable)
@@ -171,8 +172,10 @@ static void values_portable(const float *const *values, const float *p, int64_t 
  * lane accumulators wait in acc between blocks; a block starts at a multiple of the lanes). */
 enum { ROW_BLOCK = 64 };
 
-/* Eight values of the head dim at a time, the eight lane accumulators in registers. */
-RK_AVX2_TARGET static void values_avx2(const float *const *values, const float *p, int64_t n, int64_t d, float *out) {
+/* Eight values of the head dim at a time, the eight lane accumulators in registers. Each run of
+ * eight rows sits at one stride from its first (gather_rows): one pointer a run. */
+RK_AVX2_TARGET static void values_avx2(const float *const *values, int64_t stride, const float *p, int64_t n, int64_t d,
+                                       float *out) {
   int64_t whole = d & ~(int64_t)7;
   __m256 acc[MAX_HEAD_DIM / 8][8];
   for (int64_t c = 0; c < whole / 8; c++)
@@ -183,9 +186,10 @@ RK_AVX2_TARGET static void values_avx2(const float *const *values, const float *
       __m256 a[8];
       for (int l = 0; l < 8; l++) a[l] = acc[c / 8][l];
       int64_t r = r0;
-      for (; r + 8 <= end; r += 8)
-        for (int l = 0; l < 8; l++)
-          a[l] = _mm256_fmadd_ps(_mm256_loadu_ps(values[r + l] + c), _mm256_set1_ps(p[r + l]), a[l]);
+      for (; r + 8 <= end; r += 8) {
+        const float *run = values[r] + c;
+        for (int l = 0; l < 8; l++) a[l] = _mm256_fmadd_ps(_mm256_loadu_ps(run + l * stride), _mm256_set1_ps(p[r + l]), a[l]);
+      }
       for (int l = 0; r + l < end; l++)
         a[l] = _mm256_fmadd_ps(_mm256_loadu_ps(values[r + l] + c), _mm256_set1_ps(p[r + l]), a[l]);
       for (int l = 0; l < 8; l++) acc[c / 8][l] = a[l];
@@ -201,8 +205,8 @@ RK_AVX2_TARGET static void values_avx2(const float *const *values, const float *
 }
 
 /* Sixteen values at a time, the sixteen lane accumulators in zmm registers. */
-RK_AVX512DQ_TARGET static void values_avx512(const float *const *values, const float *p, int64_t n, int64_t d,
-                                             float *out) {
+RK_AVX512DQ_TARGET static void values_avx512(const float *const *values, int64_t stride, const float *p, int64_t n,
+                                             int64_t d, float *out) {
   int64_t whole = d & ~(int64_t)15;
   __m512 acc[MAX_HEAD_DIM / 16][16];
   for (int64_t c = 0; c < whole / 16; c++)
@@ -213,9 +217,10 @@ RK_AVX512DQ_TARGET static void values_avx512(const float *const *values, const f
       __m512 a[16];
       for (int l = 0; l < 16; l++) a[l] = acc[c / 16][l];
       int64_t r = r0;
-      for (; r + 16 <= end; r += 16)
-        for (int l = 0; l < 16; l++)
-          a[l] = _mm512_fmadd_ps(_mm512_loadu_ps(values[r + l] + c), _mm512_set1_ps(p[r + l]), a[l]);
+      for (; r + 16 <= end; r += 16) {
+        const float *run = values[r] + c;
+        for (int l = 0; l < 16; l++) a[l] = _mm512_fmadd_ps(_mm512_loadu_ps(run + l * stride), _mm512_set1_ps(p[r + l]), a[l]);
+      }
       for (int l = 0; r + l < end; l++)
         a[l] = _mm512_fmadd_ps(_mm512_loadu_ps(values[r + l] + c), _mm512_set1_ps(p[r + l]), a[l]);
       for (int l = 0; l < 16; l++) acc[c / 16][l] = a[l];
@@ -233,23 +238,28 @@ RK_AVX512DQ_TARGET static void values_avx512(const float *const *values, const f
 
 /* ---- units --------------------------------------------------------------------------------------- */
 
-/* The visible key and value rows of sequence b, KV head g, as pointers (pages walked once). */
-static void gather_rows(const attn_job *j, int64_t b, int64_t g, int64_t n, const float **keys, const float **values) {
+/* The visible key and value rows of sequence b, KV head g, as pointers (pages walked once).
+ * Returns the stride between the rows of a run of 16 starting at a multiple of 16 (the lanes of
+ * either form): the rows' own in a ragged batch, a row's in pages of a multiple of 16 rows; 0
+ * where runs may cross pages. */
+static int64_t gather_rows(const attn_job *j, int64_t b, int64_t g, int64_t n, const float **keys,
+                           const float **values) {
   if (!j->pages) {
     const float *k = j->k + (j->kv_indptr[b] * j->hkv + g) * j->d, *v = j->v + (j->kv_indptr[b] * j->hkv + g) * j->d;
     for (int64_t r = 0; r < n; r++) keys[r] = k + r * j->hkv * j->d, values[r] = v + r * j->hkv * j->d;
-    return;
+    return j->hkv * j->d;
   }
   for (int64_t r = 0, page = j->page_indptr[b]; r < n; page++) {
     const float *k = j->pages + ((int64_t)j->page_ids[page] * 2 * j->hkv + g) * j->page_size * j->d;
     const float *v = k + j->hkv * j->page_size * j->d;
     for (int64_t slot = 0; slot < j->page_size && r < n; slot++, r++) keys[r] = k + slot * j->d, values[r] = v + slot * j->d;
   }
+  return j->page_size % 16 == 0 ? j->d : 0;
 }
 
 /* One query head against n visible rows: out, and the base-2 log-sum-exp. s: n scores. */
 static float attend_head(ggml_form form, const float *q, const float *const *keys, const float *const *values,
-                         int64_t n, int64_t d, float scale, float *s, float *out) {
+                         int64_t stride, int64_t n, int64_t d, float scale, float *s, float *out) {
   float top;
 #if defined(__x86_64__)
   if (form == GGML_FORM_AVX512) top = scores_avx512(q, keys, n, d, scale, s);
@@ -267,8 +277,9 @@ static float attend_head(ggml_form form, const float *q, const float *const *key
   float inverse = (float)(1.0 / sum);
   for (int64_t r = 0; r < n; r++) s[r] *= inverse;
 #if defined(__x86_64__)
-  if (form == GGML_FORM_AVX512) values_avx512(values, s, n, d, out);
-  else if (form == GGML_FORM_AVX2) values_avx2(values, s, n, d, out);
+  if (form == GGML_FORM_AVX512 && stride) values_avx512(values, stride, s, n, d, out);
+  else if (form == GGML_FORM_AVX512) values_portable(values, s, n, 0, d, 16, out);
+  else if (form == GGML_FORM_AVX2 && stride) values_avx2(values, stride, s, n, d, out);
   else
 #endif
     values_portable(values, s, n, 0, d, 8, out);
@@ -285,7 +296,7 @@ int rk_attend_ggml(const attn_job *j, int task, int num_tasks) {
   int64_t group = j->hq / j->hkv;
   for (int64_t u = task; u < j->rows * j->hkv; u += num_tasks) {
     int64_t t = u / j->hkv, g = u % j->hkv, b = sequence_of(j, t), n = visible_rows(j, t, b);
-    if (n > 0) gather_rows(j, b, g, n, keys, values);
+    int64_t stride = n > 0 ? gather_rows(j, b, g, n, keys, values) : 0;
     for (int64_t h = g * group; h < (g + 1) * group; h++) {
       float *out = j->out + (t * j->hq + h) * j->d;
       if (n <= 0) {
@@ -293,7 +304,8 @@ int rk_attend_ggml(const attn_job *j, int task, int num_tasks) {
         j->lse[t * j->hq + h] = EMPTY_LSE;
         continue;
       }
-      j->lse[t * j->hq + h] = attend_head(form, j->q + (t * j->hq + h) * j->d, keys, values, n, j->d, j->sm_scale, scores, out);
+      j->lse[t * j->hq + h] = attend_head(form, j->q + (t * j->hq + h) * j->d, keys, values, stride, n, j->d, j->sm_scale,
+                                             scores, out);
     }
   }
   free(scores);

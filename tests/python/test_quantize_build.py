@@ -133,35 +133,22 @@ def test_kernels_a_model_brings_are_left_as_written():
     tvm.relax.build(scheduled, target="llvm")
 
 
-def test_rope_frequency_factors_are_read_back_as_llama3_scaling_or_refused(tmp_path):
-    """A GGUF file's rope_freqs.weight (Llama 3's RoPE scaling as llama.cpp's converter writes it)
-    becomes TVM's "llama3" scaling that gives the same divisors; divisors of another form, or a
-    tensor of the wrong type or length, are refused by name."""
+def test_rope_frequency_factors_are_taken_as_they_are_or_refused(tmp_path):
+    """A GGUF file's rope_freqs.weight (Llama 3's RoPE scaling as llama.cpp's converter writes it,
+    or any other divisors) is passed to relaxc.rope as it is, as llama.cpp divides by it; a tensor
+    of the wrong type or length, or a divisor that is not a positive number, is refused by name."""
     sys.path.insert(0, os.path.join(ROOT, "fixtures", "gguf"))
     import generate as fixture
-    from relaxc.llm.gguf_file import GGUFError, llama3_scaling, read_config
+    from relaxc.llm.gguf_file import GGUFError, read_config
 
-    def divisors(s, theta, head_dim):
-        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-        return fixture.llama3_rope_factors(*(s[k] for k in keys), theta=theta, head_dim=head_dim)
-
-    # Llama 3.1 8B's numbers (factor 8, 1 and 4 around an original 8192, theta 500000, heads of 128).
-    llama31 = fixture.llama3_rope_factors(8.0, 1.0, 4.0, 8192, theta=500000.0, head_dim=128)
-    for factors, theta, head_dim in [
-        (llama31, 500000.0, 128),
-        (fixture.llama3_rope_factors(), 10000.0, 64),
-        (np.where(np.arange(32) < 10, 1.0, 4.0).astype(np.float32), 10000.0, 64),  # a step
-        (np.full(32, 2.0, np.float32), 10000.0, 64),  # every frequency divided alike
-    ]:
-        scaling = llama3_scaling("f.gguf", factors, theta, head_dim)
-        assert scaling["rope_type"] == "llama3"
-        np.testing.assert_allclose(divisors(scaling, theta, head_dim), factors, rtol=1e-5)
-    np.testing.assert_allclose(
-        [llama3_scaling("f.gguf", llama31, 500000.0, 128)[k] for k in ("factor", "high_freq_factor")], [8, 4], rtol=1e-5
-    )
-    assert llama3_scaling("f.gguf", np.ones(32, np.float32), 10000.0, 64) == {}
-    with pytest.raises(GGUFError, match="does not follow Llama 3"):
-        llama3_scaling("f.gguf", np.random.default_rng(1).uniform(1, 8, 32).astype(np.float32), 10000.0, 64)
+    weights = fixture.float_weights()
+    for factors in [fixture.llama3_rope_factors(), np.random.default_rng(1).uniform(1, 8, 32).astype(np.float32)]:
+        path = str(tmp_path / "good.gguf")
+        fixture.write_gguf(path, {**weights, "rope_freqs.weight": factors})
+        assert read_config(path).rope_freqs
+    path = str(tmp_path / "plain.gguf")
+    fixture.write_gguf(path, weights)
+    assert not read_config(path).rope_freqs
 
     weights = fixture.float_weights()
     for bad, why in [
