@@ -115,35 +115,27 @@ static double softmax_portable(float *s, int64_t n, float top) {
 }
 
 #if defined(__x86_64__)
-RK_AVX2_TARGET static double softmax_avx2(float *s, int64_t n, float top) {
-  double sum = 0;
-  for (int64_t c = 0; c < n; c += 8) {
-    float lanes[8] = {0};
-    int64_t m = n - c < 8 ? n - c : 8;
-    for (int64_t l = 0; l < m; l++) lanes[l] = s[c + l];
-    __m256 e = ggml_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(lanes), _mm256_set1_ps(top)));
-    _mm256_storeu_ps(lanes, e);
-    for (int64_t l = m; l < 8; l++) lanes[l] = 0.0f; /* masked cells */
-    for (int64_t l = 0; l < m; l++) s[c + l] = lanes[l];
-    sum += (double)ggml_hsum8(_mm256_loadu_ps(lanes));
-  }
+/* Runs of L scores through the vector exp EXP (intrinsics starting X), the cells past the last
+ * score counting 0 (llama.cpp's masked cells), each run's sum by SUM added in double. */
+#define SOFTMAX(L, X, EXP, SUM)                                               \
+  double sum = 0;                                                             \
+  for (int64_t c = 0; c < n; c += L) {                                        \
+    float lanes[L] = {0};                                                     \
+    int64_t m = n - c < L ? n - c : L;                                        \
+    for (int64_t l = 0; l < m; l++) lanes[l] = s[c + l];                      \
+    X##_storeu_ps(lanes, EXP(X##_sub_ps(X##_loadu_ps(lanes), X##_set1_ps(top)))); \
+    for (int64_t l = m; l < L; l++) lanes[l] = 0.0f;                          \
+    for (int64_t l = 0; l < m; l++) s[c + l] = lanes[l];                      \
+    sum += (double)SUM(X##_loadu_ps(lanes));                                  \
+  }                                                                           \
   return sum;
-}
+
+RK_AVX2_TARGET static double softmax_avx2(float *s, int64_t n, float top) { SOFTMAX(8, _mm256, ggml_exp_avx2, ggml_hsum8) }
 
 RK_AVX512DQ_TARGET static double softmax_avx512(float *s, int64_t n, float top) {
-  double sum = 0;
-  for (int64_t c = 0; c < n; c += 16) {
-    float lanes[16] = {0};
-    int64_t m = n - c < 16 ? n - c : 16;
-    for (int64_t l = 0; l < m; l++) lanes[l] = s[c + l];
-    __m512 e = ggml_exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(lanes), _mm512_set1_ps(top)));
-    _mm512_storeu_ps(lanes, e);
-    for (int64_t l = m; l < 16; l++) lanes[l] = 0.0f;
-    for (int64_t l = 0; l < m; l++) s[c + l] = lanes[l];
-    sum += (double)ggml_reduce16(_mm512_loadu_ps(lanes));
-  }
-  return sum;
+  SOFTMAX(16, _mm512, ggml_exp_avx512, ggml_reduce16)
 }
+#undef SOFTMAX
 #endif
 
 /* ---- values: one accumulator per lane, then the lanes' tree ------------------------------------- */
@@ -172,29 +164,35 @@ static void values_portable(const float *const *values, const float *p, int64_t 
  * lane accumulators wait in acc between blocks; a block starts at a multiple of the lanes). */
 enum { ROW_BLOCK = 64 };
 
-/* Eight values of the head dim at a time, the eight lane accumulators in registers. Each run of
- * eight rows sits at one stride from its first (gather_rows): one pointer a run. */
+/* The lane accumulators of every part of the head dim, row block by row block, for vectors V of
+ * L lanes whose intrinsics start with X (_mm256, _mm512): acc[c / L][l] holds lane l's sum for
+ * values c .. c + L - 1. Each run of L rows sits at one stride from its first (gather_rows): one
+ * pointer a run. */
+#define VALUES_ACCUMULATE(V, L, X)                                                                  \
+  int64_t whole = d & ~(int64_t)(L - 1);                                                            \
+  V acc[MAX_HEAD_DIM / L][L];                                                                       \
+  for (int64_t c = 0; c < whole / L; c++)                                                           \
+    for (int l = 0; l < L; l++) acc[c][l] = X##_setzero_ps();                                       \
+  for (int64_t r0 = 0; r0 < n; r0 += ROW_BLOCK) {                                                   \
+    int64_t end = r0 + ROW_BLOCK < n ? r0 + ROW_BLOCK : n;                                          \
+    for (int64_t c = 0; c < whole; c += L) {                                                        \
+      V a[L];                                                                                       \
+      for (int l = 0; l < L; l++) a[l] = acc[c / L][l];                                             \
+      int64_t r = r0;                                                                               \
+      for (; r + L <= end; r += L) {                                                                \
+        const float *run = values[r] + c;                                                           \
+        for (int l = 0; l < L; l++) a[l] = X##_fmadd_ps(X##_loadu_ps(run + l * stride), X##_set1_ps(p[r + l]), a[l]); \
+      }                                                                                             \
+      for (int l = 0; r + l < end; l++)                                                             \
+        a[l] = X##_fmadd_ps(X##_loadu_ps(values[r + l] + c), X##_set1_ps(p[r + l]), a[l]);          \
+      for (int l = 0; l < L; l++) acc[c / L][l] = a[l];                                             \
+    }                                                                                               \
+  }
+
+/* Eight values of the head dim at a time, the eight lane accumulators in registers. */
 RK_AVX2_TARGET static void values_avx2(const float *const *values, int64_t stride, const float *p, int64_t n, int64_t d,
                                        float *out) {
-  int64_t whole = d & ~(int64_t)7;
-  __m256 acc[MAX_HEAD_DIM / 8][8];
-  for (int64_t c = 0; c < whole / 8; c++)
-    for (int l = 0; l < 8; l++) acc[c][l] = _mm256_setzero_ps();
-  for (int64_t r0 = 0; r0 < n; r0 += ROW_BLOCK) {
-    int64_t end = r0 + ROW_BLOCK < n ? r0 + ROW_BLOCK : n;
-    for (int64_t c = 0; c < whole; c += 8) {
-      __m256 a[8];
-      for (int l = 0; l < 8; l++) a[l] = acc[c / 8][l];
-      int64_t r = r0;
-      for (; r + 8 <= end; r += 8) {
-        const float *run = values[r] + c;
-        for (int l = 0; l < 8; l++) a[l] = _mm256_fmadd_ps(_mm256_loadu_ps(run + l * stride), _mm256_set1_ps(p[r + l]), a[l]);
-      }
-      for (int l = 0; r + l < end; l++)
-        a[l] = _mm256_fmadd_ps(_mm256_loadu_ps(values[r + l] + c), _mm256_set1_ps(p[r + l]), a[l]);
-      for (int l = 0; l < 8; l++) acc[c / 8][l] = a[l];
-    }
-  }
+  VALUES_ACCUMULATE(__m256, 8, _mm256)
   for (int64_t c = 0; c < whole; c += 8) {
     __m256 *a = acc[c / 8];
     __m256 even = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
@@ -207,25 +205,7 @@ RK_AVX2_TARGET static void values_avx2(const float *const *values, int64_t strid
 /* Sixteen values at a time, the sixteen lane accumulators in zmm registers. */
 RK_AVX512DQ_TARGET static void values_avx512(const float *const *values, int64_t stride, const float *p, int64_t n,
                                              int64_t d, float *out) {
-  int64_t whole = d & ~(int64_t)15;
-  __m512 acc[MAX_HEAD_DIM / 16][16];
-  for (int64_t c = 0; c < whole / 16; c++)
-    for (int l = 0; l < 16; l++) acc[c][l] = _mm512_setzero_ps();
-  for (int64_t r0 = 0; r0 < n; r0 += ROW_BLOCK) {
-    int64_t end = r0 + ROW_BLOCK < n ? r0 + ROW_BLOCK : n;
-    for (int64_t c = 0; c < whole; c += 16) {
-      __m512 a[16];
-      for (int l = 0; l < 16; l++) a[l] = acc[c / 16][l];
-      int64_t r = r0;
-      for (; r + 16 <= end; r += 16) {
-        const float *run = values[r] + c;
-        for (int l = 0; l < 16; l++) a[l] = _mm512_fmadd_ps(_mm512_loadu_ps(run + l * stride), _mm512_set1_ps(p[r + l]), a[l]);
-      }
-      for (int l = 0; r + l < end; l++)
-        a[l] = _mm512_fmadd_ps(_mm512_loadu_ps(values[r + l] + c), _mm512_set1_ps(p[r + l]), a[l]);
-      for (int l = 0; l < 16; l++) acc[c / 16][l] = a[l];
-    }
-  }
+  VALUES_ACCUMULATE(__m512, 16, _mm512)
   for (int64_t c = 0; c < whole; c += 16) {
     __m512 *a = acc[c / 16], half[8], quarter[4];
     for (int i = 0; i < 8; i++) half[i] = _mm512_add_ps(a[i + 8], a[i]);
@@ -234,6 +214,7 @@ RK_AVX512DQ_TARGET static void values_avx512(const float *const *values, int64_t
   }
   values_portable(values, p, n, whole, d, 16, out);
 }
+#undef VALUES_ACCUMULATE
 #endif
 
 /* ---- units --------------------------------------------------------------------------------------- */

@@ -34,27 +34,25 @@ static void row_portable(const float *gate, const float *up, float *out, int64_t
 }
 
 #if defined(__x86_64__)
-RK_AVX2_TARGET static void row_avx2(const float *gate, const float *up, float *out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 x = _mm256_loadu_ps(gate + i);
-    __m256 e = ggml_exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), x));
-    __m256 silu = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
-  }
+/* One row, L lanes at a time with intrinsics starting X (_mm256, _mm512) and exp EXP, the rest
+ * by the tail. */
+#define ROW(L, X, EXP)                                                                        \
+  int64_t i = 0;                                                                              \
+  for (; i + L <= n; i += L) {                                                                \
+    __typeof__(X##_loadu_ps(gate)) x = X##_loadu_ps(gate + i);                                \
+    __typeof__(x) silu = X##_div_ps(x, X##_add_ps(X##_set1_ps(1.0f), EXP(X##_sub_ps(X##_setzero_ps(), x)))); \
+    X##_storeu_ps(out + i, X##_mul_ps(silu, X##_loadu_ps(up + i)));                          \
+  }                                                                                           \
   for (; i < n; i++) out[i] = swiglu_tail(gate[i], up[i]);
+
+RK_AVX2_TARGET static void row_avx2(const float *gate, const float *up, float *out, int64_t n) {
+  ROW(8, _mm256, ggml_exp_avx2)
 }
 
 RK_AVX512DQ_TARGET static void row_avx512(const float *gate, const float *up, float *out, int64_t n) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    __m512 x = _mm512_loadu_ps(gate + i);
-    __m512 e = ggml_exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), x));
-    __m512 silu = _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-    _mm512_storeu_ps(out + i, _mm512_mul_ps(silu, _mm512_loadu_ps(up + i)));
-  }
-  for (; i < n; i++) out[i] = swiglu_tail(gate[i], up[i]);
+  ROW(16, _mm512, ggml_exp_avx512)
 }
+#undef ROW
 #endif
 
 typedef struct swiglu_job {
