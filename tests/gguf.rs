@@ -274,6 +274,7 @@ fn loading_maps_without_copying() {
 }
 
 fn main() {
+    common::pin_recorded_kernels();
     let args = libtest_mimic::Arguments::from_args();
     let plain: [(&str, fn()); 5] = [
         ("generation_gives_tvms_tokens_and_logits", generation_gives_tvms_tokens_and_logits),

@@ -682,6 +682,7 @@ fn exports_of_either_batch_kind_decode_many_sequences() {
 }
 
 fn main() {
+    common::pin_recorded_kernels();
     let args = Arguments::from_args();
     let plain: [(&str, fn()); 18] = [
         ("exports_of_either_batch_kind_decode_many_sequences", exports_of_either_batch_kind_decode_many_sequences),

@@ -11,6 +11,22 @@ use std::sync::{Arc, Mutex, OnceLock};
 use relaxc::codegen::ExecMode;
 use relaxc::host::{HostError, Output, npz};
 
+/// Pins the kernel library to its AVX2 kernels on x86-64, as the fixtures' generators do
+/// (fixtures/gguf/generate.py, fixtures/tvm/generate_library.py): a few kernels give other bits
+/// on AVX-512 (the f32 and f16 tiles group activation rows by 4 there, by 2 on AVX2; llama.cpp's
+/// AVX-512 forms round as its own AVX-512 build does), so a recording holds on every x86-64 CPU
+/// only with one instruction set. The AVX-512 kernels have tests of their own. Call first thing
+/// in main, before any thread starts.
+pub fn pin_recorded_kernels() {
+    if cfg!(target_arch = "x86_64") {
+        // SAFETY: main calls this before it starts any thread.
+        unsafe {
+            std::env::set_var("RELAXC_QUANT_ISA", "avx2");
+            std::env::set_var("RELAXC_GEMM_AVX512", "0");
+        }
+    }
+}
+
 pub fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }

@@ -1,11 +1,27 @@
 """What the Python tests share: the kernel library of this build's relaxc, loaded once per
-session through tvm_ffi, as {global name: function}; and the check of a list of failing calls."""
+session through tvm_ffi, as {global name: function}; the check of a list of failing calls; and
+the kernels pinned to AVX2 on x86-64, as the fixtures were recorded (tests/common/mod.rs's
+pin_recorded_kernels says why): tests of the instruction sets take them off (unpinned_env)."""
 
+import os
+import platform
 import subprocess
 
 import pytest
 import tvm_ffi
 from test_tvm_ffi import relaxc_binary
+
+PINS = {"RELAXC_QUANT_ISA": "avx2", "RELAXC_GEMM_AVX512": "0"}
+if platform.machine() in ("x86_64", "AMD64"):
+    for name, value in PINS.items():
+        os.environ.setdefault(name, value)
+
+
+def unpinned_env(**changes):
+    """os.environ without the pins, with changes: a process that runs the CPU's own kernels."""
+    env = {k: v for k, v in os.environ.items() if k not in PINS}
+    env.update(changes)
+    return env
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import assert_each_raises
+from conftest import assert_each_raises, unpinned_env
 from test_kernels import ROOT, t
 from test_tvm_ffi import relaxc_binary
 
@@ -174,7 +174,7 @@ def run_script(tmp_path, name, env):
         (tmp_path / "lib.so.tsv").write_text(out.stdout)
         (tmp_path / "run.py").write_text(THREAD_SCRIPT)
     dest = str(tmp_path / f"{name}.npz")
-    subprocess.run([sys.executable, str(tmp_path / "run.py"), path, dest], check=True, env=dict(os.environ, **env))
+    subprocess.run([sys.executable, str(tmp_path / "run.py"), path, dest], check=True, env=unpinned_env(**env))
     return np.load(dest)
 
 

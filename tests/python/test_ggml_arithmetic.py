@@ -21,13 +21,12 @@ Needs numpy, pytest and apache-tvm-ffi (no TVM).
 
 import ctypes
 import ctypes.util
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-from conftest import assert_each_raises
+from conftest import assert_each_raises, unpinned_env
 from test_attention import page_table
 from test_kernels import t
 from test_tvm_ffi import relaxc_binary
@@ -365,8 +364,7 @@ def runner(tmp_path_factory):
     def run(isa, threads):
         dest = str(tmp / f"{isa}_{threads}.npz")
         np.savez(dest + ".in.npz", **inputs)
-        env = dict(os.environ, TVM_NUM_THREADS=str(threads))
-        env.pop("RELAXC_QUANT_ISA", None)
+        env = unpinned_env(TVM_NUM_THREADS=str(threads))
         if isa:
             env["RELAXC_QUANT_ISA"] = isa
         subprocess.run([sys.executable, str(tmp / "run.py"), path, dest], check=True, env=env)

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 import tvm_ffi
-from conftest import assert_each_raises
+from conftest import assert_each_raises, unpinned_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -639,7 +639,7 @@ def run_thread_script(tmp_path, configurations):
     results = {}
     for label, changes in configurations.items():
         dest = str(tmp_path / f"{label}.npz")
-        env = dict(os.environ, **changes)
+        env = unpinned_env(**changes)
         env.pop("OMP_NUM_THREADS", None)
         subprocess.run([sys.executable, str(script), path, dest, os.path.join(ROOT, "python")], check=True, env=env)
         results[label] = np.load(dest)
@@ -693,7 +693,7 @@ def test_vector_activations_give_the_scalar_bits(library, tmp_path, avx512):
     (tmp_path / "lib.so.tsv").write_text(out.stdout)
     script = tmp_path / "one_at_a_time.py"
     script.write_text(ONE_AT_A_TIME_SCRIPT)
-    env = dict(os.environ, RELAXC_GEMM_AVX512=avx512)
+    env = unpinned_env(RELAXC_GEMM_AVX512=avx512)
     done = subprocess.run([sys.executable, str(script), path], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.startswith("ok"), done.stdout

@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import assert_each_raises
+from conftest import assert_each_raises, unpinned_env
 from test_kernels import ROOT as _ROOT
 from test_kernels import t
 from test_tvm_ffi import relaxc_binary
@@ -300,7 +300,7 @@ def run_script(tmp_path, threads, isa=None):
         (tmp_path / "lib.so.tsv").write_text(out.stdout)
         (tmp_path / "run.py").write_text(THREAD_SCRIPT)
     dest = str(tmp_path / f"t{threads}_{isa}.npz")
-    env = dict(os.environ, TVM_NUM_THREADS=str(threads))
+    env = unpinned_env(TVM_NUM_THREADS=str(threads))
     if isa:
         env["RELAXC_QUANT_ISA"] = isa
     python = os.path.join(_ROOT, "python")
