@@ -13,10 +13,10 @@ use relaxc::host::{HostError, Output, npz};
 
 /// Pins the kernel library to its AVX2 kernels on x86-64, as the fixtures' generators do
 /// (fixtures/gguf/generate.py, fixtures/tvm/generate_library.py): a few kernels give other bits
-/// on AVX-512 (the f32 and f16 tiles group activation rows by 4 there, by 2 on AVX2; llama.cpp's
-/// AVX-512 forms round as its own AVX-512 build does), so a recording holds on every x86-64 CPU
-/// only with one instruction set. The AVX-512 kernels have tests of their own. Call first thing
-/// in main, before any thread starts.
+/// on AVX-512 (relaxc.dense_q's f32 and f16 tiles take activation rows 4 at a time there, 2 on
+/// AVX2; llama.cpp's AVX-512 forms round as its own AVX-512 build does), so a recording holds on
+/// every x86-64 CPU only with one instruction set. The AVX-512 kernels have tests of their own.
+/// Call first thing in main, before any thread starts.
 pub fn pin_recorded_kernels() {
     if cfg!(target_arch = "x86_64") {
         // SAFETY: main calls this before it starts any thread.
