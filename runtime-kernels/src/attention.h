@@ -36,6 +36,7 @@ typedef struct attn_job {
   int64_t page_size;
   int isa; /* ATTEND_* */
   bool ggml; /* llama.cpp's arithmetic (attention_ggml.c) */
+  int64_t longest; /* the most key rows of a sequence, for attention_ggml.c's scratch */
 } attn_job;
 
 /* The sequence b whose query rows hold row t: q_indptr[b] <= t < q_indptr[b + 1] (decode, with

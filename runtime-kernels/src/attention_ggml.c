@@ -268,8 +268,7 @@ static float attend_head(ggml_form form, const float *q, const float *const *key
 }
 
 int rk_attend_ggml(const attn_job *j, int task, int num_tasks) {
-  int64_t longest = 0;
-  for (int64_t b = 0; b < j->batch; b++) longest = kv_length(j, b) > longest ? kv_length(j, b) : longest;
+  int64_t longest = j->longest;
   ggml_form form = ggml_cpu_form();
   float *scores = malloc((size_t)(longest + 1) * (sizeof(float) + 2 * sizeof(float *)));
   if (!scores) return rk_out_of_memory(j->kernel);

@@ -11,10 +11,10 @@
  * Llama, bench/llm_gguf.py), with libm's sinf, cosf and powf as it calls them.
  *
  * Modes: "normal" rotates adjacent pairs (2i, 2i + 1), llama.cpp's order for llama and mistral,
- * whose Q and K rows its converter permuted for it; "neox" rotates (i, i + dims / 2), as for
- * qwen2. Optional frequency factors divide each pair's angle (Llama 3's rope_freqs tensor). The
- * values past the rotary dims are copied. Split over positions: each thread computes a
- * position's sines and cosines once for all its heads; the same bits at any thread count.
+ * whose Q and K rows its converter permuted for it; "neox" rotates (i, i + head_dim / 2), as for
+ * qwen2; every pair of the head is rotated. Optional frequency factors divide each pair's angle
+ * (Llama 3's rope_freqs tensor). Split over positions: each thread computes a position's sines
+ * and cosines once for all its heads; the same bits at any thread count.
  */
 #include <math.h>
 
@@ -24,8 +24,8 @@ typedef struct rope_job {
   const float *x;
   float *out;
   const int32_t *positions;
-  const float *factors; /* [dims / 2] or NULL */
-  int64_t tokens, heads, head_dim, dims;
+  const float *factors; /* [head_dim / 2] or NULL */
+  int64_t tokens, heads, head_dim;
   bool neox;
   float theta_scale, freq_scale, attn_factor;
 } rope_job;
@@ -36,7 +36,7 @@ enum { MAX_HEAD_DIM = 1024 };
  * theta_scale after each pair (ggml_rope_cache_init, without YaRN's ramp). */
 static void angles(const rope_job *j, int32_t position, float *cosines, float *sines) {
   float theta = (float)position;
-  for (int64_t i = 0; i < j->dims / 2; i++) {
+  for (int64_t i = 0; i < j->head_dim / 2; i++) {
     float extrapolated = j->factors ? theta / j->factors[i] : theta;
     float angle = j->freq_scale * extrapolated;
     cosines[i] = cosf(angle) * j->attn_factor;
@@ -50,7 +50,7 @@ static int rope_task(int task, int num_tasks, void *ctx) {
   float cosines[MAX_HEAD_DIM / 2], sines[MAX_HEAD_DIM / 2];
   int64_t begin, end;
   rk_split(j->tokens, task, num_tasks, &begin, &end);
-  int64_t half = j->dims / 2, stride = j->neox ? half : 1, step = j->neox ? 1 : 2;
+  int64_t half = j->head_dim / 2, stride = j->neox ? half : 1, step = j->neox ? 1 : 2;
   for (int64_t t = begin; t < end; t++) {
     angles(j, j->positions[t], cosines, sines);
     for (int64_t h = 0; h < j->heads; h++) {
@@ -62,8 +62,6 @@ static int rope_task(int task, int num_tasks, void *ctx) {
         out[a] = fmaf(x0, c, -(x1 * s));
         out[b] = fmaf(x0, s, x1 * c);
       }
-      if (out != x)
-        for (int64_t i = j->dims; i < j->head_dim; i++) out[i] = x[i];
     }
   }
   return 0;
@@ -88,21 +86,20 @@ int rvm_builtin_kl_rope(void *self, const TVMFFIAny *args, int32_t num_args, TVM
   bool neox = mode == 1;
   if (x->ndim < 2) return rk_shape_error(kernel, "x must be [..., heads, head_dim]", x);
   if (!rk_same_shape(out, x)) return rk_shape_error(kernel, "out must have x's shape", out);
-  rope_job j = {rk_data(x), rk_data(out), NULL, NULL, 0, x->shape[x->ndim - 2], x->shape[x->ndim - 1], 0, neox, 0, params[1],
+  rope_job j = {rk_data(x), rk_data(out), NULL, NULL, 0, x->shape[x->ndim - 2], x->shape[x->ndim - 1], neox, 0, params[1],
                 params[2]};
   j.tokens = j.heads && j.head_dim ? rk_numel(x) / (j.heads * j.head_dim) : 0;
-  j.dims = j.head_dim;
   if (j.head_dim % 2 || j.head_dim > MAX_HEAD_DIM)
     return rk_shape_error(kernel, "x's head_dim must be even and at most 1024", x);
   if (positions->ndim != 1 || positions->shape[0] != j.tokens)
     return rk_shape_error(kernel, "positions must hold one position per row of x (x's leading axes)", positions);
   if (factors) {
-    if (factors->ndim != 1 || factors->shape[0] != j.dims / 2)
+    if (factors->ndim != 1 || factors->shape[0] != j.head_dim / 2)
       return rk_shape_error(kernel, "freq_factors must hold head_dim / 2 values", factors);
     j.factors = rk_data(factors);
   }
   j.positions = (const int32_t *)((const char *)positions->data + positions->byte_offset);
-  j.theta_scale = powf(params[0], -2.0f / (float)j.dims);
+  j.theta_scale = powf(params[0], -2.0f / (float)j.head_dim);
   if (j.tokens == 0) return 0;
   return rk_parallel(j.tokens, rope_task, &j);
 }
