@@ -492,6 +492,8 @@ typedef struct dense_job {
   rk_qrows rows;
   const float *bias;
   float *out;
+  int64_t xtile; /* activation rows per tile call */
+  bool one_stream; /* decode reads the rows as one stream (dense_task) */
 } dense_job;
 
 enum { ROWS_PER_TASK_UNIT = 16, TILE = 4, STREAMS = 2 };
@@ -500,8 +502,8 @@ enum { ROWS_PER_TASK_UNIT = 16, TILE = 4, STREAMS = 2 };
 static void dense_tile(const dense_job *j, int64_t c, int rows) {
   const rk_qrows *a = &j->rows;
   int64_t k = a->k;
-  for (int64_t r = 0; r < j->m; r += TILE) {
-    int xrows = (int)(j->m - r < TILE ? j->m - r : TILE);
+  for (int64_t r = 0; r < j->m; r += j->xtile) {
+    int xrows = (int)(j->m - r < j->xtile ? j->m - r : j->xtile);
     float *out = j->out + r * j->n + c;
     if (j->tile16 && rows == 16) {
       j->tile16(j->w + c * j->row_bytes, 8 * j->row_bytes, a, r, xrows, out, j->n);
@@ -534,9 +536,11 @@ static int dense_task(int task, int num_tasks, void *ctx) {
    * once (a few activation rows: decoding), the task's rows are read as two sequential streams
    * far apart, a tile from each in turn: one core keeps more of memory's bandwidth busy with two
    * streams in flight than with one. Mid-size Llama decode at 1 thread, Zen 5: f16 +12%, q8_0
-   * +10%, q4_0 and Q4_K_M +5%, f32 even; three or four streams were slower than one. */
+   * +10%, q4_0 and Q4_K_M +5%, f32 even; three or four streams were slower than one. f32 takes
+   * one: where its tile reads four rows side by side (AVX2) they are streams enough, and its
+   * matrices streamed faster with one on Zen 3 (11.7 against 11.0 GB/s at 1 thread). */
   int64_t step = j->tile16 && j->m > TILE ? 16 : j->tile8 ? 8 : TILE, tiles = (hi - lo + step - 1) / step;
-  int64_t streams = j->m <= TILE && tiles >= STREAMS ? STREAMS : 1;
+  int64_t streams = j->m <= TILE && tiles >= STREAMS && !j->one_stream ? STREAMS : 1;
   int64_t per = (tiles + streams - 1) / streams;
   for (int64_t t = 0; t < per; t++)
     for (int64_t s = 0; s < streams; s++) {
@@ -699,7 +703,11 @@ int rvm_builtin_kl_dense_q(void *self, const TVMFFIAny *args, int32_t num_args, 
   /* A format an instruction set has no code for runs on the portable code. */
   dense_job j = {dots->dot[f] ? dots->dot[f] : portable.dot[f], dots->tile[f], dots->tile8[f], dots->tile16[f], w, k / q->block * q->bytes, n, m,
                  {rk_data(x), NULL, NULL, NULL, k, q->act_block, f == RK_Q_Q4_KX8 ? m - m % 4 : 0},
-                 bias ? rk_data(bias) : NULL, rk_data(out)};
+                 bias ? rk_data(bias) : NULL, rk_data(out),
+                 /* A float tile takes all of a call's few rows (fewer than GEMM_ROWS), its widest
+                  * passes at a time: a 6-token prompt is two passes of three rows on AVX2, not
+                  * three of two. The integer tiles take TILE rows a call. */
+                 f == RK_Q_F32 || f == RK_Q_F16 ? m : TILE, f == RK_Q_F32};
   if (q->act_block) {
     size_t qbytes = (size_t)(m * k), dbytes = sizeof(float) * (size_t)(m * (k / q->act_block)),
            sbytes = sizeof(int16_t) * (size_t)(m * (k / 16));

@@ -75,7 +75,7 @@ typedef struct rk_qrows {
 } rk_qrows;
 
 /* A tile of outputs: out[r * out_stride + c] = row c of w (rows <= 4, row_bytes apart) times
- * activation row r0 + r (xrows <= 4), each summed exactly as the format's dot product sums it
+ * activation row r0 + r (any number of rows), each summed exactly as the format's dot product sums it
  * alone, so that tiling never changes a bit. NULL where an instruction set has none (the rows
  * then go through `dot` one by one). */
 typedef void (*rk_qtile_fn)(const uint8_t *w, int64_t row_bytes, int rows, const rk_qrows *a, int64_t r0, int xrows,

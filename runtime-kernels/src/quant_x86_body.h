@@ -27,20 +27,22 @@ QX_FN inline float QX(half)(const uint8_t *p) {
 
 /* A tile's inner kernel works on 4 weight rows (w[0..3], repeated where fewer are real) and X
  * activation rows (xr[0..X-1], likewise), with X a constant of each instance, so that every
- * accumulator stays in a register; res[c][r] gets the sums. QX_TILES makes the instances for X
- * = 1 and X = QX_WIDE and the tile function that pads and dispatches to them. */
+ * accumulator stays in a register; res[c][r] gets the sums. QX_TILES makes the tile function
+ * that pads and dispatches to the instances for X = 1, 2 and the format's widest (QX_KERNEL_PAIR's
+ * WIDE, at most QX_WIDE). */
 #define QX_TILES(format)                                                                                            \
   QX_FN void QX(tile_##format)(const uint8_t *w, int64_t row_bytes, int rows, const rk_qrows *a, int64_t r0, int xrows, \
                                float *out, int64_t out_stride) {                                                     \
     const uint8_t *wr[4];                                                                                            \
     for (int c = 0; c < 4; c++) wr[c] = w + (c < rows ? c : rows - 1) * row_bytes;                                   \
     for (int r = 0; r < xrows;) {                                                                                    \
-      /* Activation rows QX_WIDE at a time, then two, then one: few passes over the weights. */   \
-      int left = xrows - r, take = left >= QX_WIDE ? QX_WIDE : left >= 2 ? 2 : 1;                                    \
+      /* Activation rows the widest at a time, then two, then one: few passes over the weights. */ \
+      const int wide = QX(format##_wide_rows);                                                                       \
+      int left = xrows - r, take = left >= wide ? wide : left >= 2 ? 2 : 1;                                          \
       int64_t xr[QX_WIDE];                                                                                           \
       float res[4][QX_WIDE];                                                                                         \
       for (int i = 0; i < QX_WIDE; i++) xr[i] = r0 + r + (i < take ? i : take - 1);                                  \
-      if (take == QX_WIDE) QX(format##_wide)(wr, a, xr, 4 * row_bytes, res);                                        \
+      if (take == wide) QX(format##_wide)(wr, a, xr, 4 * row_bytes, res);                                           \
       else if (take == 2) QX(format##_pair)(wr, a, xr, 4 * row_bytes, res);                                         \
       else QX(format##_one)(wr, a, xr, res);                                                         \
       for (int c = 0; c < rows; c++)                                                                                 \
@@ -49,16 +51,21 @@ QX_FN inline float QX(half)(const uint8_t *p) {
     }                                                                                                                \
   }
 
-/* One activation row (decoding) reads each weight row alone, one sequential stream the hardware
- * prefetches: through ROW, a row function with four sums in flight (f32 and f16: memory-bound;
- * reading four rows side by side measured slower), or through the kernel where ROW is NULL (the
- * integer formats). */
-#define QX_KERNEL_PAIR(format, ROW, ...)                                                                     \
+/* One activation row (decoding): with SIDE_BY_SIDE, the kernel reads the 4 weight rows side by
+ * side; otherwise each row is read alone, one sequential stream the hardware prefetches, through
+ * ROW, a row function with four sums in flight (memory-bound float rows), or through the kernel
+ * where ROW is NULL (the integer formats). WIDE: the most activation rows one pass takes. */
+#define QX_KERNEL_PAIR(format, ROW, SIDE_BY_SIDE, WIDE, ...)                                               \
+  enum { QX(format##_wide_rows) = (WIDE) };                                                                 \
   QX_FN inline __attribute__((always_inline)) void QX(format##_kernel)(                                    \
       const uint8_t *const *wr, const rk_qrows *a, const int64_t *xr, int C, int X, int64_t ahead,         \
       float res[4][QX_WIDE]) __VA_ARGS__                                                                    \
   QX_FN void QX(format##_one)(const uint8_t *const *wr, const rk_qrows *a, const int64_t *xr,             \
                               float res[4][QX_WIDE]) {                                                      \
+    if (SIDE_BY_SIDE) {                                                                                     \
+      QX(format##_kernel)(wr, a, xr, 4, 1, 0, res);                                                         \
+      return;                                                                                               \
+    }                                                                                                       \
     float (*const row)(const uint8_t *, const float *, int64_t) = ROW;                                      \
     for (int c = 0; c < 4; c++) {                                                                           \
       float one[4][QX_WIDE];                                                                                \
@@ -69,7 +76,7 @@ QX_FN inline float QX(half)(const uint8_t *p) {
   }                                                                                                         \
   QX_FN void QX(format##_wide)(const uint8_t *const *wr, const rk_qrows *a, const int64_t *xr,            \
                                int64_t ahead, float res[4][QX_WIDE]) {                                      \
-    QX(format##_kernel)(wr, a, xr, 4, QX_WIDE, ahead, res);                                                 \
+    QX(format##_kernel)(wr, a, xr, 4, (WIDE), ahead, res);                                                  \
   }                                                                                                         \
   QX_FN void QX(format##_pair)(const uint8_t *const *wr, const rk_qrows *a, const int64_t *xr,            \
                                int64_t ahead, float res[4][QX_WIDE]) {                                      \
@@ -107,14 +114,14 @@ QX_FN inline float QX(half)(const uint8_t *p) {
 #define QX_LOAD_F16(row, i) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((row) + 2 * (i))))
 #define QX_TAIL_F16(row, j) QX(half)((row) + 2 * (j))
 /* One float row against one activation row, four partial sums in flight (decoding: the row
- * streams from memory, and one chain of multiply-adds could not keep up with it). No software
- * prefetch: with the rows read as two streams (quant.c's dense_task), f16 decoded faster at 1
- * thread without one than with one 2 KiB ahead. */
-#define QX_FLOAT_ROW(name, LOAD8, TAIL)                                                                  \
+ * streams from memory, and one chain of multiply-adds could not keep up with it). AHEAD: bytes
+ * of software prefetch ahead of each run of 32 values, 0 for none (QX_F16_AHEAD says where). */
+#define QX_FLOAT_ROW(name, LOAD8, TAIL, VALUE_BYTES, AHEAD)                                              \
   QX_FN float QX(name)(const uint8_t *row, const float *x, int64_t k) {                                  \
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                            \
     int64_t i = 0;                                                                                       \
     for (; i + 32 <= k; i += 32) {                                                                       \
+      if (AHEAD) _mm_prefetch((const char *)(row) + (VALUE_BYTES) * i + (AHEAD), _MM_HINT_T0);          \
       acc0 = _mm256_fmadd_ps(LOAD8(row, i), _mm256_loadu_ps(x + i), acc0);                               \
       acc1 = _mm256_fmadd_ps(LOAD8(row, i + 8), _mm256_loadu_ps(x + i + 8), acc1);                       \
       acc2 = _mm256_fmadd_ps(LOAD8(row, i + 16), _mm256_loadu_ps(x + i + 16), acc2);                     \
@@ -125,10 +132,10 @@ QX_FN inline float QX(half)(const uint8_t *p) {
     for (; i < k; i++) sum = __builtin_fmaf(TAIL(row, i), x[i], sum);                                    \
     return sum;                                                                                          \
   }
-QX_FLOAT_ROW(f32_row, QX_LOAD_F32, QX_TAIL_F32)
-QX_FLOAT_ROW(f16_row, QX_LOAD_F16, QX_TAIL_F16)
-QX_KERNEL_PAIR(f32, QX(f32_row), QX_FLOAT_KERNEL(QX_LOAD_F32, QX_TAIL_F32, 4))
-QX_KERNEL_PAIR(f16, QX(f16_row), QX_FLOAT_KERNEL(QX_LOAD_F16, QX_TAIL_F16, 2))
+QX_FLOAT_ROW(f32_row, QX_LOAD_F32, QX_TAIL_F32, 4, 0)
+QX_FLOAT_ROW(f16_row, QX_LOAD_F16, QX_TAIL_F16, 2, QX_F16_AHEAD)
+QX_KERNEL_PAIR(f32, QX(f32_row), QX_F32_SIDE_BY_SIDE, QX_FLOAT_WIDE, QX_FLOAT_KERNEL(QX_LOAD_F32, QX_TAIL_F32, 4))
+QX_KERNEL_PAIR(f16, QX(f16_row), 0, QX_FLOAT_WIDE, QX_FLOAT_KERNEL(QX_LOAD_F16, QX_TAIL_F16, 2))
 
 /* ---- q8_0 and q4_0: blocks of 32 with one f16 scale ----------------------------------------------- */
 
@@ -181,8 +188,8 @@ QX_FN inline __m256i QX(q4_0_unsigned)(const uint8_t *qs) {
     __m256i p = QX_DOT(start[r], magnitude, _mm256_sign_epi8(xb[r], v));                                     \
     acc[c][r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[r]), _mm256_cvtepi32_ps(p), acc[c][r]);               \
   }
-QX_KERNEL_PAIR(q4_0, NULL, QX_BLOCK32_KERNEL(18, QX_Q4_0_PRODUCT, QX_Q4_0_START))
-QX_KERNEL_PAIR(q8_0, NULL, QX_BLOCK32_KERNEL(34, QX_Q8_0_PRODUCT, QX_Q8_0_START))
+QX_KERNEL_PAIR(q4_0, NULL, 0, QX_INT_WIDE, QX_BLOCK32_KERNEL(18, QX_Q4_0_PRODUCT, QX_Q4_0_START))
+QX_KERNEL_PAIR(q8_0, NULL, 0, QX_INT_WIDE, QX_BLOCK32_KERNEL(34, QX_Q8_0_PRODUCT, QX_Q8_0_START))
 
 /* ---- q4_K and q6_K: super-blocks of 256, integer sub-block scales ---------------------------------- */
 
@@ -195,7 +202,7 @@ QX_FN inline int32_t QX(dot16)(__m256i a, __m256i b) {
   return _mm_cvtsi128_si32(q);
 }
 
-QX_KERNEL_PAIR(q4_K, NULL, {
+QX_KERNEL_PAIR(q4_K, NULL, 0, QX_INT_WIDE, {
   const int64_t k = a->k;
   const __m256i low = _mm256_set1_epi8(0xf);
   /* Each minimum twice: it weighs both sums of 16 in its sub-block of 32. */
@@ -324,7 +331,7 @@ QX_FN inline __attribute__((always_inline)) void QX(q6_K_lanes)(const uint8_t *b
 }
 #endif
 
-QX_KERNEL_PAIR(q6_K, NULL, {
+QX_KERNEL_PAIR(q6_K, NULL, 0, QX_INT_WIDE, {
   const int64_t k = a->k;
   __m256 acc[4][QX_WIDE];
   _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) _Pragma("GCC unroll 4") for (int r = 0; r < X; r++)
@@ -361,7 +368,7 @@ QX_TILES(q6_K)
   {                                                                                                          \
     const int64_t k = a->k;                                                                                  \
     const __m256i low = _mm256_set1_epi8(0xf);                                                               \
-    __m256 acc[QX_WIDE];                                                                                     \
+    __m256 acc[QX_INT_WIDE];                                                                                     \
     _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) acc[r] = _mm256_setzero_ps();                      \
     for (int64_t b = 0; b < k / 32; b++) {                                                                   \
       const uint8_t *blk = group + 144 * b;                                                                  \
@@ -391,7 +398,7 @@ QX_TILES(q6_K)
   }
 
 QX_FN void QX(q4_0x8_one)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_X8_KERNEL(1)
-QX_FN void QX(q4_0x8_wide)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_X8_KERNEL(QX_WIDE)
+QX_FN void QX(q4_0x8_wide)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_X8_KERNEL(QX_INT_WIDE)
 QX_FN void QX(q4_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_X8_KERNEL(2)
 
 /* ---- q8_0x8: eight rows regrouped, one row per int32 lane ----------------------------------------- */
@@ -399,7 +406,7 @@ QX_FN void QX(q4_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_
 #define QX_Q8X8_KERNEL(X)                                                                                    \
   {                                                                                                          \
     const int64_t k = a->k;                                                                                  \
-    __m256 acc[QX_WIDE];                                                                                     \
+    __m256 acc[QX_INT_WIDE];                                                                                     \
     _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) acc[r] = _mm256_setzero_ps();                      \
     for (int64_t b = 0; b < k / 32; b++) {                                                                   \
       const uint8_t *blk = group + 272 * b;                                                                  \
@@ -423,7 +430,7 @@ QX_FN void QX(q4_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_
   }
 
 QX_FN void QX(q8_0x8_one)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_Q8X8_KERNEL(1)
-QX_FN void QX(q8_0x8_wide)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_Q8X8_KERNEL(QX_WIDE)
+QX_FN void QX(q8_0x8_wide)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_Q8X8_KERNEL(QX_INT_WIDE)
 QX_FN void QX(q8_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_Q8X8_KERNEL(2)
 
 /* ---- q4_Kx8: eight rows regrouped, one row per int32 lane ----------------------------------------- */
@@ -436,18 +443,18 @@ QX_FN void QX(q8_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_
   {                                                                                                            \
     const int64_t k = a->k;                                                                                    \
     const __m256i low = _mm256_set1_epi8(0xf);                                                                 \
-    __m256 acc[QX_WIDE], mins[QX_WIDE];                                                                        \
+    __m256 acc[QX_INT_WIDE], mins[QX_INT_WIDE];                                                                        \
     _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) acc[r] = _mm256_setzero_ps(), mins[r] = acc[r];      \
     for (int64_t b = 0; b < k / 256; b++) {                                                                    \
       const uint8_t *blk = group + 1184 * b;                                                                   \
       const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                                 \
       const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + 16)));                       \
-      __m256 scale[QX_WIDE], scale_min[QX_WIDE];                                                               \
+      __m256 scale[QX_INT_WIDE], scale_min[QX_INT_WIDE];                                                               \
       _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                                  \
         __m256 dx = _mm256_set1_ps(a->d[xr[r] * (k / 256) + b]);                                               \
         scale[r] = _mm256_mul_ps(d, dx), scale_min[r] = _mm256_mul_ps(dmin, dx);                               \
       }                                                                                                        \
-      __m256i sum[QX_WIDE], msum[QX_WIDE];                                                                     \
+      __m256i sum[QX_INT_WIDE], msum[QX_INT_WIDE];                                                                     \
       _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) sum[r] = _mm256_setzero_si256(), msum[r] = sum[r]; \
       for (int ch = 0; ch < 4; ch++) {                                                                         \
         __m256i lo[8], hi[8];                                                                                  \
@@ -487,19 +494,19 @@ QX_FN void QX(q8_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_
   }
 
 QX_FN void QX(q4_Kx8_one)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_KX8_KERNEL(1)
-QX_FN void QX(q4_Kx8_wide)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_KX8_KERNEL(QX_WIDE)
+QX_FN void QX(q4_Kx8_wide)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_KX8_KERNEL(QX_INT_WIDE)
 QX_FN void QX(q4_Kx8_pair)(const uint8_t *group, const rk_qrows *a, const int64_t *xr, float *res) QX_KX8_KERNEL(2)
 
-/* The tile function of a regrouped format: activation rows QX_WIDE at a time, then one by one. */
+/* The tile function of a regrouped format: activation rows QX_INT_WIDE at a time, then one by one. */
 #define QX_TILE8(format)                                                                                       \
   QX_FN void QX(tile_##format)(const uint8_t *group, const rk_qrows *a, int64_t r0, int xrows, float *out,     \
                                int64_t out_stride) {                                                           \
     for (int r = 0; r < xrows;) {                                                                              \
-      float res[8 * QX_WIDE];                                                                                  \
-      int64_t xr[QX_WIDE];                                                                                     \
-      int left = xrows - r, take = left >= QX_WIDE ? QX_WIDE : left >= 2 ? 2 : 1;                              \
-      for (int i = 0; i < QX_WIDE; i++) xr[i] = r0 + r + (i < take ? i : take - 1);                            \
-      if (take == QX_WIDE) QX(format##_wide)(group, a, xr, res);                                               \
+      float res[8 * QX_INT_WIDE];                                                                                  \
+      int64_t xr[QX_INT_WIDE];                                                                                     \
+      int left = xrows - r, take = left >= QX_INT_WIDE ? QX_INT_WIDE : left >= 2 ? 2 : 1;                              \
+      for (int i = 0; i < QX_INT_WIDE; i++) xr[i] = r0 + r + (i < take ? i : take - 1);                            \
+      if (take == QX_INT_WIDE) QX(format##_wide)(group, a, xr, res);                                               \
       else if (take == 2) QX(format##_pair)(group, a, xr, res);                                                \
       else QX(format##_one)(group, a, xr, res);                                                                \
       for (int i = 0; i < take; i++)                                                                           \

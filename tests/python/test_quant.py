@@ -11,12 +11,14 @@ of the weights. Needs numpy, pytest, apache-tvm-ffi and gguf (no TVM).
 """
 
 import os
+import platform
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 from conftest import assert_each_raises, unpinned_env
+from test_ggml_arithmetic import cpu_flags, fma, tree8
 from test_kernels import ROOT as _ROOT
 from test_kernels import t
 from test_tvm_ffi import relaxc_binary
@@ -145,6 +147,35 @@ def test_float_weights_at_prefill_rows(library, fmt, k):
     """Many rows of float weights take the GEMM, its panels gathered from the [n, k] rows (whole
     panels of 16 rows and a partial one; reduction blocks of 250 and 257, not multiples of 8)."""
     dense_matches_reference(library, np.random.default_rng(k), fmt, 70, 53, k)
+
+
+@pytest.mark.parametrize("k", [1024, 1000, 203])
+def test_f32_rows_sum_as_llamafile_on_avx2(library, k):
+    """On AVX2 (the kernels conftest.py pins), each f32 output below the GEMM's 32 rows is one
+    8-lane sum of fused products along k, its lanes added by tinyBLAS's tree, the tail (k not a
+    multiple of 8) one fused product at a time: llamafile's f32 tile, which llama.cpp's prefill
+    runs. A row alone (decoding, which reads four weight rows side by side) has the bits it has
+    among six (a prompt: passes of three rows), whatever the number of weight rows."""
+    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= cpu_flags():
+        pytest.skip("the AVX2 kernels need an x86-64 CPU with AVX2 and FMA; this one runs the portable code")
+    rng = np.random.default_rng(k)
+    n = 37
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = rng.standard_normal((6, k)).astype(np.float32)
+    whole = k - k % 8
+    acc = np.zeros((6, n, 8), np.float32)
+    for i in range(0, whole, 8):
+        acc = fma(x[:, None, i : i + 8], w[None, :, i : i + 8], acc)
+    want = tree8(acc)
+    for i in range(whole, k):
+        want = fma(w[None, :, i], x[:, None, i], want)
+    batch = np.zeros((6, n), np.float32)
+    library["relaxc.dense_q"](t(x), t(w), "f32", None, t(batch))
+    assert np.array_equal(batch.view(np.uint32), want.view(np.uint32)), "a prompt's rows are not summed as llamafile's"
+    for r in range(6):
+        alone = np.zeros((1, n), np.float32)
+        library["relaxc.dense_q"](t(x[r : r + 1]), t(w), "f32", None, t(alone))
+        assert np.array_equal(alone[0].view(np.uint32), batch[r].view(np.uint32)), f"row {r} alone"
 
 
 @pytest.mark.parametrize("m", [1, 3, 4, 6, 9])
@@ -314,9 +345,9 @@ def run_script(tmp_path, threads, isa=None):
 
 def test_every_instruction_set_agrees(tmp_path):
     """AVX2 and VNNI give the same bits for the integer formats (the same integer sums, scaled
-    alike); for f32 and f16, whose tiles take 2 (AVX2) or 4 (AVX-512) activation rows at a time,
-    and for the portable code, which sums its floats in another order, results are close, not
-    equal. On a CPU without them the sets fall back to what it has, and the comparison holds."""
+    alike); for f32 and f16, whose decoding (AVX2 reads f32 rows side by side with one sum each,
+    AVX-512 each row alone with four) and GEMM differ, and for the portable code, which sums its
+    floats in another order, results are close, not equal. On a CPU without them the sets fall back to what it has, and the comparison holds."""
     best, avx2, portable = (
         run_script(tmp_path, 2),
         run_script(tmp_path, 2, "avx2"),
