@@ -88,9 +88,46 @@ static float scores_portable(const float *q, const float *const *keys, int64_t n
   SCORES_BODY(dot_portable)
 }
 #if defined(__x86_64__)
+/* dot_avx2's sums of four key rows of 64 values: each row's registers added as dot_avx2 adds them,
+ * then the last two horizontal adds shared by the four (hadd of rows 0 and 1, of 2 and 3, then of
+ * those: the same pairs in the same order), and the scale applied to the four at once. */
+RK_AVX2_TARGET static inline __attribute__((always_inline)) __m128 dot4_avx2_64(const __m256 *q,
+                                                                                const float *const *keys) {
+  __m128 half[4];
+  for (int k = 0; k < 4; k++) {
+    __m256 acc[4];
+    for (int a = 0; a < 4; a++) acc[a] = _mm256_fmadd_ps(_mm256_loadu_ps(keys[k] + a * 8), q[a], _mm256_setzero_ps());
+    for (int a = 0; a < 4; a++) acc[a] = _mm256_fmadd_ps(_mm256_loadu_ps(keys[k] + 32 + a * 8), q[4 + a], acc[a]);
+    __m256 all = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    half[k] = _mm_add_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps(all, 1));
+  }
+  return _mm_hadd_ps(_mm_hadd_ps(half[0], half[1]), _mm_hadd_ps(half[2], half[3]));
+}
+
 RK_AVX2_TARGET static float scores_avx2(const float *q, const float *const *keys, int64_t n, int64_t d, float scale,
                                         float *s) {
-  SCORES_BODY(dot_avx2)
+  if (d != 64) {
+    SCORES_BODY(dot_avx2)
+  }
+  __m256 qv[8];
+  for (int a = 0; a < 8; a++) qv[a] = _mm256_loadu_ps(q + a * 8);
+  __m128 top4 = _mm_set1_ps(-INFINITY), scale4 = _mm_set1_ps(scale);
+  int64_t r = 0;
+  for (; r + 4 <= n; r += 4) {
+    __m128 v = _mm_mul_ps(dot4_avx2_64(qv, keys + r), scale4);
+    _mm_storeu_ps(s + r, v);
+    top4 = _mm_max_ps(v, top4); /* v > top ? v : top, lane by lane, as SCORES_BODY keeps it */
+  }
+  float lanes[4], top;
+  _mm_storeu_ps(lanes, top4);
+  top = lanes[0] > lanes[1] ? lanes[0] : lanes[1];
+  top = lanes[2] > top ? lanes[2] : top;
+  top = lanes[3] > top ? lanes[3] : top;
+  for (; r < n; r++) {
+    s[r] = dot_avx2(keys[r], q, 64) * scale;
+    top = s[r] > top ? s[r] : top;
+  }
+  return top;
 }
 RK_AVX512DQ_TARGET static float scores_avx512(const float *q, const float *const *keys, int64_t n, int64_t d,
                                               float scale, float *s) {
@@ -119,7 +156,15 @@ static double softmax_portable(float *s, int64_t n, float top) {
  * score counting 0 (llama.cpp's masked cells), each run's sum by SUM added in double. */
 #define SOFTMAX(L, X, EXP, SUM)                                               \
   double sum = 0;                                                             \
-  for (int64_t c = 0; c < n; c += L) {                                        \
+  int64_t c = 0;                                                              \
+  /* Whole runs straight from the scores: no copy, whose scalar stores the    \
+   * vector load could not take from the store buffer. */                    \
+  for (; c + L <= n; c += L) {                                                \
+    __typeof__(X##_setzero_ps()) e = EXP(X##_sub_ps(X##_loadu_ps(s + c), X##_set1_ps(top))); \
+    X##_storeu_ps(s + c, e);                                                  \
+    sum += (double)SUM(e);                                                    \
+  }                                                                           \
+  for (; c < n; c += L) {                                                     \
     float lanes[L] = {0};                                                     \
     int64_t m = n - c < L ? n - c : L;                                        \
     for (int64_t l = 0; l < m; l++) lanes[l] = s[c + l];                      \
