@@ -241,7 +241,10 @@ static int attend_isa(void) {
 static int run(attn_job *j) {
   if (j->rows == 0) return 0;
   j->isa = attend_isa();
-  for (int64_t b = 0; j->ggml && b < j->batch; b++) j->longest = kv_length(j, b) > j->longest ? kv_length(j, b) : j->longest;
+  for (int64_t b = 0; j->ggml && b < j->batch; b++) {
+    int64_t rows = kv_length(j, b);
+    j->longest = rows > j->longest ? rows : j->longest;
+  }
   return rk_parallel(j->rows * j->hkv, attend_task, j);
 }
 

@@ -90,7 +90,7 @@ static float scores_portable(const float *q, const float *const *keys, int64_t n
 #if defined(__x86_64__)
 /* dot_avx2's sums of four key rows of 64 values: each row's registers added as dot_avx2 adds them,
  * then the last two horizontal adds shared by the four (hadd of rows 0 and 1, of 2 and 3, then of
- * those: the same pairs in the same order), and the scale applied to the four at once. */
+ * those: the same pairs in the same order). */
 RK_AVX2_TARGET static inline __attribute__((always_inline)) __m128 dot4_avx2_64(const __m256 *q,
                                                                                 const float *const *keys) {
   __m128 half[4];
@@ -113,7 +113,7 @@ RK_AVX2_TARGET static float scores_avx2(const float *q, const float *const *keys
   for (int a = 0; a < 8; a++) qv[a] = _mm256_loadu_ps(q + a * 8);
   __m128 top4 = _mm_set1_ps(-INFINITY), scale4 = _mm_set1_ps(scale);
   int64_t r = 0;
-  for (; r + 4 <= n; r += 4) {
+  for (; r + 4 <= n; r += 4) { /* the scale on the four at once: each lane rounds as mulss would */
     __m128 v = _mm_mul_ps(dot4_avx2_64(qv, keys + r), scale4);
     _mm_storeu_ps(s + r, v);
     top4 = _mm_max_ps(v, top4); /* v > top ? v : top, lane by lane, as SCORES_BODY keeps it */

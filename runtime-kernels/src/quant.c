@@ -537,8 +537,9 @@ static int dense_task(int task, int num_tasks, void *ctx) {
    * far apart, a tile from each in turn: one core keeps more of memory's bandwidth busy with two
    * streams in flight than with one. Mid-size Llama decode at 1 thread, Zen 5: f16 +12%, q8_0
    * +10%, q4_0 and Q4_K_M +5%, f32 even; three or four streams were slower than one. f32 takes
-   * one: where its tile reads four rows side by side (AVX2) they are streams enough, and its
-   * matrices streamed faster with one on Zen 3 (11.7 against 11.0 GB/s at 1 thread). */
+   * one on every instruction set: where its tile reads four rows side by side (AVX2) they are
+   * streams enough, and its matrices streamed faster with one on Zen 3 (11.7 against 11.0 GB/s at
+   * 1 thread); where it reads a row at a time (AVX-512), two streams were no faster on Zen 5. */
   int64_t step = j->tile16 && j->m > TILE ? 16 : j->tile8 ? 8 : TILE, tiles = (hi - lo + step - 1) / step;
   int64_t streams = j->m <= TILE && tiles >= STREAMS && !j->one_stream ? STREAMS : 1;
   int64_t per = (tiles + streams - 1) / streams;
