@@ -4,33 +4,35 @@
  * safe-call ABI the VM uses, on tensors and argument lists built once: no VM, no dispatch, no
  * allocation. Whatever a runtime spends above it is its overhead.
  *
- * The floor calls the kernel from one call site in a loop: the least code any runtime can run
- * the calls from. `straight` mode runs the same calls written out in a straight line, one call
- * site per operator (`floor_chain`, which benches/chain.rs generates for each N; each call is
- * `xor; mov; mov; mov; call; test; jne`), which is what an ahead-of-time translation of the
- * program must fetch and decode at the least: on chain_1000 it is about 10% above the loop
- * (Zen 5), and on chain_10000 its time moved by 10% from one process to the next.
+ * benches/chain.rs builds this file into a shared library (with lib0.o, the generated straight
+ * line and the runtime shim, for the backend symbols TVM's kernels import) and loads it into its
+ * own process, where it times a block of chains here, then a block of chains of each runtime, in
+ * turn. Timed in separate processes, seconds apart, the floor was no floor: on a 2-core VM the
+ * same binary ran chain_1000 in 8 us in one process and 14 us in the next, as the host's other
+ * work came and went, so compiled mode measured 0.76-1.20x of it. Side by side in blocks of a few
+ * chains, every runtime sees the same machine, and the ratios stop moving with it.
  *
- * Every buffer, tensor and argument list sits in one static block laid out at build time, so
- * that no run depends on where the heap and the stack happened to land (the old floor kept them
- * on both, and its time moved between runs on Zen 4; that was never explained).
+ * The floor calls the kernel from a loop of two call sites (the chain alternates between two
+ * argument lists): the least code any runtime can run the calls from. On a 2-core Zen 3 it beat
+ * the loop of one call site, which selects the list on each turn, by 3-30%. `floor_straight` runs
+ * the same calls written out in a straight line, one call site per operator (`floor_chain`, which
+ * benches/chain.rs generates for each N; each call is `xor; mov; mov; mov; call; test; jne`),
+ * which is what an ahead-of-time translation of the program fetches at the least. At 10000 call
+ * sites that is 1.2-1.5x the loop on Zen 3: more calls than its branch target buffers hold.
  *
- * usage: floor N CALLS ROUNDS [straight]
- * prints one line per round: "median_us <median microseconds per chain of N kernel calls>".
- * Built by benches/chain.rs against lib0.o, the generated calls and the runtime shim (for the
- * backend symbols TVM's kernels import).
+ * The arguments have the kinds the VM passes: x, the function's parameter, as a Tensor object
+ * (the kernel takes another path through its argument checks for a DLTensor pointer), and the
+ * chain's intermediate tensors as DLTensor pointers, as compiled mode builds them on its stack.
  */
-#define _POSIX_C_SOURCE 199309L /* clock_gettime */
-
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "rvm_kernel.h"
 
-int __tvm_ffi_add1(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result);
+#define FLOOR_EXPORT __attribute__((visibility("default")))
+
+/* Hidden: the library calls the kernel directly, as a model does, not through a PLT entry. */
+__attribute__((visibility("hidden"))) int __tvm_ffi_add1(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result);
 
 /* The generated straight line: the first call adds x to x into a, then each call adds x to
  * the previous result into the other buffer (into_b, into_a, into_b, ...), N calls in all.
@@ -40,24 +42,17 @@ int floor_chain(const TVMFFIAny *first, const TVMFFIAny *into_b, const TVMFFIAny
 /* The chain's number of operators, as generated into floor_chain. */
 extern const long floor_chain_length;
 
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int compare_doubles(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
 /* Everything the calls touch, in one place (64-byte aligned data, as TVM's kernels assume). */
 static struct {
   _Alignas(64) float x[16];
   _Alignas(64) float a[16];
   _Alignas(64) float b[16];
   _Alignas(64) int64_t shape[1];
-  DLTensor tx, ta, tb;
+  struct {
+    TVMFFIObject header;
+    DLTensor tensor;
+  } x_object; /* x as the VM holds a parameter: a Tensor object, its DLTensor after the header */
+  DLTensor ta, tb;
   _Alignas(64) TVMFFIAny first[3];
   TVMFFIAny into_b[3];
   TVMFFIAny into_a[3];
@@ -86,58 +81,42 @@ static TVMFFIAny tensor_arg(DLTensor *t) {
   return a;
 }
 
-/* The floor: the N calls from one call site in a loop. */
-static int loop_chain(long n) {
-  int rc = __tvm_ffi_add1(NULL, chain.first, 3, &chain.result);
-  for (long i = 1; i < n && rc == 0; i++)
-    rc = __tvm_ffi_add1(NULL, (i & 1) ? chain.into_b : chain.into_a, 3, &chain.result);
-  return rc;
-}
-
-int main(int argc, char **argv) {
-  if (argc != 4 && !(argc == 5 && strcmp(argv[4], "straight") == 0)) {
-    fprintf(stderr, "usage: floor N CALLS ROUNDS [straight]\n");
-    return 2;
-  }
-  long n = atol(argv[1]), calls = atol(argv[2]), rounds = atol(argv[3]);
-  int straight = argc == 5;
-  if (n < 1 || calls < 1 || rounds < 1) {
-    fprintf(stderr, "floor: N, CALLS and ROUNDS must be positive\n");
-    return 2;
-  }
-  if (straight && n != floor_chain_length) {
-    fprintf(stderr, "floor: built for chain_%ld, asked for chain_%ld\n", floor_chain_length, n);
-    return 2;
-  }
+/* Lays out the tensors and argument lists; returns the length of the generated straight line. */
+FLOOR_EXPORT long floor_setup(void) {
   chain.shape[0] = 1;
   chain.x[0] = 0.5f;
-  chain.tx = tensor(chain.x);
+  chain.x_object.header.combined_ref_count = 1;
+  chain.x_object.header.type_index = kTVMFFITensor;
+  chain.x_object.tensor = tensor(chain.x);
   chain.ta = tensor(chain.a);
   chain.tb = tensor(chain.b);
-  TVMFFIAny x = tensor_arg(&chain.tx), a = tensor_arg(&chain.ta), b = tensor_arg(&chain.tb);
+  TVMFFIAny x;
+  memset(&x, 0, sizeof x);
+  x.type_index = kTVMFFITensor;
+  x.v_obj = &chain.x_object.header;
+  TVMFFIAny a = tensor_arg(&chain.ta), b = tensor_arg(&chain.tb);
   chain.first[0] = x, chain.first[1] = x, chain.first[2] = a;
   chain.into_b[0] = a, chain.into_b[1] = x, chain.into_b[2] = b;
   chain.into_a[0] = b, chain.into_a[1] = x, chain.into_a[2] = a;
-  double *times = malloc(sizeof(double) * (size_t)calls);
-  if (!times) return 1;
-  for (long r = 0; r < rounds; r++) {
-    for (long c = 0; c < calls; c++) {
-      double t0 = now_us();
-      int rc = straight ? floor_chain(chain.first, chain.into_b, chain.into_a, &chain.result) : loop_chain(n);
-      times[c] = now_us() - t0;
-      if (rc != 0) {
-        fprintf(stderr, "floor: the kernel failed\n");
-        return 1;
-      }
-    }
-    float last = (n & 1) ? chain.a[0] : chain.b[0];
-    if (last != 0.5f * (float)(n + 1)) {
-      fprintf(stderr, "floor: chain of %ld gave %g, expected %g\n", n, last, 0.5 * (double)(n + 1));
-      return 1;
-    }
-    qsort(times, (size_t)calls, sizeof(double), compare_doubles);
-    printf("median_us %.4f\n", times[calls / 2]);
+  return floor_chain_length;
+}
+
+/* The floor: the N calls from a loop of two call sites, one per argument list, so that each call
+ * is set up as a straight line sets it up, with no select of its list. Returns nonzero when a
+ * call failed. */
+FLOOR_EXPORT int floor_loop(long n) {
+  if (__tvm_ffi_add1(NULL, chain.first, 3, &chain.result)) return 1;
+  long i = 1;
+  for (; i + 1 < n; i += 2) {
+    if (__tvm_ffi_add1(NULL, chain.into_b, 3, &chain.result)) return 1;
+    if (__tvm_ffi_add1(NULL, chain.into_a, 3, &chain.result)) return 1;
   }
-  free(times);
+  if (i < n && __tvm_ffi_add1(NULL, chain.into_b, 3, &chain.result)) return 1;
   return 0;
 }
+
+/* The same calls in a straight line (floor_setup's length of them). */
+FLOOR_EXPORT int floor_straight(void) { return floor_chain(chain.first, chain.into_b, chain.into_a, &chain.result); }
+
+/* The value the last chain of n calls left: 0.5 * (n + 1) when the calls did their work. */
+FLOOR_EXPORT float floor_last(long n) { return (n & 1) ? chain.a[0] : chain.b[0]; }
