@@ -13,8 +13,9 @@
  * chains, every runtime sees the same machine, and the ratios stop moving with it.
  *
  * The floor calls the kernel from a loop of two call sites (the chain alternates between two
- * argument lists): the least code any runtime can run the calls from. On a 2-core Zen 3 it beat
- * the loop of one call site, which selects the list on each turn, by 3-30%. `floor_straight` runs
+ * argument lists): the least code any runtime can run the calls from. Compiled mode matched or
+ * beat the loop of one call site, which selects the list on each turn, on chain_1000 (Zen 3,
+ * timed side by side), so that loop was no floor. `floor_straight` runs
  * the same calls written out in a straight line, one call site per operator (`floor_chain`, which
  * benches/chain.rs generates for each N; each call is `xor; mov; mov; mov; call; test; jne`),
  * which is what an ahead-of-time translation of the program fetches at the least. At 10000 call
