@@ -525,10 +525,31 @@ static void dense_tile(const dense_job *j, int64_t c, int rows) {
       for (int col = 0; col < rows; col++) j->out[r * j->n + c + col] += j->bias[c + col];
 }
 
+static void dense_units(const dense_job *j, int64_t begin, int64_t end, bool two_streams);
+
+/* Units of rows a decoding task takes in turn with the others when several share a matrix. */
+enum { DECODE_TURN_UNITS = 4 };
+
 static int dense_task(int task, int num_tasks, void *ctx) {
   const dense_job *j = ctx;
   int64_t units = (j->n + ROWS_PER_TASK_UNIT - 1) / ROWS_PER_TASK_UNIT, begin, end;
+  /* Decoding on several threads: the tasks take 64 rows each in turn, one stream apiece, so that
+   * the threads read neighbouring memory, as llama.cpp's chunks do, instead of each its own half
+   * of the matrix in two streams. Mid-size Llama at 2 threads on Zen 3, ABBA against halves: f16
+   * decode +4.5%, +3.2% and +1% in three runs, -6% in a fourth whose prefill (which this does not
+   * touch) was 8% slower too; Q4_K_M +4.7%, q8_0 -1.3%. 256 rows a turn gained nothing. */
+  if (j->m <= TILE && num_tasks > 1) {
+    for (int64_t c = task * DECODE_TURN_UNITS; c < units; c += (int64_t)num_tasks * DECODE_TURN_UNITS)
+      dense_units(j, c, c + DECODE_TURN_UNITS < units ? c + DECODE_TURN_UNITS : units, false);
+    return 0;
+  }
   rk_split(units, task, num_tasks, &begin, &end);
+  dense_units(j, begin, end, !j->one_stream);
+  return 0;
+}
+
+/* The units [begin, end) of a task's rows, in tiles. */
+static void dense_units(const dense_job *j, int64_t begin, int64_t end, bool two_streams) {
   int64_t lo = begin * ROWS_PER_TASK_UNIT, hi = end * ROWS_PER_TASK_UNIT < j->n ? end * ROWS_PER_TASK_UNIT : j->n;
   /* Tiles start at multiples of their rows (TILE, or 8 for the regrouped formats: units of 16
    * start on groups, and n is a multiple of 8) whatever the split, and a tile's shape never
@@ -541,7 +562,7 @@ static int dense_task(int task, int num_tasks, void *ctx) {
    * streams enough, and its matrices streamed faster with one on Zen 3 (11.7 against 11.0 GB/s at
    * 1 thread); where it reads a row at a time (AVX-512), two streams were no faster on Zen 5. */
   int64_t step = j->tile16 && j->m > TILE ? 16 : j->tile8 ? 8 : TILE, tiles = (hi - lo + step - 1) / step;
-  int64_t streams = j->m <= TILE && tiles >= STREAMS && !j->one_stream ? STREAMS : 1;
+  int64_t streams = j->m <= TILE && tiles >= STREAMS && two_streams ? STREAMS : 1;
   int64_t per = (tiles + streams - 1) / streams;
   for (int64_t t = 0; t < per; t++)
     for (int64_t s = 0; s < streams; s++) {
@@ -550,7 +571,6 @@ static int dense_task(int task, int num_tasks, void *ctx) {
       int64_t c = lo + index * step;
       dense_tile(j, c, (int)(hi - c < step ? hi - c : step));
     }
-  return 0;
 }
 
 static int quantize_task(int task, int num_tasks, void *ctx) {
