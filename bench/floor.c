@@ -15,11 +15,12 @@
  * The floor calls the kernel from a loop of two call sites (the chain alternates between two
  * argument lists): the least code any runtime can run the calls from. Compiled mode matched or
  * beat the loop of one call site, which selects the list on each turn, on chain_1000 (Zen 3,
- * timed side by side), so that loop was no floor. `floor_straight` runs
- * the same calls written out in a straight line, one call site per operator (`floor_chain`, which
- * benches/chain.rs generates for each N; each call is `xor; mov; mov; mov; call; test; jne`),
- * which is what an ahead-of-time translation of the program fetches at the least. At 10000 call
- * sites that is 1.2-1.5x the loop on Zen 3: more calls than its branch target buffers hold.
+ * timed side by side), so that loop was no floor. `floor_straight` runs the same calls written
+ * out in a straight line, one call site per operator (`floor_chain`, which benches/chain.rs
+ * generates for each N; each call is `xor; mov; mov; mov; call; test; jne`), which is what an
+ * ahead-of-time translation of the program fetches at the least. At 10000 call sites that is
+ * 1.2-1.5x the loop on Zen 3, probably more calls than its branch target buffers hold (the VM
+ * has no performance counters to show it).
  *
  * The arguments have the kinds the VM passes: x, the function's parameter, as a Tensor object
  * (the kernel takes another path through its argument checks for a DLTensor pointer), and the

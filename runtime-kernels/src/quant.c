@@ -544,7 +544,7 @@ static int dense_task(int task, int num_tasks, void *ctx) {
     return 0;
   }
   rk_split(units, task, num_tasks, &begin, &end);
-  dense_units(j, begin, end, !j->one_stream);
+  dense_units(j, begin, end, j->m <= TILE && !j->one_stream);
   return 0;
 }
 
@@ -554,7 +554,7 @@ static void dense_units(const dense_job *j, int64_t begin, int64_t end, bool two
   /* Tiles start at multiples of their rows (TILE, or 8 for the regrouped formats: units of 16
    * start on groups, and n is a multiple of 8) whatever the split, and a tile's shape never
    * changes its sums, so the order the tiles are taken in changes no bit. When the weights pass
-   * once (a few activation rows: decoding), the task's rows are read as two sequential streams
+   * once (a few activation rows: decoding) on one thread, its rows are read as two sequential streams
    * far apart, a tile from each in turn: one core keeps more of memory's bandwidth busy with two
    * streams in flight than with one. Mid-size Llama decode at 1 thread, Zen 5: f16 +12%, q8_0
    * +10%, q4_0 and Q4_K_M +5%, f32 even; three or four streams were slower than one. f32 takes
@@ -562,7 +562,7 @@ static void dense_units(const dense_job *j, int64_t begin, int64_t end, bool two
    * streams enough, and its matrices streamed faster with one on Zen 3 (11.7 against 11.0 GB/s at
    * 1 thread); where it reads a row at a time (AVX-512), two streams were no faster on Zen 5. */
   int64_t step = j->tile16 && j->m > TILE ? 16 : j->tile8 ? 8 : TILE, tiles = (hi - lo + step - 1) / step;
-  int64_t streams = j->m <= TILE && tiles >= STREAMS && two_streams ? STREAMS : 1;
+  int64_t streams = two_streams && tiles >= STREAMS ? STREAMS : 1;
   int64_t per = (tiles + streams - 1) / streams;
   for (int64_t t = 0; t < per; t++)
     for (int64_t s = 0; s < streams; s++) {
