@@ -53,22 +53,24 @@ FTYPES = {
 TOLERANCE = {"f32": 1e-3, "f16": 1e-3}
 
 
-def f32_file(work):
+def f32_file(work, size):
     path = os.path.join(work, "llama-f32.gguf")
     if not os.path.exists(path):
+        print(f"writing the {size} Llama's seeded weights as {path}...", flush=True)
         llm = llm_midsize.llm_module()
-        shape = llm.Shape(**llm_midsize.SIZES["mid"])
+        shape = llm.Shape(**llm_midsize.SIZES[size])
         _, values = llm.export_with_weights(shape, llm_midsize.SEED)
         llm_midsize.write_gguf(path, {k: v.numpy() for k, v in values.items()}, shape)
     return path
 
 
-def quantized_file(work, fmt):
+def quantized_file(work, size, fmt):
     if fmt == "f32":
-        return f32_file(work)
+        return f32_file(work, size)
     path = os.path.join(work, f"llama-{fmt}.gguf")
     if not os.path.exists(path):
-        llm_midsize.quantize_gguf(f32_file(work), path, FTYPES[fmt])
+        print(f"quantizing to {fmt} with llama.cpp's quantizer...", flush=True)
+        llm_midsize.quantize_gguf(f32_file(work, size), path, FTYPES[fmt])
     return path
 
 
@@ -220,7 +222,13 @@ def medians(results, fmt, threads):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--relaxc", default=os.path.join(ROOT, "target/release/relaxc"))
-    ap.add_argument("--work", default="/tmp/relaxc-llm-gguf")
+    ap.add_argument(
+        "--size",
+        choices=["mid", "1b"],
+        default="mid",
+        help="the model: mid (156 M parameters) or 1b (TinyLlama 1.1B's shape; f32 file 4.4 GB)",
+    )
+    ap.add_argument("--work", help="where files and builds are cached (default /tmp/relaxc-llm-gguf[-1b])")
     ap.add_argument("--formats", default="f32,f16,q8_0,q4_0,q4_k_m")
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (0: check the logits only)")
@@ -238,9 +246,10 @@ def main():
     )
     args = ap.parse_args()
     relaxc = os.path.abspath(args.relaxc)
+    args.work = args.work or "/tmp/relaxc-llm-gguf" + ("" if args.size == "mid" else f"-{args.size}")
     os.makedirs(args.work, exist_ok=True)
     formats = args.formats.split(",")
-    files = {f: quantized_file(args.work, f) for f in formats}
+    files = {f: quantized_file(args.work, args.size, f) for f in formats}
     models = {f: build(args.work, relaxc, files[f]) for f in formats}
 
     theirs = os.path.join(args.work, "llama_cpp_logits.npy")

@@ -39,7 +39,12 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPT = [1, 17, 42, 5, 9, 33]
-SIZES = {"mid": dict(vocab=32000, hidden=1024, layers=8, heads=16, kv_heads=4, head_dim=64, ffn=2816), "tiny": {}}
+SIZES = {
+    "mid": dict(vocab=32000, hidden=1024, layers=8, heads=16, kv_heads=4, head_dim=64, ffn=2816),
+    # TinyLlama 1.1B's shape (1.1 B parameters): the size people decode on a laptop's CPU.
+    "1b": dict(vocab=32000, hidden=2048, layers=22, heads=32, kv_heads=4, head_dim=64, ffn=5632),
+    "tiny": {},
+}
 SEED = 20261124
 
 

@@ -187,11 +187,11 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     os.environ["RELAXC"] = args.relaxc
     if args.model == "lib":
-        gguf_path = llm_gguf.f32_file(args.work)
+        gguf_path = llm_gguf.f32_file(args.work, "mid")
         so, tokenizer = library_build(args.work, args.relaxc, gguf_path)
         weights = []
     else:
-        gguf_path = llm_gguf.quantized_file(args.work, args.model)
+        gguf_path = llm_gguf.quantized_file(args.work, "mid", args.model)
         so = llm_gguf.build(args.work, args.relaxc, gguf_path)
         tokenizer = so[: -len(".so")] + ".tokenizer.json"
         weights = ["--weights", gguf_path]

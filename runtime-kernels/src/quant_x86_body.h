@@ -1,8 +1,10 @@
 /*
  * quant_x86_body.h: the body of quant_x86.c's dot products, included once per instruction set
  * with QX_TARGET (the target attribute), QX(name) (the instance's names), QX_DOT (adds the
- * products of 32 unsigned bytes and 32 signed bytes, four at a time, into 8 int32 lanes) and
- * QX_TILE16 (the instance's table of 16-row tiles).
+ * products of 32 unsigned bytes and 32 signed bytes, four at a time, into 8 int32 lanes),
+ * QX_TILE16 (the instance's table of 16-row tiles), QX_NIBBLE_SUMS16 and QX_NIBBLE_DOT16 (whether,
+ * and how, the 4-bit regrouped formats add byte products in 16 bits before widening them), and
+ * QX_X8_AHEAD and QX_ONE_AHEAD (decoding's prefetch distances, QX_PREFETCH_BLOCK).
  *
  * Each format has a tile: up to 4 weight rows against up to 4 activation rows, every weight
  * block unpacked once for all the activation rows and every activation block loaded once for all
@@ -51,6 +53,18 @@ QX_FN inline float QX(half)(const uint8_t *p) {
     }                                                                                                                \
   }
 
+/* Software prefetch `ahead` bytes past a weight block (none when 0): one line when several
+ * activation rows share the block (a tile's next rows), every line of the block's bytes when one
+ * row streams alone (decoding), where the hardware's prefetch alone leaves the core short of loads
+ * in flight (QX_ONE_AHEAD says by how much). */
+#define QX_PREFETCH_BLOCK(blk, ahead, X, bytes)                                                             \
+  do {                                                                                                      \
+    if ((ahead) && (X) == 1)                                                                                \
+      for (int line = 0; line < (bytes); line += 64) _mm_prefetch((const char *)(blk) + (ahead) + line, _MM_HINT_T0); \
+    else if (ahead)                                                                                         \
+      _mm_prefetch((const char *)(blk) + (ahead), _MM_HINT_T0);                                             \
+  } while (0)
+
 /* One activation row (decoding): with SIDE_BY_SIDE, the kernel reads the 4 weight rows side by
  * side; otherwise each row is read alone, one sequential stream the hardware prefetches, through
  * ROW, a row function with four sums in flight (memory-bound float rows), or through the kernel
@@ -70,7 +84,7 @@ QX_FN inline float QX(half)(const uint8_t *p) {
     for (int c = 0; c < 4; c++) {                                                                           \
       float one[4][QX_WIDE];                                                                                \
       if (row) one[0][0] = row(wr[c], a->x + xr[0] * a->k, a->k);                                           \
-      else QX(format##_kernel)(wr + c, a, xr, 1, 1, 0, one);                                                \
+      else QX(format##_kernel)(wr + c, a, xr, 1, 1, QX_ONE_AHEAD, one);                                     \
       res[c][0] = one[0][0];                                                                                \
     }                                                                                                       \
   }                                                                                                         \
@@ -162,8 +176,9 @@ QX_FN inline __m256i QX(q4_0_unsigned)(const uint8_t *qs) {
       }                                                                                                            \
       _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {                                                        \
         const uint8_t *blk = wr[c] + (BYTES) * b;                                                                  \
-        /* Rows read side by side are streams too short for the hardware: fetch the next tile's. */               \
-        if (ahead) _mm_prefetch((const char *)blk + ahead, _MM_HINT_T0);                                           \
+        /* Rows read side by side are streams too short for the hardware: fetch the next tile's. A row     \
+         * read alone (plain q8_0 and q4_0 decode, rare: they are regrouped) is left to the hardware. */          \
+        if (ahead && (X) > 1) _mm_prefetch((const char *)blk + ahead, _MM_HINT_T0);                                \
         float dw = QX(half)(blk);                                                                                  \
         PRODUCT                                                                                                    \
       }                                                                                                            \
@@ -214,7 +229,7 @@ QX_KERNEL_PAIR(q4_K, NULL, 0, QX_INT_WIDE, {
   for (int64_t b = 0; b < k / 256; b++) {
     _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {
       const uint8_t *blk = wr[c] + 144 * b;
-      if (ahead) _mm_prefetch((const char *)blk + ahead, _MM_HINT_T0);
+      QX_PREFETCH_BLOCK(blk, ahead, X, 144);
       uint8_t sm[16];
       rk_q4k_scales_mins(blk + 4, sm);
       __m128i packed = _mm_loadu_si128((const __m128i *)sm);
@@ -339,7 +354,7 @@ QX_KERNEL_PAIR(q6_K, NULL, 0, QX_INT_WIDE, {
   for (int64_t b = 0; b < k / 256; b++) {
     _Pragma("GCC unroll 4") for (int c = 0; c < C; c++) {
       const uint8_t *blk = wr[c] + 210 * b;
-      if (ahead) _mm_prefetch((const char *)blk + ahead, _MM_HINT_T0);
+      QX_PREFETCH_BLOCK(blk, ahead, X, 210);
       __m256i lanes[QX_WIDE];
       QX(q6_K_lanes)(blk, a, xr, X, b, lanes);
       float d = QX(half)(blk + 208);
@@ -372,6 +387,7 @@ QX_TILES(q6_K)
     _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) acc[r] = _mm256_setzero_ps();                      \
     for (int64_t b = 0; b < k / 32; b++) {                                                                   \
       const uint8_t *blk = group + 144 * b;                                                                  \
+      if ((X) == 1) QX_PREFETCH_BLOCK(blk, QX_X8_AHEAD, 1, 144);                                               \
       __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                                \
       __m256i lo[4], hi[4];                                                                                  \
       _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                                  \
@@ -382,14 +398,20 @@ QX_TILES(q6_K)
       _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                                \
         const int8_t *qx = a->q + xr[r] * k + 32 * b;                                                     \
         const int16_t *s16 = a->sum16 + xr[r] * (k / 16) + 2 * b;                                         \
-        __m256i p = _mm256_set1_epi32(-8 * (s16[0] + s16[1]));                                               \
+        __m256i p = _mm256_set1_epi32(-8 * (s16[0] + s16[1])), p16 = _mm256_setzero_si256();                 \
         _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {                                                \
           int32_t x0, x1;                                                                                    \
           __builtin_memcpy(&x0, qx + 4 * j, 4);                                                              \
           __builtin_memcpy(&x1, qx + 16 + 4 * j, 4);                                                         \
-          p = QX_DOT(p, lo[j], _mm256_set1_epi32(x0));                                                       \
-          p = QX_DOT(p, hi[j], _mm256_set1_epi32(x1));                                                       \
+          if (QX_NIBBLE_SUMS16) {                                                                            \
+            p16 = QX_NIBBLE_DOT16(p16, lo[j], _mm256_set1_epi32(x0));                                        \
+            p16 = QX_NIBBLE_DOT16(p16, hi[j], _mm256_set1_epi32(x1));                                        \
+          } else {                                                                                           \
+            p = QX_DOT(p, lo[j], _mm256_set1_epi32(x0));                                                     \
+            p = QX_DOT(p, hi[j], _mm256_set1_epi32(x1));                                                     \
+          }                                                                                                  \
         }                                                                                                    \
+        if (QX_NIBBLE_SUMS16) p = _mm256_add_epi32(p, _mm256_madd_epi16(p16, _mm256_set1_epi16(1)));        \
         __m256 d = _mm256_mul_ps(scales, _mm256_set1_ps(a->d[xr[r] * (k / 32) + b]));                     \
         acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc[r]);                                          \
       }                                                                                                      \
@@ -410,6 +432,7 @@ QX_FN void QX(q4_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_
     _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) acc[r] = _mm256_setzero_ps();                      \
     for (int64_t b = 0; b < k / 32; b++) {                                                                   \
       const uint8_t *blk = group + 272 * b;                                                                  \
+      if ((X) == 1) QX_PREFETCH_BLOCK(blk, QX_X8_AHEAD, 1, 272);                                             \
       __m256 scales = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));                                \
       __m256i v[8];                                                                                          \
       _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) v[j] = _mm256_loadu_si256((const __m256i *)(blk + 16 + 32 * j)); \
@@ -458,6 +481,7 @@ QX_FN void QX(q8_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_
       _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) sum[r] = _mm256_setzero_si256(), msum[r] = sum[r]; \
       for (int ch = 0; ch < 4; ch++) {                                                                         \
         __m256i lo[8], hi[8];                                                                                  \
+        if ((X) == 1) QX_PREFETCH_BLOCK(blk + 296 * ch, QX_X8_AHEAD, 1, 296);                                  \
         _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) {                                                  \
           __m256i v = _mm256_loadu_si256((const __m256i *)(blk + 160 + 256 * ch + 32 * j));                    \
           lo[j] = _mm256_and_si256(v, low);                                                                    \
@@ -467,6 +491,9 @@ QX_FN void QX(q8_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_
         __m256i shi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 40 + 16 * ch)));            \
         __m256i mlo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 96 + 16 * ch)));            \
         __m256i mhi = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 104 + 16 * ch)));           \
+        /* Each lane's scale in both its 16-bit halves: multiplying the pairs' sums by it adds them. */      \
+        const __m256i slo16 = _mm256_or_si256(slo, _mm256_slli_epi32(slo, 16));                                \
+        const __m256i shi16 = _mm256_or_si256(shi, _mm256_slli_epi32(shi, 16));                                \
         _Pragma("GCC unroll 4") for (int r = 0; r < (X); r++) {                                                \
           const int8_t *qx = a->q + xr[r] * k + 256 * b + 64 * ch;                                          \
           const int16_t *sx = a->sum16 + xr[r] * (k / 16) + 16 * b + 4 * ch;                                \
@@ -475,10 +502,18 @@ QX_FN void QX(q8_0x8_pair)(const uint8_t *group, const rk_qrows *a, const int64_
             int32_t x0, x1;                                                                                    \
             __builtin_memcpy(&x0, qx + 4 * j, 4);                                                              \
             __builtin_memcpy(&x1, qx + 32 + 4 * j, 4);                                                         \
-            tlo = QX_DOT(tlo, lo[j], _mm256_set1_epi32(x0));                                                   \
-            thi = QX_DOT(thi, hi[j], _mm256_set1_epi32(x1));                                                   \
+            if (QX_NIBBLE_SUMS16) {                                                                            \
+              tlo = QX_NIBBLE_DOT16(tlo, lo[j], _mm256_set1_epi32(x0));                                        \
+              thi = QX_NIBBLE_DOT16(thi, hi[j], _mm256_set1_epi32(x1));                                        \
+            } else {                                                                                           \
+              tlo = QX_DOT(tlo, lo[j], _mm256_set1_epi32(x0));                                                 \
+              thi = QX_DOT(thi, hi[j], _mm256_set1_epi32(x1));                                                 \
+            }                                                                                                  \
           }                                                                                                    \
-          sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(_mm256_mullo_epi32(tlo, slo), _mm256_mullo_epi32(thi, shi))); \
+          if (QX_NIBBLE_SUMS16)                                                                                \
+            sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(_mm256_madd_epi16(tlo, slo16), _mm256_madd_epi16(thi, shi16))); \
+          else                                                                                                 \
+            sum[r] = _mm256_add_epi32(sum[r], _mm256_add_epi32(_mm256_mullo_epi32(tlo, slo), _mm256_mullo_epi32(thi, shi))); \
           __m256i m = _mm256_add_epi32(_mm256_mullo_epi32(mlo, _mm256_set1_epi32(sx[0] + sx[1])),              \
                                        _mm256_mullo_epi32(mhi, _mm256_set1_epi32(sx[2] + sx[3])));             \
           msum[r] = _mm256_add_epi32(msum[r], m);                                                              \
@@ -529,6 +564,7 @@ static const rk_qdots QX(qdots) = {
 #undef QX_FN
 #undef QX_TILES
 #undef QX_KERNEL_PAIR
+#undef QX_PREFETCH_BLOCK
 #undef QX_FLOAT_KERNEL
 #undef QX_BLOCK32_KERNEL
 #undef QX_Q4_0_START
