@@ -5,7 +5,9 @@ The mid-size Llama of bench/llm_midsize.py (vocab 32000, hidden 1024, 8 layers, 
 156 M parameters, seeded random weights) is written as an f32 GGUF file and quantized with
 llama.cpp's own quantizer (llama-cpp-python's llama_model_quantize) into f16, q8_0, q4_0 and
 Q4_K_M (q4_K with q6_K). Each file is built by `python -m relaxc.llm build` (compiled mode) and run
-by `relaxc generate --weights FILE.gguf`; llama.cpp runs the same file.
+by `relaxc generate --weights FILE.gguf`; llama.cpp runs the same file. `--size 1b` takes
+TinyLlama 1.1B's shape instead (hidden 2048, 22 layers, GQA 32/4, FFN 5632; a 4.4 GB f32 file,
+some minutes to write and quantize, cached in --work).
 
 Before timing, per file: the first prefill's logits must have llama.cpp's argmax and agree with
 llama.cpp's, its KV cache kept in f32 as relaxc keeps it (llama.cpp's default f16 cache alone
@@ -21,8 +23,8 @@ Also: file sizes, relaxc's load time and its resident set after loading the weig
 
 Needs TVM 0.27, llama-cpp-python, gguf and numpy. Builds are cached in --work.
 
-usage: python3 bench/llm_gguf.py [--formats f32,f16,q8_0,q4_0,q4_k_m] [--tokens 32] [--rounds 3]
-                                 [--long-prompt 500]
+usage: python3 bench/llm_gguf.py [--size mid|1b] [--formats f32,f16,q8_0,q4_0,q4_k_m] [--tokens 32]
+                                 [--rounds 3] [--long-prompt 500]
 """
 
 import argparse
