@@ -188,7 +188,8 @@ X16_TILE(q4_0x16)
 /* The 4-bit regrouped formats (q4_0x8, q4_Kx8) add a row's 8 byte products of 4 in 16 bits,
  * then widen once: a product pair is at most 2 x 15 x 128 = 3840, so 8 of them stay below 2^15
  * (exact, as the 32-bit sums are), and each step costs 2 instructions instead of 3. Their decode
- * kernels on TinyLlama-sized matrices (1b GGUF, Zen 3): +3.5% at 1 thread, +4% at 2. */
+ * kernels on TinyLlama-sized matrices (1b GGUF, Zen 3): q4_0x8 +3.5% and +4% (1 and 2 threads),
+ * q4_Kx8 +0.7% and +4%. */
 #define QX_NIBBLE_SUMS16 1
 #define QX_NIBBLE_DOT16(acc, u, s) _mm256_add_epi16((acc), _mm256_maddubs_epi16((u), (s)))
 /* Decoding the integer formats prefetches every line of a block this far ahead in its stream:
