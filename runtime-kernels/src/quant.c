@@ -494,6 +494,7 @@ typedef struct dense_job {
   float *out;
   int64_t xtile; /* activation rows per tile call */
   bool one_stream; /* decode reads the rows as one stream (dense_task) */
+  _Atomic int64_t next_turn; /* decoding on several threads: the next turn of rows to take */
 } dense_job;
 
 enum { ROWS_PER_TASK_UNIT = 16, TILE = 4, STREAMS = 2 };
@@ -531,16 +532,22 @@ static void dense_units(const dense_job *j, int64_t begin, int64_t end, bool two
 enum { DECODE_TURN_UNITS = 4 };
 
 static int dense_task(int task, int num_tasks, void *ctx) {
-  const dense_job *j = ctx;
+  dense_job *j = ctx;
   int64_t units = (j->n + ROWS_PER_TASK_UNIT - 1) / ROWS_PER_TASK_UNIT, begin, end;
-  /* Decoding on several threads: the tasks take 64 rows each in turn, one stream apiece, so that
+  /* Decoding on several threads: the tasks take 64 rows at a time, one stream apiece, so that
    * the threads read neighbouring memory, as llama.cpp's chunks do, instead of each its own half
    * of the matrix in two streams. Mid-size Llama at 2 threads on Zen 3, ABBA against halves: f16
    * decode +4.5%, +3.2% and +1% in three runs, -6% in a fourth whose prefill (which this does not
-   * touch) was 8% slower too; Q4_K_M +4.7%, q8_0 -1.3%. 256 rows a turn gained nothing. */
+   * touch) was 8% slower too; Q4_K_M +4.7%, q8_0 -1.3%. 256 rows a turn gained nothing. A task
+   * takes the next turn free rather than every num_tasks-th: a VM's cores run at different speeds
+   * from moment to moment, and the faster one then does more instead of waiting at the end. Every
+   * row is computed whole by one task, so who takes it changes no bit. */
   if (j->m <= TILE && num_tasks > 1) {
-    for (int64_t c = task * DECODE_TURN_UNITS; c < units; c += (int64_t)num_tasks * DECODE_TURN_UNITS)
+    for (;;) {
+      int64_t c = atomic_fetch_add_explicit(&j->next_turn, 1, memory_order_relaxed) * DECODE_TURN_UNITS;
+      if (c >= units) break;
       dense_units(j, c, c + DECODE_TURN_UNITS < units ? c + DECODE_TURN_UNITS : units, false);
+    }
     return 0;
   }
   rk_split(units, task, num_tasks, &begin, &end);
@@ -728,7 +735,7 @@ int rvm_builtin_kl_dense_q(void *self, const TVMFFIAny *args, int32_t num_args, 
                  /* A float tile takes all of a call's few rows (fewer than GEMM_ROWS), its widest
                   * passes at a time: a 6-token prompt is two passes of three rows on AVX2, not
                   * three of two. The integer tiles take TILE rows a call. */
-                 f == RK_Q_F32 || f == RK_Q_F16 ? m : TILE, f == RK_Q_F32};
+                 f == RK_Q_F32 || f == RK_Q_F16 ? m : TILE, f == RK_Q_F32, 0};
   if (q->act_block) {
     size_t qbytes = (size_t)(m * k), dbytes = sizeof(float) * (size_t)(m * (k / q->act_block)),
            sbytes = sizeof(int16_t) * (size_t)(m * (k / 16));
