@@ -494,7 +494,9 @@ typedef struct dense_job {
   float *out;
   int64_t xtile; /* activation rows per tile call */
   bool one_stream; /* decode reads the rows as one stream (dense_task) */
-  _Atomic int64_t next_turn; /* decoding on several threads: the next turn of rows to take */
+  /* Decoding on several threads: the next turn of rows to take. On a line of its own, so that
+   * taking a turn does not take the other fields' line from the cores reading them. */
+  _Alignas(64) _Atomic int64_t next_turn;
 } dense_job;
 
 enum { ROWS_PER_TASK_UNIT = 16, TILE = 4, STREAMS = 2 };
