@@ -320,7 +320,7 @@ int rk_attend_ggml(const attn_job *j, int task, int num_tasks) {
   const float **keys = (const float **)(void *)(scores + longest + (longest & 1)), **values = keys + longest;
   int64_t group = j->hq / j->hkv;
   for (int64_t u = task; u < j->rows * j->hkv; u += num_tasks) {
-    int64_t t = u / j->hkv, g = u % j->hkv, b = sequence_of(j, t), n = visible_rows(j, t, b);
+    int64_t t = u % j->rows, g = u / j->rows, b = sequence_of(j, t), n = visible_rows(j, t, b);
     int64_t stride = n > 0 ? gather_rows(j, b, g, n, keys, values) : 0;
     for (int64_t h = g * group; h < (g + 1) * group; h++) {
       float *out = j->out + (t * j->hq + h) * j->d;
