@@ -234,17 +234,66 @@ enum { ROW_BLOCK = 64 };
     }                                                                                               \
   }
 
-/* Eight values of the head dim at a time, the eight lane accumulators in registers. */
-RK_AVX2_TARGET static void values_avx2(const float *const *values, int64_t stride, const float *p, int64_t n, int64_t d,
-                                       float *out) {
-  VALUES_ACCUMULATE(__m256, 8, _mm256)
-  for (int64_t c = 0; c < whole; c += 8) {
-    __m256 *a = acc[c / 8];
-    __m256 even = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
-    __m256 odd = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
-    _mm256_storeu_ps(out + c, _mm256_add_ps(even, odd));
+/* One lane's accumulators (rows r = lane, lane + 8, ...) for `cols` (1 or 2) registers of values
+ * from c on, of `heads` (1-4) query heads of one KV head: head h's weights at p + h * ps. Each
+ * value row is loaded once for every head, and its 64-byte line once for the whole pass.
+ * Into sums[h][k][lane] for the k-th register. */
+RK_AVX2_TARGET static inline __attribute__((always_inline)) void values_lane_avx2(const float *const *values, const float *p,
+                                                                                   int64_t ps, int heads, int cols,
+                                                                                   int64_t n, int64_t c, int lane,
+                                                                                   __m256 (*sums)[2][8]) {
+  __m256 a[4][2];
+  for (int h = 0; h < heads; h++)
+    for (int k = 0; k < cols; k++) a[h][k] = _mm256_setzero_ps();
+  for (int64_t r = lane; r < n; r += 8) {
+    __m256 v[2];
+    for (int k = 0; k < cols; k++) v[k] = _mm256_loadu_ps(values[r] + c + 8 * k);
+    for (int h = 0; h < heads; h++) {
+      __m256 weight = _mm256_set1_ps(p[h * ps + r]);
+      for (int k = 0; k < cols; k++) a[h][k] = _mm256_fmadd_ps(v[k], weight, a[h][k]);
+    }
   }
-  values_portable(values, p, n, whole, d, 8, out);
+  for (int h = 0; h < heads; h++)
+    for (int k = 0; k < cols; k++) sums[h][k][lane] = a[h][k];
+}
+
+/* values_avx2's sums for the query heads of one KV head at once (head h's weights at p + h * ps,
+ * its output at out + h * d), lane by lane instead of row by row: the same products added in the
+ * same order into the same accumulators, but each value row loaded once for up to four heads
+ * (values_avx2 loads it once per head, and twice as many weights as values). */
+RK_AVX2_TARGET static void values_heads_avx2(const float *const *values, const float *p, int64_t ps, int heads,
+                                             int64_t n, int64_t d, float *out) {
+  int64_t whole = d & ~(int64_t)7;
+  for (int h0 = 0; h0 < heads; h0 += 4) {
+    int hn = heads - h0 < 4 ? heads - h0 : 4;
+    const float *ph = p + h0 * ps;
+    for (int64_t c = 0; c < whole; c += 16) {
+      int cols = whole - c >= 16 ? 2 : 1;
+      __m256 sums[4][2][8];
+      for (int lane = 0; lane < 8; lane++) {
+        /* Constant arguments, so that each case keeps its accumulators in registers. */
+        if (hn == 4 && cols == 2) values_lane_avx2(values, ph, ps, 4, 2, n, c, lane, sums);
+        else if (hn == 4) values_lane_avx2(values, ph, ps, 4, 1, n, c, lane, sums);
+        else if (cols == 2) values_lane_avx2(values, ph, ps, 1, 2, n, c, lane, sums);
+        else values_lane_avx2(values, ph, ps, 1, 1, n, c, lane, sums);
+        if (hn < 4)
+          for (int h = 1; h < hn; h++) {
+            __m256 one[1][2][8];
+            if (cols == 2) values_lane_avx2(values, ph + h * ps, ps, 1, 2, n, c, lane, one);
+            else values_lane_avx2(values, ph + h * ps, ps, 1, 1, n, c, lane, one);
+            for (int k = 0; k < cols; k++) sums[h][k][lane] = one[0][k][lane];
+          }
+      }
+      for (int h = 0; h < hn; h++)
+        for (int k = 0; k < cols; k++) {
+          __m256 *a = sums[h][k];
+          __m256 even = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+          __m256 odd = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+          _mm256_storeu_ps(out + (h0 + h) * d + c + 8 * k, _mm256_add_ps(even, odd));
+        }
+    }
+  }
+  for (int h = 0; h < heads; h++) values_portable(values, p + h * ps, n, whole, d, 8, out + h * d);
 }
 
 /* Sixteen values at a time, the sixteen lane accumulators in zmm registers. */
@@ -283,9 +332,10 @@ static int64_t gather_rows(const attn_job *j, int64_t b, int64_t g, int64_t n, c
   return j->page_size % 16 == 0 ? j->d : 0;
 }
 
-/* One query head against n visible rows: out, and the base-2 log-sum-exp. s: n scores. */
-static float attend_head(ggml_form form, const float *q, const float *const *keys, const float *const *values,
-                         int64_t stride, int64_t n, int64_t d, float scale, float *s, float *out) {
+/* One query head's weights over n visible rows into s (its scores, then their softmax); returns
+ * the base-2 log-sum-exp. */
+static float head_weights(ggml_form form, const float *q, const float *const *keys, int64_t n, int64_t d, float scale,
+                          float *s) {
   float top;
 #if defined(__x86_64__)
   if (form == GGML_FORM_AVX512) top = scores_avx512(q, keys, n, d, scale, s);
@@ -302,36 +352,55 @@ static float attend_head(ggml_form form, const float *q, const float *const *key
     sum = softmax_portable(s, n, top);
   float inverse = (float)(1.0 / sum);
   for (int64_t r = 0; r < n; r++) s[r] *= inverse;
-#if defined(__x86_64__)
-  if (form == GGML_FORM_AVX512 && stride) values_avx512(values, stride, s, n, d, out);
-  else if (form == GGML_FORM_AVX512) values_portable(values, s, n, 0, d, 16, out);
-  else if (form == GGML_FORM_AVX2 && stride) values_avx2(values, stride, s, n, d, out);
-  else
-#endif
-    values_portable(values, s, n, 0, d, 8, out);
   return top * LOG2E + log2f((float)sum);
 }
 
+/* The value rows weighted by the query heads' weights (head h's at s + h * ps, its output at
+ * out + h * d). */
+static void head_values(ggml_form form, const float *const *values, int64_t stride, const float *s, int64_t ps, int heads,
+                        int64_t n, int64_t d, float *out) {
+#if defined(__x86_64__)
+  if (form == GGML_FORM_AVX2) {
+    values_heads_avx2(values, s, ps, heads, n, d, out);
+    return;
+  }
+#endif
+  for (int h = 0; h < heads; h++) {
+    const float *p = s + h * ps;
+    float *o = out + h * d;
+#if defined(__x86_64__)
+    if (form == GGML_FORM_AVX512 && stride) values_avx512(values, stride, p, n, d, o);
+    else if (form == GGML_FORM_AVX512) values_portable(values, p, n, 0, d, 16, o);
+    else
+#endif
+      values_portable(values, p, n, 0, d, 8, o);
+  }
+  (void)stride;
+}
+
 int rk_attend_ggml(const attn_job *j, int task, int num_tasks) {
-  int64_t longest = j->longest;
+  int64_t longest = j->longest, group = j->hq / j->hkv;
   ggml_form form = ggml_cpu_form();
-  float *scores = malloc((size_t)(longest + 1) * (sizeof(float) + 2 * sizeof(float *)));
+  /* The weights of every query head of the group, one row of ps each (rows start 64-byte apart). */
+  int64_t ps = (longest + 16) & ~(int64_t)15;
+  float *scores = malloc((size_t)(ps * group) * sizeof(float) + (size_t)(longest + 1) * 2 * sizeof(float *));
   if (!scores) return rk_out_of_memory(j->kernel);
-  const float **keys = (const float **)(void *)(scores + longest + (longest & 1)), **values = keys + longest;
-  int64_t group = j->hq / j->hkv;
+  const float **keys = (const float **)(void *)(scores + ps * group), **values = keys + longest + 1;
   for (int64_t u = task; u < j->rows * j->hkv; u += num_tasks) {
+    /* Head-major: a thread's consecutive units share one KV head's rows, which stay in L2. */
     int64_t t = u % j->rows, g = u / j->rows, b = sequence_of(j, t), n = visible_rows(j, t, b);
-    int64_t stride = n > 0 ? gather_rows(j, b, g, n, keys, values) : 0;
-    for (int64_t h = g * group; h < (g + 1) * group; h++) {
-      float *out = j->out + (t * j->hq + h) * j->d;
-      if (n <= 0) {
-        for (int64_t c = 0; c < j->d; c++) out[c] = 0.0f;
-        j->lse[t * j->hq + h] = EMPTY_LSE;
-        continue;
+    int64_t first = t * j->hq + g * group;
+    if (n <= 0) {
+      for (int64_t h = 0; h < group; h++) {
+        for (int64_t c = 0; c < j->d; c++) j->out[(first + h) * j->d + c] = 0.0f;
+        j->lse[first + h] = EMPTY_LSE;
       }
-      j->lse[t * j->hq + h] = attend_head(form, j->q + (t * j->hq + h) * j->d, keys, values, stride, n, j->d, j->sm_scale,
-                                             scores, out);
+      continue;
     }
+    int64_t stride = gather_rows(j, b, g, n, keys, values);
+    for (int64_t h = 0; h < group; h++)
+      j->lse[first + h] = head_weights(form, j->q + (first + h) * j->d, keys, n, j->d, j->sm_scale, scores + h * ps);
+    head_values(form, values, stride, scores, ps, (int)group, n, j->d, j->out + first * j->d);
   }
   free(scores);
   return 0;

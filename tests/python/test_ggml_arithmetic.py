@@ -315,6 +315,8 @@ def cases():
         ("ragged_64", 37, 4, 2, 64),
         ("ragged_80", 21, 6, 2, 80),
         ("ragged_128", 19, 2, 1, 128),
+        ("ragged_40", 23, 10, 2, 40),  # five heads a KV head: four side by side, then one; a lone register
+        ("ragged_44", 9, 3, 1, 44),  # three heads a KV head; a head dim past the last register
     ]:
         out[case + "_q"] = rng.standard_normal((rows, hq, d)).astype(F32)
         out[case + "_k"] = rng.standard_normal((rows, hkv, d)).astype(F32)
