@@ -261,7 +261,7 @@ RK_AVX2_TARGET static inline __attribute__((always_inline)) void values_lane_avx
  * at p + h * ps, its output at out + h * d), lane by lane instead of row by row: the same products
  * added in the same order into the same accumulators, but each value row loaded once for up to
  * four heads. Row by row, a head at a time, took each row once per head and a weight per register
- * of values: 2.8 times as long in a 500-token prefill on Zen 3. */
+ * of values: nearly three times as long in a 500-token f16 prefill on Zen 3 (perf). */
 RK_AVX2_TARGET static void values_heads_avx2(const float *const *values, const float *p, int64_t ps, int heads,
                                              int64_t n, int64_t d, float *out) {
   int64_t whole = d & ~(int64_t)7;
@@ -272,17 +272,14 @@ RK_AVX2_TARGET static void values_heads_avx2(const float *const *values, const f
       int cols = whole - c >= 16 ? 2 : 1;
       __m256 sums[4][2][8];
       for (int lane = 0; lane < 8; lane++) {
-        /* Constant arguments, so that each case keeps its accumulators in registers. */
+        /* Constant arguments, so that each case keeps its accumulators in registers; fewer than
+         * four heads go one at a time. */
         if (hn == 4 && cols == 2) values_lane_avx2(values, ph, ps, 4, 2, n, c, lane, sums);
         else if (hn == 4) values_lane_avx2(values, ph, ps, 4, 1, n, c, lane, sums);
-        else if (cols == 2) values_lane_avx2(values, ph, ps, 1, 2, n, c, lane, sums);
-        else values_lane_avx2(values, ph, ps, 1, 1, n, c, lane, sums);
-        if (hn < 4)
-          for (int h = 1; h < hn; h++) {
-            __m256 one[1][2][8];
-            if (cols == 2) values_lane_avx2(values, ph + h * ps, ps, 1, 2, n, c, lane, one);
-            else values_lane_avx2(values, ph + h * ps, ps, 1, 1, n, c, lane, one);
-            for (int k = 0; k < cols; k++) sums[h][k][lane] = one[0][k][lane];
+        else
+          for (int h = 0; h < hn; h++) {
+            if (cols == 2) values_lane_avx2(values, ph + h * ps, ps, 1, 2, n, c, lane, sums + h);
+            else values_lane_avx2(values, ph + h * ps, ps, 1, 1, n, c, lane, sums + h);
           }
       }
       for (int h = 0; h < hn; h++)
