@@ -163,6 +163,8 @@ pub struct CompileReport {
     pub notes: Vec<(String, String)>,
     /// The native functions' CLIF with `; pc=N` comments, when `emit_clif` was set.
     pub clif: String,
+    /// The loops compiled mode rolled repeated runs into.
+    pub loops: Vec<crate::codegen::native::RolledLoop>,
 }
 
 /// How to compile.
@@ -302,6 +304,7 @@ pub fn compile_file_with(input: &Path, options: &Options, out: &Path) -> Result<
     report.object_bytes = object.bytes.len();
     report.notes = std::mem::take(&mut object.notes);
     report.clif = std::mem::take(&mut object.clif);
+    report.loops = std::mem::take(&mut object.loops);
     let t = Instant::now();
     link::link_shared_for(&object.link_inputs(&program.kernels), out, &options.target)?;
     report.link = t.elapsed();

@@ -119,6 +119,8 @@ fn inspect_matches_tvm(fixture: &common::Fixture) -> Result<(), Failed> {
 struct RandomModels {
     mains: Vec<String>,
     models: Vec<(ExecMode, Model)>,
+    /// The loops compiled mode rolled repeated runs into.
+    loops: Vec<relaxc::codegen::native::RolledLoop>,
 }
 
 fn random_models(seed: u64, count: usize) -> Result<&'static RandomModels, String> {
@@ -140,7 +142,9 @@ fn random_models(seed: u64, count: usize) -> Result<&'static RandomModels, Strin
                 let so = common::link_program(&format!("random.{seed}"), &program, mode)?;
                 models.push((mode, Model::load(&so).map_err(|e| e.to_string())?));
             }
-            Ok(RandomModels { mains: batch.mains, models })
+            let compiled = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(ExecMode::Compiled))
+                .map_err(|e| e.to_string())?;
+            Ok(RandomModels { mains: batch.mains, models, loops: compiled.loops })
         })
         .as_ref()
         .map_err(Clone::clone)
@@ -178,6 +182,44 @@ fn random_trial(seed: u64, count: usize, index: usize) -> Result<(), Failed> {
             )
             .into());
         }
+    }
+    Ok(())
+}
+
+/// The random programs exercise compiled mode's rolled loops: some runs became loops, and some
+/// program fails inside one after its first time through, where the pc it reports is computed
+/// from the loop's counter (and the differential trials check it against bytecode's).
+fn rolled_loops_covered(seed: u64, count: usize) -> Result<(), Failed> {
+    let models = random_models(seed, count)?;
+    if models.loops.is_empty() {
+        return Err("compiled mode rolled no run of the random programs into a loop".into());
+    }
+    let (_, compiled) =
+        models.models.iter().find(|(mode, _)| *mode == ExecMode::Compiled).ok_or("no compiled model")?;
+    let x: Vec<u8> = [0.5f32, -1.25, 2.0, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let inputs =
+        [Input::Tensor(HostTensor::new(DLDataType { code: 2, bits: 32, lanes: 1 }, vec![4], &x)), Input::Int(2)];
+    let mut deep_failures = 0;
+    for name in &models.mains {
+        let mut vm = compiled.vm()?;
+        let Err(e) = vm.call(compiled.find(name)?, &inputs) else { continue };
+        let message = e.to_string();
+        let Some(pc) = message.split(&format!("in {name} at pc ")).nth(1).and_then(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit()).next().and_then(|digits| digits.parse::<usize>().ok())
+        }) else {
+            continue;
+        };
+        let later_time = |l: &&relaxc::codegen::native::RolledLoop| {
+            l.function == *name && pc >= l.pcs.start + l.period && pc < l.pcs.end
+        };
+        deep_failures += models.loops.iter().filter(later_time).count();
+    }
+    if deep_failures == 0 {
+        return Err(format!(
+            "{} rolled loops, but no random program fails inside one after its first time through",
+            models.loops.len()
+        )
+        .into());
     }
     Ok(())
 }
@@ -242,6 +284,7 @@ fn main() {
     for index in 0..count {
         trials.push(Trial::test(format!("random::seed{seed}::p{index}"), move || random_trial(seed, count, index)));
     }
+    trials.push(Trial::test(format!("random::seed{seed}::rolled_loops"), move || rolled_loops_covered(seed, count)));
     for fixture in common::fixtures() {
         let fixture = std::sync::Arc::new(fixture);
         case_trials(&mut trials, fixture.clone(), "");

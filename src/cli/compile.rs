@@ -37,8 +37,9 @@ pub struct Args {
     /// In compiled mode, leave this Relax function as bytecode (repeatable).
     #[arg(long, value_name = "FUNCTION")]
     keep_bytecode: Vec<String>,
-    /// In compiled mode, call every builtin instead of inlining the simple ones and building
-    /// short-lived tensors on the stack (to measure what that is worth).
+    /// In compiled mode, call every builtin instead of inlining the simple ones, building
+    /// short-lived tensors on the stack and rolling repeated calls into loops (to measure what
+    /// that is worth).
     #[arg(long)]
     no_specialize: bool,
     /// In compiled mode, also write the Cranelift IR of every native function to FILE, each
@@ -99,6 +100,7 @@ pub fn run(args: Args) -> Result<()> {
         keep_bytecode: keep_bytecode.into_iter().collect(),
         inline_builtins: !no_specialize,
         stack_tensors: !no_specialize,
+        roll_loops: !no_specialize,
         emit_clif: emit_clif.is_some(),
         jobs,
         instrument,
@@ -122,6 +124,13 @@ pub fn run(args: Args) -> Result<()> {
             report.object_bytes,
             report.link.as_secs_f64() * 1e3
         );
+        for l in &report.loops {
+            let times = (l.pcs.end - l.pcs.start) / l.period;
+            eprintln!(
+                "{}: pcs {}..{} run as a loop of {times} times {} instructions",
+                l.function, l.pcs.start, l.pcs.end, l.period
+            );
+        }
     }
     Ok(())
 }

@@ -33,6 +33,8 @@ pub struct EmittedObject {
     pub notes: Vec<(String, String)>,
     /// The native functions' CLIF with `; pc=N` comments, when asked for.
     pub clif: String,
+    /// The loops compiled mode rolled repeated runs into.
+    pub loops: Vec<super::native::RolledLoop>,
 }
 
 impl EmittedObject {
@@ -112,7 +114,14 @@ pub fn emit_object(inputs: &ObjectInputs) -> Result<EmittedObject, CodegenError>
     }
     let mut notes = native.notes;
     notes.extend(ffi.skipped.into_iter().map(|(f, why)| (f, format!("no tvm-ffi entry point: {why}"))));
-    Ok(EmittedObject { bytes, streamed: vec![Box::new(constants)], exports, notes, clif: native.clif })
+    Ok(EmittedObject {
+        bytes,
+        streamed: vec![Box::new(constants)],
+        exports,
+        notes,
+        clif: native.clif,
+        loops: native.loops,
+    })
 }
 
 /// The non-allocated sections: the serialized executable, each Relax function's mode, the

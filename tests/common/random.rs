@@ -1,6 +1,7 @@
 //! Random valid Relax VM programs over the test kernels in tests/kernels/random_kernels.c:
 //! straight-line tensor code, If diamonds, bounded loops, calls between functions, closures,
-//! tuples, shapes, copies and kills, and now and then a deliberate run-time error. Many programs
+//! tuples, shapes, copies and kills, long chains of one repeated step (which compiled mode rolls
+//! into loops), and now and then a deliberate run-time error. Many programs
 //! go into one executable (`p<i>_main`, with helpers `p<i>_h<k>` and closures `p<i>_c`), so one
 //! link serves thousands of them.
 
@@ -76,7 +77,7 @@ struct Shared {
     invoke_closure: i64,
     check_tensor_info: i64,
     match_shape: i64,
-    rk: [i64; 7], // add, mul, scale, fill, positive, dec, gt0
+    rk: [i64; 8], // add, mul, scale, fill, positive, dec, gt0, below
 }
 
 const ADD: usize = 0;
@@ -86,6 +87,7 @@ const FILL: usize = 3;
 const POSITIVE: usize = 4;
 const DEC: usize = 5;
 const GT0: usize = 6;
+const BELOW: usize = 7;
 
 /// A batch of programs in one executable; main functions take (x: float32[4], k: int).
 pub struct Batch {
@@ -115,7 +117,8 @@ pub fn generate(seed: u64, count: usize) -> Batch {
         invoke_closure: b.packed("vm.builtin.invoke_closure"),
         check_tensor_info: b.packed("vm.builtin.check_tensor_info"),
         match_shape: b.packed("vm.builtin.match_shape"),
-        rk: ["rk_add", "rk_mul", "rk_scale", "rk_fill", "rk_positive", "rk_dec", "rk_gt0"].map(|k| b.packed(k)),
+        rk: ["rk_add", "rk_mul", "rk_scale", "rk_fill", "rk_positive", "rk_dec", "rk_gt0", "rk_below"]
+            .map(|k| b.packed(k)),
     };
     let mut rng = Rng::new(seed);
     let mut mains = Vec::new();
@@ -379,7 +382,8 @@ impl<'a> Gen<'a> {
             }
             79..=84 => self.closure_call(),
             85..=92 => self.diamond(),
-            _ => self.bounded_loop(),
+            93..=96 => self.bounded_loop(),
+            _ => self.repeated(),
         }
     }
 
@@ -474,6 +478,44 @@ impl<'a> Gen<'a> {
         self.b.emit(Instr::Goto { offset: top - back });
         (self.tensors, self.ints) = saved;
         self.tensors.push(acc);
+    }
+
+    /// A chain of one step repeated 8 to 47 times (the runs compiled mode rolls into a loop):
+    /// each step writes a new tensor from the one before into one of two fresh storages in turn,
+    /// and kills the one before. Now and then `rk_below` after each step stops the chain partway
+    /// with an error, which every mode must report at the same pc.
+    fn repeated(&mut self) {
+        let s = self.s;
+        let Some(input) = self.rng.pick(&self.tensors) else { return };
+        let storages = [self.reg(), self.reg()];
+        for storage in storages {
+            let args =
+                vec![Arg::Reg(VM_REG), Arg::Const(s.bytes16), Arg::Imm(0), Arg::Const(s.u8), Arg::Const(s.global)];
+            self.call(storage, s.alloc_storage, args);
+        }
+        let steps = 8 + self.rng.below(40);
+        let add = self.rng.chance(50);
+        let factor = 2 + self.rng.below(2) as i64;
+        let limit = self.rng.chance(50).then(|| 1i64 << self.rng.below(30));
+        let mut last = input;
+        for step in 0..steps {
+            let t = self.reg();
+            let into = Arg::Reg(storages[step % 2]);
+            self.call(t, s.alloc_tensor, vec![into, Arg::Imm(0), Arg::Const(s.shape4), Arg::Const(s.f32)]);
+            if add {
+                self.call(VOID_REG, s.rk[ADD], vec![Arg::Reg(last), Arg::Reg(input), Arg::Reg(t)]);
+            } else {
+                self.call(VOID_REG, s.rk[SCALE], vec![Arg::Reg(last), Arg::Imm(factor), Arg::Reg(t)]);
+            }
+            if let Some(limit) = limit {
+                self.call(VOID_REG, s.rk[BELOW], vec![Arg::Reg(t), Arg::Imm(limit)]);
+            }
+            if last != input {
+                self.call(last, s.null_value, vec![]);
+            }
+            last = t;
+        }
+        self.tensors.push(last);
     }
 
     /// One deliberate run-time error, which every mode must report identically.

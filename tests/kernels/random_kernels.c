@@ -89,3 +89,20 @@ EXPORT int __tvm_ffi_rk_gt0(void *self, const TVMFFIAny *args, int32_t n, TVMFFI
   set_int(result, args[0].v_int64 > 0);
   return 0;
 }
+
+/* Fails (ValueError) when an element's magnitude exceeds the int limit: stops a chain of
+ * growing values partway, so that an error is raised from deep inside a rolled loop. */
+EXPORT int __tvm_ffi_rk_below(void *self, const TVMFFIAny *args, int32_t n, TVMFFIAny *result) {
+  (void)self, (void)result;
+  if (n != 2) return fail("rk_below", "expects 2 arguments");
+  float *a = vec4(args, 0);
+  if (!a || !is_int(&args[1])) return fail("rk_below", "expects (float32[4], int)");
+  for (int i = 0; i < 4; i++) {
+    if (a[i] > (float)args[1].v_int64 || -a[i] > (float)args[1].v_int64) {
+      const char *parts[2] = {"rk_below: a value exceeds the limit", NULL};
+      TVMFFIErrorSetRaisedFromCStrParts("ValueError", parts, 1);
+      return -1;
+    }
+  }
+  return 0;
+}

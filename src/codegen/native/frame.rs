@@ -25,7 +25,7 @@ pub const SLOT_ALIGN_SHIFT: u8 = 4;
 pub const LOOKAHEAD_CALLS: usize = 8;
 
 /// One 8-byte word of an Any (its type word, or its payload) as the lowering knows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Word {
     /// A constant: a type index (with zero padding), an immediate, a float's or dtype's bits.
     Bits(i64),
@@ -40,7 +40,7 @@ pub enum Word {
 }
 
 /// What the native frame holds at this point of the block, as far as the lowering knows.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Known {
     /// Each word of each argument array: [k][2i] the type word of argument i in array k,
     /// [k][2i + 1] its payload.
@@ -52,6 +52,15 @@ pub struct Known {
     /// The result cell may hold the bits of an object nobody here owns (moved out of it, or
     /// never written): it must be cleared before a call whose result is dropped.
     pub ret_dirty: bool,
+}
+
+/// [`Known`] without the register numbers of its virtual registers: which slots they hold.
+#[derive(PartialEq, Eq)]
+pub struct FrameState {
+    argv: Vec<Vec<Option<Word>>>,
+    slots: Vec<Option<View>>,
+    virtual_slots: Vec<usize>,
+    ret_dirty: bool,
 }
 
 impl Known {
@@ -70,6 +79,15 @@ impl Known {
         self.slots.iter_mut().for_each(|v| *v = None);
         self.virtual_regs.clear();
         self.ret_dirty = true;
+    }
+
+    /// What the next instructions' code depends on: all of it but the register numbers of the
+    /// virtual registers (their code names only the slots). Two points of a repeated run with
+    /// equal frame states get the same code.
+    pub fn frame_state(&self) -> FrameState {
+        let mut virtual_slots: Vec<usize> = self.virtual_regs.values().copied().collect();
+        virtual_slots.sort_unstable();
+        FrameState { argv: self.argv.clone(), slots: self.slots.clone(), virtual_slots, ret_dirty: self.ret_dirty }
     }
 
     /// Register r was written: copies of it are stale, and it is no longer virtual.

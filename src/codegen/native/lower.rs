@@ -32,12 +32,14 @@ use super::frame::{
     ARGUMENT_ARRAYS, Env, Known, LOOKAHEAD_CALLS, RegisterFile, SLOT_ALIGN_SHIFT, Word, any_offset, copy_any, flags,
     prologue, zero_any,
 };
-use super::stack_tensors::{self, FunctionFacts, Site, View};
-use super::{Shared, chunks};
+use super::plan::{self, Inlined, leaders};
+use super::repeats::{self, MAX_WARMUP, Run};
+use super::stack_tensors::{FunctionFacts, Site, View};
+use super::{RolledLoop, Shared, chunks};
 use crate::abi::{self, ANY_PAYLOAD, ANY_TYPE_INDEX, DLTensor};
 use crate::codegen::CodegenError;
-use crate::codegen::shim::{Builtin, declare_call, find_builtin};
-use crate::vm::{Arg, Constant, FuncKind, Instr, VM_REG, VOID_REG};
+use crate::codegen::shim::declare_call;
+use crate::vm::{Arg, Constant, Instr, VOID_REG};
 
 /// The shim functions compiled code calls.
 pub struct Shim {
@@ -64,12 +66,12 @@ impl Shim {
     }
 }
 
-/// A builtin call compiled mode writes inline.
+/// A loop the lowering is writing the body of: its counter (0 on the first time through) and
+/// how many instructions one time through stands for, so that a failing call reports its pc.
 #[derive(Clone, Copy)]
-enum Inlined {
-    NullValue,
-    /// `copy` of this register.
-    Copy(i64),
+struct Rolled {
+    counter: Value,
+    period: i64,
 }
 
 /// The ndim and dtype fields of a DLTensor share one 8-byte word, written with one store.
@@ -77,6 +79,19 @@ const NDIM_DTYPE_SHIFT: i64 = 8 * (offset_of!(DLTensor, dtype) - offset_of!(DLTe
 const _: () = assert!(offset_of!(DLTensor, dtype) == offset_of!(DLTensor, ndim) + size_of::<i32>());
 const _: () = assert!(offset_of!(DLTensor, ndim).is_multiple_of(8));
 const _: () = assert!(size_of::<abi::DLDevice>() == size_of::<i64>());
+
+/// The chunk being lowered, as each instruction's lowering needs it.
+struct ChunkCx<'i> {
+    instrs: &'i [Instr],
+    /// The function-relative pc of the chunk's first instruction.
+    lo: usize,
+    env: Env,
+    /// The block each leader starts.
+    blocks: Vec<Option<Block>>,
+    tensor_slots: HashMap<usize, (usize, Site)>,
+    /// The current block is still open (the last instruction did not end it).
+    open: bool,
+}
 
 pub struct Lowering<'a> {
     shared: &'a Shared<'a>,
@@ -94,36 +109,10 @@ pub struct Lowering<'a> {
     leader: Vec<bool>,
     /// The instruction being lowered (an index into `plan`).
     at: usize,
-}
-
-/// Blocks start at jump targets and after control transfers; also returns the most arguments
-/// any call passes (the size of the staging array).
-pub fn leaders(instrs: &[Instr]) -> (Vec<bool>, usize) {
-    let mut leader = vec![false; instrs.len()];
-    if let Some(first) = leader.first_mut() {
-        *first = true;
-    }
-    let mut max_args = 1;
-    for (i, ins) in instrs.iter().enumerate() {
-        let mut mark = |t: i64| {
-            if let Some(l) = leader.get_mut((i as i64 + t) as usize) {
-                *l = true;
-            }
-        };
-        match ins {
-            Instr::Goto { offset } => {
-                mark(*offset);
-                mark(1);
-            }
-            Instr::If { false_offset, .. } => {
-                mark(1);
-                mark(*false_offset);
-            }
-            Instr::Ret { .. } => mark(1),
-            Instr::Call { args, .. } => max_args = max_args.max(args.len()),
-        }
-    }
-    (leader, max_args)
+    /// The loop whose body is being written, if any.
+    rolled: Option<Rolled>,
+    /// The loops written so far.
+    loops: Vec<RolledLoop>,
 }
 
 impl<'a> Lowering<'a> {
@@ -145,6 +134,8 @@ impl<'a> Lowering<'a> {
             plan: Vec::new(),
             leader: Vec::new(),
             at: 0,
+            rolled: None,
+            loops: Vec::new(),
         }
     }
 
@@ -165,78 +156,48 @@ impl<'a> Lowering<'a> {
         fref
     }
 
-    fn builtin(&self, callee: i64) -> Option<&'static Builtin> {
-        let f = &self.shared.exec.funcs[callee as usize];
-        if f.kind == FuncKind::Packed { find_builtin(&f.name) } else { None }
-    }
-
     /// Lowers instructions [lo, hi) of the function. The native function returns 0 after Ret,
     /// -1 on error, and [`chunks::CONTINUE`] when execution runs past `hi` into the next chunk.
-    pub fn lower(mut self, b: &mut FunctionBuilder, all: &[Instr], facts: &FunctionFacts, lo: usize, hi: usize) {
+    /// Returns the loops it rolled repeated runs into.
+    pub fn lower(
+        mut self,
+        b: &mut FunctionBuilder,
+        all: &[Instr],
+        facts: &FunctionFacts,
+        lo: usize,
+        hi: usize,
+    ) -> Vec<RolledLoop> {
         let instrs = &all[lo..hi];
         let (leader, max_args) = leaders(instrs);
-        let options = self.shared.options;
-        let sites = if options.stack_tensors && !options.instrument {
-            stack_tensors::sites(self.shared.exec, self.shared.symbols, facts, instrs, lo, &leader)
-        } else {
-            HashMap::new()
-        };
+        let tensor_slots = plan::tensor_slots(self.shared, facts, instrs, lo, &leader);
         let mut env = prologue(b, max_args);
-        let mut tensor_slots: HashMap<usize, (usize, Site)> = HashMap::new();
-        for (site, slot) in stack_tensors::assign_slots(&sites) {
-            while env.slots.len() <= slot {
-                let size = size_of::<DLTensor>() as u32;
-                let data = StackSlotData::new(StackSlotKind::ExplicitSlot, size, SLOT_ALIGN_SHIFT);
-                env.slots.push(b.create_sized_stack_slot(data));
-            }
-            tensor_slots.insert(site, (slot, sites[&site]));
+        let slots = tensor_slots.values().map(|&(slot, _)| slot + 1).max().unwrap_or(0);
+        for _ in 0..slots {
+            let size = size_of::<DLTensor>() as u32;
+            let data = StackSlotData::new(StackSlotKind::ExplicitSlot, size, SLOT_ALIGN_SHIFT);
+            env.slots.push(b.create_sized_stack_slot(data));
         }
         self.known = Known::new(max_args, env.slots.len());
-        self.plan = self.plan_calls(instrs, &leader, &tensor_slots);
+        let plan = plan::plan_chunk(self.shared, instrs, &leader, &tensor_slots);
+        self.plan = plan.words;
+        let runs =
+            if self.shared.options.roll_loops && self.track { repeats::find_runs(&plan.keys) } else { Vec::new() };
         let blocks: Vec<Option<Block>> = leader.iter().map(|&l| l.then(|| b.create_block())).collect();
         self.leader = leader;
         b.ins().jump(blocks[0].expect("first block"), &[]);
-        let mut open = false;
-        for (i, ins) in instrs.iter().enumerate() {
-            if let Some(block) = blocks[i] {
-                if open {
-                    b.ins().jump(block, &[]);
+        let mut cx = ChunkCx { instrs, lo, env, blocks, tensor_slots, open: false };
+        let mut runs = runs.into_iter().peekable();
+        let mut i = 0;
+        while i < instrs.len() {
+            match runs.next_if(|run| run.start == i) {
+                Some(run) => i = self.lower_run(b, &mut cx, run, &plan.virtual_before),
+                None => {
+                    self.lower_instr(b, &mut cx, i);
+                    i += 1;
                 }
-                b.switch_to_block(block);
-                self.known.forget();
-                open = true;
-            }
-            if !open {
-                continue; // unreachable: nothing jumps here
-            }
-            let pc = (lo + i) as i64;
-            // The pc rides on every CLIF instruction made for this one (see clif_text).
-            b.set_srcloc(SourceLoc::new(pc as u32));
-            let target = |off: i64| blocks[(i as i64 + off) as usize].expect("jump targets are leaders");
-            self.at = i;
-            match ins {
-                Instr::Call { dst, func, args } => match tensor_slots.get(&i) {
-                    Some(&(slot, site)) if site.proven => self.proven_tensor(b, &env, *dst, slot, site.view),
-                    Some(&(slot, site)) => self.checked_tensor(b, &env, pc, *dst, args, slot, site.end),
-                    None => self.call(b, &env, pc, *dst, *func, args),
-                },
-                Instr::Ret { result } => {
-                    self.ret(b, &env, *result);
-                    open = false;
-                }
-                Instr::Goto { offset } => {
-                    b.ins().jump(target(*offset), &[]);
-                    open = false;
-                }
-                Instr::If { cond, false_offset } => {
-                    self.branch(b, &env, pc, *cond, target(1), target(*false_offset));
-                    open = false;
-                }
-            }
-            if !self.track {
-                self.known.forget();
             }
         }
+        let (open, env) = (cx.open, cx.env);
 
         b.set_srcloc(SourceLoc::default());
         if open {
@@ -245,6 +206,135 @@ impl<'a> Lowering<'a> {
         }
         self.error_block(b, &env);
         b.seal_all_blocks();
+        self.loops
+    }
+
+    /// Lowers chunk instruction `i`: switches to its block if it starts one, then writes its code.
+    fn lower_instr(&mut self, b: &mut FunctionBuilder, cx: &mut ChunkCx, i: usize) {
+        if let Some(block) = cx.blocks[i] {
+            if cx.open {
+                b.ins().jump(block, &[]);
+            }
+            b.switch_to_block(block);
+            self.known.forget();
+            cx.open = true;
+        }
+        if !cx.open {
+            return; // unreachable: nothing jumps here
+        }
+        let pc = (cx.lo + i) as i64;
+        // The pc rides on every CLIF instruction made for this one (see clif_text).
+        b.set_srcloc(SourceLoc::new(pc as u32));
+        let blocks = &cx.blocks;
+        let target = |off: i64| blocks[(i as i64 + off) as usize].expect("jump targets are leaders");
+        self.at = i;
+        let env = &cx.env;
+        match &cx.instrs[i] {
+            Instr::Call { dst, func, args } => match cx.tensor_slots.get(&i) {
+                Some(&(slot, site)) if site.proven => self.proven_tensor(b, env, *dst, slot, site.view),
+                Some(&(slot, site)) => self.checked_tensor(b, env, pc, *dst, args, slot, site.end),
+                None => self.call(b, env, pc, *dst, *func, args),
+            },
+            Instr::Ret { result } => {
+                self.ret(b, env, *result);
+                cx.open = false;
+            }
+            Instr::Goto { offset } => {
+                b.ins().jump(target(*offset), &[]);
+                cx.open = false;
+            }
+            Instr::If { cond, false_offset } => {
+                self.branch(b, env, pc, *cond, target(1), target(*false_offset));
+                cx.open = false;
+            }
+        }
+        if !self.track {
+            self.known.forget();
+        }
+    }
+
+    /// Lowers a run of repeated instructions: the first iterations written out until the frame
+    /// state at an iteration's start repeats (so that the loop's entry and back edge agree and
+    /// the back edge stores nothing), then the rest as one copy of an iteration in a loop.
+    /// Returns the index after the run.
+    fn lower_run(
+        &mut self,
+        b: &mut FunctionBuilder,
+        cx: &mut ChunkCx,
+        run: Run,
+        virtual_before: &[HashMap<i64, usize>],
+    ) -> usize {
+        let iteration = |k: usize| run.start + k * run.period..run.start + (k + 1) * run.period;
+        let mut state = self.known.frame_state();
+        let mut done = 0;
+        let mut repeated = false;
+        while !repeated && done < MAX_WARMUP.min(run.repeats) {
+            for i in iteration(done) {
+                self.lower_instr(b, cx, i);
+            }
+            done += 1;
+            let now = self.known.frame_state();
+            repeated = now == state;
+            state = now;
+        }
+        let left = run.repeats - done;
+        if !repeated || left < 2 || !cx.open {
+            for i in run.start + done * run.period..run.end() {
+                self.lower_instr(b, cx, i);
+            }
+            return run.end();
+        }
+        let entry = self.known.clone();
+        let header = b.create_block();
+        let counter = b.append_block_param(header, types::I64);
+        let zero = b.ins().iconst(types::I64, 0);
+        b.ins().jump(header, &[BlockArg::Value(zero)]);
+        b.switch_to_block(header);
+        self.rolled = Some(Rolled { counter, period: run.period as i64 });
+        let first = cx.lo + run.start + done * run.period;
+        let function = self.shared.exec.funcs[self.func].name.clone();
+        self.loops.push(RolledLoop { function, pcs: first..cx.lo + run.end(), period: run.period });
+        for i in iteration(done) {
+            self.lower_instr(b, cx, i);
+        }
+        self.rolled = None;
+        self.reconcile(b, &cx.env, &entry);
+        let next = b.ins().iadd_imm_s(counter, 1);
+        let more = b.ins().icmp_imm_s(IntCC::NotEqual, next, left as i64);
+        let exit = b.create_block();
+        b.ins().brif(more, header, &[BlockArg::Value(next)], exit, &[]);
+        b.switch_to_block(exit);
+        // The frame holds what it held on entry; the virtual registers are the last iteration's.
+        self.known = entry;
+        self.known.virtual_regs = virtual_before[run.end()].clone();
+        run.end()
+    }
+
+    /// Brings the frame back to what `to` says it holds, at a loop's back edge (the body's code
+    /// assumed `to`): the argument words and DLTensor views it names, and a clear result cell.
+    /// A loop is only written once the state at an iteration's start has repeated, and the
+    /// body's code depends on nothing else that changes between iterations, so this stores
+    /// nothing; it is here so that the loop is right by construction, not by that argument.
+    fn reconcile(&mut self, b: &mut FunctionBuilder, env: &Env, to: &Known) {
+        for (array, words) in to.argv.iter().enumerate() {
+            for (j, word) in words.iter().enumerate() {
+                if let Some(word) = *word
+                    && self.known.argv[array][j] != Some(word)
+                {
+                    self.store_word(b, env, array, j, word);
+                }
+            }
+        }
+        for (slot, view) in to.slots.iter().enumerate() {
+            if let Some(view) = *view {
+                self.write_view(b, env, slot, view);
+            }
+        }
+        if !to.ret_dirty && self.known.ret_dirty {
+            let zero = b.ins().iconst(types::I64, 0);
+            b.ins().store(flags(), zero, env.ret, ANY_TYPE_INDEX);
+            self.known.ret_dirty = false;
+        }
     }
 
     /// Ret: moves the result register into *result.
@@ -299,22 +389,28 @@ impl<'a> Lowering<'a> {
     /// A stack tensor proven at compile time: its DLTensor is written where it differs from what
     /// the slot already holds, and its register becomes virtual.
     fn proven_tensor(&mut self, b: &mut FunctionBuilder, env: &Env, dst: i64, slot: usize, view: View) {
-        let previous = self.known.slots[slot];
-        if previous != Some(view) {
-            let t_addr = b.ins().stack_addr(types::I64, env.slots[slot], 0);
-            let differs = |field: fn(&View) -> i64| previous.is_none_or(|p| field(&p) != field(&view));
-            if differs(|v| v.storage) {
-                let storage = b.ins().load(types::I64, flags(), env.regs, self.reg(view.storage) + ANY_PAYLOAD);
-                let data = b.ins().load(types::I64, flags(), storage, abi::STORAGE_DATA);
-                b.ins().store(flags(), data, t_addr, offset_of!(DLTensor, data) as i32);
-                // The storage's device: the CPU, or the VM's CUDA device.
-                let device = b.ins().load(types::I64, flags(), storage, abi::STORAGE_DEVICE);
-                b.ins().store(flags(), device, t_addr, offset_of!(DLTensor, device) as i32);
-            }
-            self.write_view_constants(b, env, t_addr, view, previous);
-            self.known.slots[slot] = Some(view);
-        }
+        self.write_view(b, env, slot, view);
         self.known.virtual_regs.insert(dst, slot);
+    }
+
+    /// Makes slot `slot` hold `view`'s DLTensor, writing the fields that differ from the view
+    /// it holds.
+    fn write_view(&mut self, b: &mut FunctionBuilder, env: &Env, slot: usize, view: View) {
+        let previous = self.known.slots[slot];
+        if previous == Some(view) {
+            return;
+        }
+        let t_addr = b.ins().stack_addr(types::I64, env.slots[slot], 0);
+        if previous.is_none_or(|p| p.storage != view.storage) {
+            let storage = b.ins().load(types::I64, flags(), env.regs, self.reg(view.storage) + ANY_PAYLOAD);
+            let data = b.ins().load(types::I64, flags(), storage, abi::STORAGE_DATA);
+            b.ins().store(flags(), data, t_addr, offset_of!(DLTensor, data) as i32);
+            // The storage's device: the CPU, or the VM's CUDA device.
+            let device = b.ins().load(types::I64, flags(), storage, abi::STORAGE_DEVICE);
+            b.ins().store(flags(), device, t_addr, offset_of!(DLTensor, device) as i32);
+        }
+        self.write_view_constants(b, env, t_addr, view, previous);
+        self.known.slots[slot] = Some(view);
     }
 
     /// The DLTensor fields that come from the view's constants (shape, ndim and dtype, strides,
@@ -413,22 +509,9 @@ impl<'a> Lowering<'a> {
         self.known.written(dst);
     }
 
-    /// The builtin compiled mode writes inline that this call is, if it is one.
-    fn inlined(&self, callee: i64, args: &[Arg]) -> Option<Inlined> {
-        let options = self.shared.options;
-        if !options.inline_builtins || options.instrument {
-            return None;
-        }
-        match self.builtin(callee).filter(|b| b.inlined).map(|b| (b.name, args)) {
-            Some(("vm.builtin.null_value", [])) => Some(Inlined::NullValue),
-            Some(("vm.builtin.copy", [Arg::Reg(src)])) if *src < VOID_REG => Some(Inlined::Copy(*src)),
-            _ => None,
-        }
-    }
-
     /// A builtin's work written inline; false when `callee` is not one compiled mode inlines.
     fn inline_builtin(&mut self, b: &mut FunctionBuilder, env: &Env, dst: i64, callee: i64, args: &[Arg]) -> bool {
-        let Some(inlined) = self.inlined(callee, args) else {
+        let Some(inlined) = plan::inlined(self.shared, callee, args) else {
             return false;
         };
         match inlined {
@@ -462,7 +545,7 @@ impl<'a> Lowering<'a> {
         if self.inline_builtin(b, env, dst, callee, args) {
             return;
         }
-        let words = self.call_words(args, &self.known.virtual_regs);
+        let words = plan::call_words(self.shared, args, &self.known.virtual_regs);
         let array = self.argument_array(&words);
         self.stage(b, env, array, &words);
         let argv = env.argv[array];
@@ -524,72 +607,6 @@ impl<'a> Lowering<'a> {
         b.switch_to_block(after);
     }
 
-    /// The two words argument `a` is staged as, given which registers are virtual.
-    fn arg_words(&self, a: Arg, virtual_regs: &HashMap<i64, usize>) -> (Word, Word) {
-        match a {
-            Arg::Reg(VOID_REG) => (Word::Bits(abi::TYPE_NONE as i64), Word::Bits(0)),
-            Arg::Reg(VM_REG) => (Word::Bits(abi::TYPE_OPAQUE_PTR as i64), Word::Vm),
-            Arg::Reg(r) => match virtual_regs.get(&r) {
-                Some(&slot) => (Word::Bits(abi::TYPE_DLTENSOR_PTR as i64), Word::Slot(slot)),
-                None => (Word::Reg(r), Word::Reg(r)),
-            },
-            Arg::Imm(v) => (Word::Bits(abi::TYPE_INT as i64), Word::Bits(v)),
-            // Values known at compile time are written as immediates.
-            Arg::Const(c) => match &self.shared.exec.constants[c as usize] {
-                Constant::Int(v) => (Word::Bits(abi::TYPE_INT as i64), Word::Bits(*v)),
-                Constant::Float(v) => (Word::Bits(abi::TYPE_FLOAT as i64), Word::Bits(v.to_bits() as i64)),
-                Constant::DataType(d) => {
-                    let word = abi::DLDataType { code: d.code, bits: d.bits, lanes: d.lanes }.word();
-                    (Word::Bits(abi::TYPE_DATA_TYPE as i64), Word::Bits(word as i64))
-                }
-                _ => (Word::Const(c), Word::Const(c)),
-            },
-            Arg::Func(g) => (Word::Func(g), Word::Func(g)),
-        }
-    }
-
-    /// The words of a call's argument array: each argument's type word, then its payload.
-    fn call_words(&self, args: &[Arg], virtual_regs: &HashMap<i64, usize>) -> Vec<Word> {
-        args.iter().flat_map(|&a| <[Word; 2]>::from(self.arg_words(a, virtual_regs))).collect()
-    }
-
-    /// The words each call of the chunk will stage, by a pass ahead of the lowering that tracks
-    /// virtual registers as the lowering will (stack tensors make them, writes and block starts
-    /// end them). Only `argument_array` reads it, so a wrong guess costs stores, never bits.
-    fn plan_calls(
-        &self,
-        instrs: &[Instr],
-        leader: &[bool],
-        tensor_slots: &HashMap<usize, (usize, Site)>,
-    ) -> Vec<Option<Vec<Word>>> {
-        let mut virtual_regs = HashMap::new();
-        let mut plan = Vec::with_capacity(instrs.len());
-        for (i, ins) in instrs.iter().enumerate() {
-            if leader[i] || !self.track {
-                virtual_regs.clear();
-            }
-            plan.push(match ins {
-                Instr::Call { dst, func, args } => match tensor_slots.get(&i) {
-                    Some(&(slot, site)) if site.proven => {
-                        virtual_regs.insert(*dst, slot);
-                        None
-                    }
-                    Some(_) => {
-                        virtual_regs.remove(dst);
-                        None
-                    }
-                    None => {
-                        let words = self.inlined(*func, args).is_none().then(|| self.call_words(args, &virtual_regs));
-                        virtual_regs.remove(dst);
-                        words
-                    }
-                },
-                _ => None,
-            });
-        }
-        plan
-    }
-
     /// The argument array to stage a call's `words` in: one that holds them already; else one
     /// no call shortly ahead in the block finds its arguments in, with the fewest stores. A
     /// chain alternating between two argument lists thus settles into one array each.
@@ -618,18 +635,23 @@ impl<'a> Lowering<'a> {
             if self.track && self.known.argv[array][j] == Some(word) {
                 continue;
             }
-            let field = if j % 2 == 0 { ANY_TYPE_INDEX } else { ANY_PAYLOAD };
-            let value = match word {
-                Word::Bits(v) => b.ins().iconst(types::I64, v),
-                Word::Reg(r) => b.ins().load(types::I64, flags(), env.regs, self.reg(r) + field),
-                Word::Const(c) => b.ins().load(types::I64, flags(), env.consts, any_offset(c) + field),
-                Word::Func(g) => b.ins().load(types::I64, flags(), env.funcs, any_offset(g) + field),
-                Word::Slot(slot) => b.ins().stack_addr(types::I64, env.slots[slot], 0),
-                Word::Vm => env.vm,
-            };
-            b.ins().store(flags(), value, env.argv[array], any_offset(j as i64 / 2) + field);
-            self.known.argv[array][j] = Some(word);
+            self.store_word(b, env, array, j, word);
         }
+    }
+
+    /// Stores `word` as word `j` of argument array `array`.
+    fn store_word(&mut self, b: &mut FunctionBuilder, env: &Env, array: usize, j: usize, word: Word) {
+        let field = if j.is_multiple_of(2) { ANY_TYPE_INDEX } else { ANY_PAYLOAD };
+        let value = match word {
+            Word::Bits(v) => b.ins().iconst(types::I64, v),
+            Word::Reg(r) => b.ins().load(types::I64, flags(), env.regs, self.reg(r) + field),
+            Word::Const(c) => b.ins().load(types::I64, flags(), env.consts, any_offset(c) + field),
+            Word::Func(g) => b.ins().load(types::I64, flags(), env.funcs, any_offset(g) + field),
+            Word::Slot(slot) => b.ins().stack_addr(types::I64, env.slots[slot], 0),
+            Word::Vm => env.vm,
+        };
+        b.ins().store(flags(), value, env.argv[array], any_offset(j as i64 / 2) + field);
+        self.known.argv[array][j] = Some(word);
     }
 
     /// Continues at `next` when `rc` is 0; otherwise a cold stub passes this call's pc to the
@@ -639,7 +661,12 @@ impl<'a> Lowering<'a> {
         b.set_cold_block(stub);
         b.ins().brif(rc, stub, &[], next, &[]);
         b.switch_to_block(stub);
-        let pcv = b.ins().iconst(types::I64, pc);
+        let mut pcv = b.ins().iconst(types::I64, pc);
+        if let Some(rolled) = self.rolled {
+            // The body is written as its first time through: later times are `period` further on.
+            let step = b.ins().imul_imm_s(rolled.counter, rolled.period);
+            pcv = b.ins().iadd(pcv, step);
+        }
         b.ins().jump(env.error, &[BlockArg::Value(pcv)]);
     }
 

@@ -6,6 +6,8 @@
 mod chunks;
 mod frame;
 mod lower;
+mod plan;
+mod repeats;
 mod stack_tensors;
 
 use std::collections::{BTreeSet, HashSet};
@@ -37,6 +39,15 @@ pub struct NativeBody {
     pub registers: i64,
 }
 
+/// A run of repeated instructions compiled mode wrote as one copy in a loop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RolledLoop {
+    pub function: String,
+    /// The pcs the loop runs: `(pcs.end - pcs.start) / period` times the body's instructions.
+    pub pcs: std::ops::Range<usize>,
+    pub period: usize,
+}
+
 /// What compiled mode did with each function.
 #[derive(Debug, Default)]
 pub struct NativeResult {
@@ -46,6 +57,8 @@ pub struct NativeResult {
     pub notes: Vec<(String, String)>,
     /// The CLIF of every native function before optimization, when asked for.
     pub clif: String,
+    /// The loops repeated runs became.
+    pub loops: Vec<RolledLoop>,
 }
 
 /// Choices of compiled mode.
@@ -57,6 +70,8 @@ pub struct NativeOptions {
     pub inline_builtins: bool,
     /// Build non-escaping tensors on the native stack. Off only to measure what it is worth.
     pub stack_tensors: bool,
+    /// Write a run of repeated calls as one copy in a loop. Off only to measure what it is worth.
+    pub roll_loops: bool,
     /// Keep each function's CLIF as text, with `; pc=N` comments, in [`NativeResult::clif`].
     pub emit_clif: bool,
     /// Threads that compile functions to machine code (0: one per core).
@@ -73,6 +88,7 @@ impl Default for NativeOptions {
             keep_bytecode: HashSet::new(),
             inline_builtins: true,
             stack_tensors: true,
+            roll_loops: true,
             emit_clif: false,
             jobs: 0,
             instrument: false,
@@ -113,7 +129,7 @@ pub fn compile_functions(
     }
     let returns_objects = exec.funcs.iter().map(|f| !scalar_results.contains(&f.name)).collect();
     let shared = Shared { exec, symbols, packed, returns_objects, shim, options };
-    let mut result = NativeResult { compiled: vec![None; exec.funcs.len()], notes: Vec::new(), clif: String::new() };
+    let mut result = NativeResult { compiled: vec![None; exec.funcs.len()], ..Default::default() };
     let mut pending = Vec::new();
     let mut fctx = FunctionBuilderContext::new();
     for (index, f) in exec.funcs.iter().enumerate() {
@@ -124,7 +140,8 @@ pub fn compile_functions(
             result.notes.push((f.name.clone(), "kept as bytecode (--keep-bytecode)".to_string()));
             continue;
         }
-        result.compiled[index] = Some(build_function(module, &shared, index, &mut fctx, &mut pending)?);
+        result.compiled[index] =
+            Some(build_function(module, &shared, index, &mut fctx, &mut pending, &mut result.loops)?);
     }
     let compiled = compile_all(module.isa(), exec, &mut pending, options.jobs)?;
     for (p, code) in pending.iter().zip(compiled) {
@@ -161,14 +178,15 @@ fn build_function(
     index: usize,
     fctx: &mut FunctionBuilderContext,
     pending: &mut Vec<Pending>,
+    loops: &mut Vec<RolledLoop>,
 ) -> Result<NativeBody, CodegenError> {
     let exec = shared.exec;
     let f = &exec.funcs[index];
     let sig = super::shim::compiled_signature(module);
     let instrs: Vec<Instr> =
         (f.start_instr..f.end_instr).map(|k| exec.instr(k as usize).expect("verified executable")).collect();
-    let bounds = chunks::chunk_bounds(&instrs);
     let facts = stack_tensors::FunctionFacts::of(exec, &instrs, f.num_args);
+    let bounds = chunks::chunk_bounds(&instrs, &plan::chunk_weights(shared, &facts, &instrs));
     let registers = std::cell::RefCell::new(frame::RegisterFile::new(f.num_args));
     let mut parts = Vec::new();
     for (k, &(lo, hi)) in bounds.iter().enumerate() {
@@ -178,7 +196,7 @@ fn build_function(
         let mut ctx = module.make_context();
         ctx.func.signature = sig.clone();
         let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
-        lower::Lowering::new(shared, index, module, &registers).lower(&mut b, &instrs, &facts, lo, hi);
+        loops.extend(lower::Lowering::new(shared, index, module, &registers).lower(&mut b, &instrs, &facts, lo, hi));
         b.finalize(module.isa().frontend_config());
         let mut clif = String::new();
         if shared.options.emit_clif {

@@ -17,7 +17,7 @@ use crate::codegen::shim::find_builtin;
 use crate::vm::{Arg, Constant, DType, Executable, FuncKind, Instr, VM_REG, VOID_REG};
 
 /// A tensor view: what a stack tensor's DLTensor is made from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct View {
     pub storage: i64,
     pub offset: i64,
@@ -76,7 +76,7 @@ impl FunctionFacts {
             storages: HashMap::new(),
             writers: HashMap::new(),
             kills: HashMap::new(),
-            block: super::lower::leaders(instrs)
+            block: super::plan::leaders(instrs)
                 .0
                 .iter()
                 .scan(0, |n, &l| {
