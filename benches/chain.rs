@@ -7,7 +7,9 @@
 //!   relaxc compiled, relaxc bytecode, and TVM 0.27's bytecode and compiled VM
 //!   when `import tvm` works (bench/tvm_chain.py), in interleaved rounds, with the ratios. The
 //!   floor is loaded into this process and takes turns with relaxc's two modes a block of chains
-//!   at a time, so that all three are timed on the same machine state (bench/floor.c says why);
+//!   at a time, so that all three are timed on the same machine state (bench/floor.c says why).
+//!   The ratios among them are paired: the median, over every turn, of the ratio of the two
+//!   runtimes' median chains in that turn, so that the machine's drift from turn to turn cancels;
 //! - compile+link time per mode up to chain_100000, with TVM's own build times beside them;
 //! - bytes of native code per operator in compiled mode;
 //! - chain_1000's build for aarch64 beside the host's, and what each of compiled mode's
@@ -238,15 +240,17 @@ impl Floor {
 /// machine of the same few milliseconds.
 const BLOCK: usize = 16;
 
-/// Per-chain medians (us) of the loop floor, the straight-line floor, and each model, over
-/// `calls` chains apiece, taken in turns of BLOCK chains.
-fn time_side_by_side(floor: &Floor, models: &[&Model], calls: usize) -> Vec<f64> {
+/// Per-chain times (us) of the loop floor, the straight-line floor, and each model (in that
+/// order), over `calls` chains apiece, taken in turns of BLOCK chains: the medians, and the mean
+/// of each turn.
+fn time_side_by_side(floor: &Floor, models: &[&Model], calls: usize) -> (Vec<f64>, Vec<Vec<f64>>) {
     let x =
         [Input::Tensor(HostTensor::new(DLDataType { code: 2, bits: 32, lanes: 1 }, vec![1], &0.5f32.to_le_bytes()))];
     let mut vms: Vec<_> = models.iter().map(|m| m.vm().expect("vm")).collect();
     let fs: Vec<i32> = models.iter().map(|m| m.find("main").expect("main")).collect();
     let args: Vec<_> = vms.iter().map(|vm| vm.prepare(&x).expect("args")).collect();
     let mut times = vec![Vec::with_capacity(calls); 2 + models.len()];
+    let mut turns = vec![Vec::new(); 2 + models.len()];
     let mut done = 0;
     while done < calls {
         let block = BLOCK.min(calls - done);
@@ -263,10 +267,11 @@ fn time_side_by_side(floor: &Floor, models: &[&Model], calls: usize) -> Vec<f64>
                     samples.push(t.elapsed().as_secs_f64() * 1e6);
                 }
             }
+            turns[who].push(median(samples[samples.len() - block..].to_vec()));
         }
         done += block;
     }
-    times.into_iter().map(median).collect()
+    (times.into_iter().map(median).collect(), turns)
 }
 
 /// TVM's side, when TVM is installed: a helper process that built its models and times them
@@ -347,12 +352,20 @@ fn main() {
         })
         .collect();
     let mut samples: std::collections::BTreeMap<(usize, &str), Vec<f64>> = Default::default();
+    // Per-turn ratios of runtimes timed side by side, by (n, numerator, denominator).
+    let mut paired: std::collections::BTreeMap<(usize, &str, &str), Vec<f64>> = Default::default();
     for round in 0..rounds() {
         eprintln!("round {}...", round + 1);
         for (n, bytecode, compiled) in &models {
-            let us = time_side_by_side(&floors[n], &[compiled, bytecode], calls(*n));
-            for (what, us) in ["floor", "straight", "compiled", "bytecode"].into_iter().zip(us) {
+            let (us, turns) = time_side_by_side(&floors[n], &[compiled, bytecode], calls(*n));
+            let names = ["floor", "straight", "compiled", "bytecode"];
+            for (what, us) in names.into_iter().zip(us) {
                 samples.entry((*n, what)).or_default().push(us);
+            }
+            for (a, b) in PAIRED {
+                let at = |w: &str| names.iter().position(|x| *x == w).expect("a timed runtime");
+                let ratios = turns[at(a)].iter().zip(&turns[at(b)]).map(|(x, y)| x / y);
+                paired.entry((*n, a, b)).or_default().extend(ratios);
             }
         }
         if let Some(t) = tvm.as_mut() {
@@ -370,11 +383,22 @@ fn main() {
         }
     }
     let result = |n: usize, what: &str| samples.get(&(n, what)).map(|v| median(v.clone()));
-    report_calls(&timed_sizes, &result);
+    let pair = |n: usize, a: &str, b: &str| paired.get(&(n, a, b)).map(|v| median(v.clone()));
+    report_calls(&timed_sizes, &result, &pair);
     report_builds(&programs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), &built, tvm.as_ref().map(|t| &t.build_s));
-    report_targets(&result, &built, tvm.as_ref().map(|t| &t.build_s));
+    report_targets(&result, &pair, &built, tvm.as_ref().map(|t| &t.build_s));
     cross_build_times(root, dir.path());
     specializations(&programs[1].1, dir.path());
+}
+
+/// The ratios taken turn by turn (numerator, denominator): runtimes timed side by side.
+const PAIRED: [(&str, &str); 3] = [("compiled", "floor"), ("compiled", "straight"), ("bytecode", "floor")];
+
+/// A paired ratio (see [`PAIRED`]), as a ratio is printed.
+type Pair<'a> = &'a dyn Fn(usize, &str, &str) -> Option<f64>;
+
+fn times(v: Option<f64>) -> String {
+    v.map_or("—".into(), |v| format!("{v:.2}x"))
 }
 
 fn fmt(v: Option<f64>) -> String {
@@ -388,8 +412,12 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     }
 }
 
-fn report_calls(sizes: &[usize], result: &dyn Fn(usize, &str) -> Option<f64>) {
-    println!("\nper call (us, medians of {} interleaved rounds):\n", rounds());
+fn report_calls(sizes: &[usize], result: &dyn Fn(usize, &str) -> Option<f64>, pair: Pair) {
+    println!(
+        "\nper call (us, medians of {} interleaved rounds; compiled / floor, compiled / straight-line C and \
+         bytecode / floor are medians of per-turn ratios):\n",
+        rounds()
+    );
     println!(
         "| model | floor | straight-line C | relaxc compiled | relaxc bytecode | TVM compiled | TVM bytecode | compiled / floor | compiled / straight-line C | bytecode / floor | relaxc compiled / TVM compiled | relaxc bytecode / TVM bytecode | compiled / bytecode |"
     );
@@ -405,9 +433,9 @@ fn report_calls(sizes: &[usize], result: &dyn Fn(usize, &str) -> Option<f64>) {
             fmt(bytecode),
             fmt(tvm_c),
             fmt(tvm_b),
-            ratio(compiled, floor),
-            ratio(compiled, straight),
-            ratio(bytecode, floor),
+            times(pair(n, "compiled", "floor")),
+            times(pair(n, "compiled", "straight")),
+            times(pair(n, "bytecode", "floor")),
             ratio(compiled, tvm_c),
             ratio(bytecode, tvm_b),
             ratio(compiled, bytecode),
@@ -448,6 +476,7 @@ fn report_builds(
 /// The issue's targets, measured in this run.
 fn report_targets(
     result: &dyn Fn(usize, &str) -> Option<f64>,
+    pair: Pair,
     built: &std::collections::BTreeMap<(usize, ExecMode), Built>,
     tvm: Option<&serde_json::Value>,
 ) {
@@ -456,7 +485,7 @@ fn report_targets(
     println!("\ntargets:");
     for n in [100, 1000, 10000] {
         let goal = if n == 100 { ">= 1.0x" } else { "1.0x to 1.10x" };
-        println!("  chain_{n} compiled / floor: {} (goal {goal})", ratio(result(n, "compiled"), result(n, "floor")));
+        println!("  chain_{n} compiled / floor: {} (goal {goal})", times(pair(n, "compiled", "floor")));
     }
     println!(
         "  chain_1000 relaxc compiled / TVM compiled: {} (goal <= 0.08x)",

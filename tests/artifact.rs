@@ -284,17 +284,38 @@ fn compiled_code_is_small_and_the_same_on_any_number_of_threads() {
 #[test]
 fn alternating_calls_find_their_arguments_already_staged() {
     let program = relaxc::compile::load_tvm_export(&common::fixtures_dir().join("chain_100/m.tar")).expect("fixture");
-    let mut options = relaxc::compile::Options::mode(ExecMode::Compiled);
-    options.native.emit_clif = true;
-    let clif = relaxc::compile::emit(&program, &options).expect("emit").clif;
-    let segments: Vec<&str> = clif.split("; pc=").skip(1).collect();
-    let calls: Vec<&&str> = segments.iter().filter(|s| s.contains(" call  add1 ")).collect();
-    assert_eq!(calls.len(), 100, "chain_100 has 100 kernel calls");
-    // The last three write into tensors checked at run time and held in registers (TVM's plan
-    // releases their storage right after them, and the last is the result), not stack tensors.
-    for call in &calls[4..calls.len() - 3] {
-        let code = call.split("; machine code").next().unwrap_or(call);
-        assert!(!code.contains("store "), "a call whose arguments are already staged stores:\n{code}");
+    for roll_loops in [false, true] {
+        let mut options = relaxc::compile::Options::mode(ExecMode::Compiled);
+        options.native.emit_clif = true;
+        options.native.roll_loops = roll_loops;
+        let object = relaxc::compile::emit(&program, &options).expect("emit");
+        let segments: Vec<&str> = object.clif.split("; pc=").skip(1).collect();
+        let calls: Vec<&&str> = segments.iter().filter(|s| s.contains(" call  add1 ")).collect();
+        if roll_loops {
+            // One loop, whose body holds two of the calls; fewer call sites than operators.
+            assert_eq!(object.loops.len(), 1, "chain_100's run of stack-tensor calls is one loop");
+            assert!(calls.len() < 40, "{} call sites remain with the loop", calls.len());
+            // Every instruction of the body, its back edge included, stores nothing.
+            let body = object.loops[0].pcs.start..object.loops[0].pcs.start + object.loops[0].period;
+            let pc_of = |s: &str| s.split_whitespace().next().and_then(|pc| pc.parse::<usize>().ok());
+            let in_body: Vec<&&str> =
+                segments.iter().filter(|s| pc_of(s).is_some_and(|pc| body.contains(&pc))).collect();
+            assert_eq!(in_body.len(), object.loops[0].period, "one copy of each body instruction");
+            for code in in_body {
+                let code = code.split("; machine code").next().unwrap_or(code);
+                assert!(!code.contains("store "), "the loop's body stores:\n{code}");
+            }
+        } else {
+            assert!(object.loops.is_empty());
+            assert_eq!(calls.len(), 100, "chain_100 has 100 kernel calls");
+        }
+        // The last three write into tensors checked at run time and held in registers (TVM's plan
+        // releases their storage right after them, and the last is the result), not stack tensors.
+        // With the loop, its body (and the back edge after it) stores nothing either.
+        for call in &calls[4..calls.len() - 3] {
+            let code = call.split("; machine code").next().unwrap_or(call);
+            assert!(!code.contains("store "), "a call whose arguments are already staged stores:\n{code}");
+        }
     }
 }
 
