@@ -300,7 +300,10 @@ fn alternating_calls_find_their_arguments_already_staged() {
             let pc_of = |s: &str| s.split_whitespace().next().and_then(|pc| pc.parse::<usize>().ok());
             let in_body: Vec<&&str> =
                 segments.iter().filter(|s| pc_of(s).is_some_and(|pc| body.contains(&pc))).collect();
-            assert_eq!(in_body.len(), object.loops[0].period, "one copy of each body instruction");
+            // Instructions that need no code (a view the slot already holds, a virtual kill) have no
+            // segment; the two calls do.
+            let body_calls = in_body.iter().filter(|s| s.contains(" call  add1 ")).count();
+            assert_eq!(body_calls, 2, "one copy of each of the body's calls");
             for code in in_body {
                 let code = code.split("; machine code").next().unwrap_or(code);
                 assert!(!code.contains("store "), "the loop's body stores:\n{code}");
