@@ -547,19 +547,25 @@ fn cross_build_times(root: &Path, dir: &Path) {
 
 /// chain_1000 compiled with each specialization turned off, one by one.
 fn specializations(program: &Program, dir: &Path) {
-    let variant = |inline_builtins: bool, stack_tensors: bool| {
+    let variant = |inline_builtins: bool, stack_tensors: bool, roll_loops: bool| {
         let mut o = Options::mode(ExecMode::Compiled);
         o.native.inline_builtins = inline_builtins;
         o.native.stack_tensors = stack_tensors;
-        let so = dir.join(format!("variant{}{}.so", inline_builtins as u8, stack_tensors as u8));
+        o.native.roll_loops = roll_loops;
+        let tag = [inline_builtins, stack_tensors, roll_loops].map(|b| if b { '1' } else { '0' });
+        let so = dir.join(format!("variant{}.so", String::from_iter(tag)));
         let b = build(program, &o, &so, 1);
         let model = Model::load(&b.so).expect("load");
         let us = median((0..rounds()).map(|_| time_calls(&model, 2000)).collect());
         (us, b.code_bytes as f64 / 1000.0)
     };
-    let (plain, inlined, all) = (variant(false, false), variant(true, false), variant(true, true));
+    let plain = variant(false, false, false);
+    let inlined = variant(true, false, false);
+    let stack = variant(true, true, false);
+    let all = variant(true, true, true);
     println!("\nchain_1000 compiled, per call (us) and native code (bytes/op), each specialization added in turn:");
     println!("  calling every builtin: {:.2} us, {:.0} B/op", plain.0, plain.1);
     println!("  null_value and copy inlined: {:.2} us, {:.0} B/op", inlined.0, inlined.1);
-    println!("  stack tensors as well: {:.2} us, {:.0} B/op", all.0, all.1);
+    println!("  stack tensors as well: {:.2} us, {:.0} B/op", stack.0, stack.1);
+    println!("  repeated calls rolled into a loop as well: {:.2} us, {:.1} B/op", all.0, all.1);
 }
