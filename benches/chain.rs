@@ -406,10 +406,7 @@ fn fmt(v: Option<f64>) -> String {
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> String {
-    match (a, b) {
-        (Some(a), Some(b)) => format!("{:.2}x", a / b),
-        _ => "—".into(),
-    }
+    times(a.zip(b).map(|(a, b)| a / b))
 }
 
 fn report_calls(sizes: &[usize], result: &dyn Fn(usize, &str) -> Option<f64>, pair: Pair) {

@@ -138,13 +138,13 @@ fn random_models(seed: u64, count: usize) -> Result<&'static RandomModels, Strin
                 cuda: Vec::new(),
             };
             let mut models = Vec::new();
+            let mut loops = Vec::new();
             for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
-                let so = common::link_program(&format!("random.{seed}"), &program, mode)?;
+                let (so, rolled) = common::link_program_with(&format!("random.{seed}"), &program, mode)?;
                 models.push((mode, Model::load(&so).map_err(|e| e.to_string())?));
+                loops.extend(rolled);
             }
-            let compiled = relaxc::compile::emit(&program, &relaxc::compile::Options::mode(ExecMode::Compiled))
-                .map_err(|e| e.to_string())?;
-            Ok(RandomModels { mains: batch.mains, models, loops: compiled.loops })
+            Ok(RandomModels { mains: batch.mains, models, loops })
         })
         .as_ref()
         .map_err(Clone::clone)

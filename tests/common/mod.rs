@@ -160,10 +160,19 @@ pub fn build(name: &str, tar: &Path, mode: ExecMode) -> Result<PathBuf, String> 
 /// Compiles and links a program made in a test (random programs, ExecBuilder programs) in `mode`
 /// into the scratch directory as `<name>.<mode>.<pid>.so`.
 pub fn link_program(name: &str, program: &relaxc::compile::Program, mode: ExecMode) -> Result<PathBuf, String> {
+    link_program_with(name, program, mode).map(|(so, _)| so)
+}
+
+/// [`link_program`], also returning the loops compiled mode rolled repeated runs into.
+pub fn link_program_with(
+    name: &str,
+    program: &relaxc::compile::Program,
+    mode: ExecMode,
+) -> Result<(PathBuf, Vec<relaxc::codegen::native::RolledLoop>), String> {
     let object = relaxc::compile::emit(program, &relaxc::compile::Options::mode(mode)).map_err(|e| e.to_string())?;
     let so = scratch_dir().join(format!("{name}.{}.{}.so", mode_name(mode), std::process::id()));
     relaxc::link::link_shared(&object.link_inputs(&program.kernels), &so).map_err(|e| e.to_string())?;
-    Ok(so)
+    Ok((so, object.loops))
 }
 
 /// Builds `tar` with `options` once per (name, tag) per test binary.

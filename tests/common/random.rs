@@ -233,20 +233,21 @@ impl<'a> Gen<'a> {
         }
     }
 
+    /// A new 16-byte storage, in a new register.
+    fn new_storage(&mut self) -> i64 {
+        let s = self.s;
+        let r = self.reg();
+        let args = vec![Arg::Reg(VM_REG), Arg::Const(s.bytes16), Arg::Imm(0), Arg::Const(s.u8), Arg::Const(s.global)];
+        self.call(r, s.alloc_storage, args);
+        r
+    }
+
     /// A float32[4] tensor allocated in a kept storage (half the time, outside `local` code) or a
     /// new 16-byte one: (tensor, storage, whether the storage is a kept one).
     fn alloc_float4(&mut self, local: bool) -> (i64, i64, bool) {
         let s = self.s;
         let kept = !local && !self.storages.is_empty() && self.rng.chance(50);
-        let storage = if kept {
-            self.rng.pick(&self.storages).expect("a storage")
-        } else {
-            let r = self.reg();
-            let args =
-                vec![Arg::Reg(VM_REG), Arg::Const(s.bytes16), Arg::Imm(0), Arg::Const(s.u8), Arg::Const(s.global)];
-            self.call(r, s.alloc_storage, args);
-            r
-        };
+        let storage = if kept { self.rng.pick(&self.storages).expect("a storage") } else { self.new_storage() };
         let t = self.reg();
         self.call(t, s.alloc_tensor, vec![Arg::Reg(storage), Arg::Imm(0), Arg::Const(s.shape4), Arg::Const(s.f32)]);
         (t, storage, kept)
@@ -487,12 +488,7 @@ impl<'a> Gen<'a> {
     fn repeated(&mut self) {
         let s = self.s;
         let Some(input) = self.rng.pick(&self.tensors) else { return };
-        let storages = [self.reg(), self.reg()];
-        for storage in storages {
-            let args =
-                vec![Arg::Reg(VM_REG), Arg::Const(s.bytes16), Arg::Imm(0), Arg::Const(s.u8), Arg::Const(s.global)];
-            self.call(storage, s.alloc_storage, args);
-        }
+        let storages = [self.new_storage(), self.new_storage()];
         let steps = 8 + self.rng.below(40);
         let add = self.rng.chance(50);
         let factor = 2 + self.rng.below(2) as i64;
