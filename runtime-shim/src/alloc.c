@@ -8,9 +8,10 @@
  * lists are guarded by a spin lock, which costs one uncontended atomic exchange.
  *
 
- * Tensor objects (the views that alloc_tensor makes for every operator) are recycled too, without
- * any lock: only the thread currently running a call on the VM takes objects from the cache or
- * gives them back; a tensor released by any other thread, or outside a call, is simply freed.
+ * Tensor objects (the views that alloc_tensor makes for every operator) and Storage objects (one
+ * per alloc_storage, a few on every call of most models) are recycled too, without any lock: only
+ * the thread currently running a call on the VM takes objects from the caches or gives them back;
+ * an object released by any other thread, or outside a call, is simply freed.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -38,6 +39,7 @@ struct rvm_pool {
   rvm_vm_stats stats;
   _Atomic uintptr_t active_thread; /* pthread_self() of the thread inside a call, else 0 */
   free_block *tensors;             /* cached tensor objects (RVM_CACHED_NDIM dims) */
+  free_block *storages;            /* cached Storage objects */
 };
 
 static uintptr_t this_thread(void) { return (uintptr_t)pthread_self(); }
@@ -116,6 +118,7 @@ void rvm_pool_release(rvm_pool *a) {
   for (int i = 0; i < RVM_EXACT_BUCKETS; i++) free_list(a->exact[i]);
   for (int i = 0; i < RVM_CLASS_BUCKETS; i++) free_list(a->classes[i]);
   free_list(a->tensors);
+  free_list(a->storages);
   rvm_mem_free(a);
 }
 
@@ -175,10 +178,21 @@ void rvm_pool_reset_stats(rvm_pool *a) {
 
 static void storage_deleter(void *self, int flags) {
   rvm_storage *s = self;
+  rvm_pool *pool = s->allocator;
+  if (flags == 3 && pool && on_active_thread(pool)) {
+    /* Into the cache before the pool's reference goes: the pool frees its caches when that
+     * reference was the last. */
+    rvm_pool_free(pool, s->data, s->nbytes);
+    free_block *b = (free_block *)s;
+    b->next = pool->storages;
+    pool->storages = b;
+    rvm_pool_release(pool);
+    return;
+  }
   if (flags & 1) {
-    if (s->allocator) {
-      rvm_pool_free(s->allocator, s->data, s->nbytes);
-      rvm_pool_release(s->allocator);
+    if (pool) {
+      rvm_pool_free(pool, s->data, s->nbytes);
+      rvm_pool_release(pool);
     } else {
       rvm_mem_free(s->data);
     }
@@ -188,12 +202,33 @@ static void storage_deleter(void *self, int flags) {
 
 bool rvm_is_pooled_storage(const TVMFFIObject *obj) { return obj->deleter == storage_deleter; }
 
+/* A Storage object from the cache (on the thread running a call), else from the heap. */
+static rvm_storage *storage_object(rvm_pool *a) {
+  if (a->storages && on_active_thread(a)) {
+    free_block *b = a->storages;
+    a->storages = b->next;
+    return (rvm_storage *)b;
+  }
+  return rvm_mem_alloc_in(a->heap, sizeof(rvm_storage), 16, "a storage object");
+}
+
+/* Back to the cache when this thread may touch it, else to the heap. */
+static void storage_object_discard(rvm_pool *a, rvm_storage *s) {
+  if (on_active_thread(a)) {
+    free_block *b = (free_block *)s;
+    b->next = a->storages;
+    a->storages = b;
+  } else {
+    rvm_mem_free(s);
+  }
+}
+
 rvm_storage *rvm_storage_new(rvm_pool *a, uint64_t nbytes) {
-  rvm_storage *s = rvm_mem_alloc_in(a->heap, sizeof(*s), 16, "a storage object");
+  rvm_storage *s = storage_object(a);
   if (!s) return NULL;
   s->data = rvm_pool_alloc(a, nbytes);
   if (!s->data) {
-    rvm_mem_free(s);
+    storage_object_discard(a, s);
     return NULL;
   }
   rvm_object_init(&s->header, RVM_TYPE_STORAGE, storage_deleter);
