@@ -172,20 +172,27 @@ fn floor_calls_source(n: usize) -> String {
 }
 
 /// bench/floor.c for chain_n as a shared library, built against `lib0.o`, its generated calls and
-/// the runtime shim (for the symbols TVM's kernels import, kept inside the library).
-fn build_floor(root: &Path, dir: &Path, kernels: &[KernelObject], n: usize) -> PathBuf {
+/// the runtime shim (for the symbols TVM's kernels import, kept inside the library). `shift`
+/// bytes (a multiple of 16) of padding go before lib0.o, moving the kernel by that much.
+fn build_floor(root: &Path, dir: &Path, kernels: &[KernelObject], n: usize, shift: usize) -> PathBuf {
     let lib0 = dir.join("lib0.o");
     std::fs::write(&lib0, &kernels[0].bytes).expect("write lib0.o");
     let shim = dir.join("librvm_shim.a");
     std::fs::write(&shim, relaxc::target::shim::HOST_SHIM_ARCHIVE).expect("write the shim");
     let calls = dir.join(format!("floor_chain_{n}.c"));
     std::fs::write(&calls, floor_calls_source(n)).expect("write the floor's calls");
-    let lib = dir.join(format!("libfloor_{n}.so"));
+    let lib = dir.join(format!("libfloor_{n}_{shift}.so"));
+    let mut inputs = vec![root.join("bench/floor.c"), calls];
+    if shift > 0 {
+        // A function of `shift` bytes (its nops and its ret), 16-byte aligned like lib0.o's text.
+        let pad = dir.join(format!("floor_shift_{shift}.c"));
+        std::fs::write(&pad, shift_source(shift)).expect("write the floor's padding");
+        inputs.push(pad);
+    }
     let status = Command::new(relaxc::link::linker())
         .args(["-O2", "-std=c11", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-fvisibility=hidden", "-I"])
         .arg(root.join("runtime-shim/include"))
-        .arg(root.join("bench/floor.c"))
-        .arg(&calls)
+        .args(&inputs)
         .arg(&lib0)
         .arg(&shim)
         .args(["-Wl,--exclude-libs,ALL", "-lm", "-ldl", "-lpthread", "-o"])
@@ -342,7 +349,7 @@ fn main() {
     // Per-call times, in interleaved rounds.
     eprintln!("building the floors...");
     let floors: std::collections::BTreeMap<usize, Floor> =
-        timed_sizes.iter().map(|&n| (n, Floor::load(&build_floor(root, dir.path(), &kernels, n), n))).collect();
+        timed_sizes.iter().map(|&n| (n, Floor::load(&build_floor(root, dir.path(), &kernels, n, 0), n))).collect();
     let calls = |n: usize| (2_000_000 / n).clamp(100, 20000);
     let models: Vec<(usize, Model, Model)> = timed_sizes
         .iter()
@@ -389,6 +396,73 @@ fn main() {
     report_targets(&result, &pair, &built, tvm.as_ref().map(|t| &t.build_s));
     cross_build_times(root, dir.path());
     specializations(&programs[1].1, dir.path());
+    placements(root, dir.path(), &kernels, &floors[&1000]);
+}
+
+/// How far where the kernel lies moves chain_1000's times: the floor, and relaxc compiled, with
+/// `add1` 16, 32 and 48 bytes further on (padding linked before lib0.o), each timed in turns with
+/// the floor of the table (paired ratios). Neither side chooses where its kernel and loop fall, so
+/// a compiled / floor ratio is only as exact as this spread.
+fn placements(root: &Path, dir: &Path, kernels: &[KernelObject], floor: &Floor) {
+    println!("\nchain_1000 with the kernel moved (paired ratios to the table's floor):");
+    println!("| kernel moved by | floor | relaxc compiled |");
+    println!("|---|---|---|");
+    for shift in [0, 16, 32, 48] {
+        let shifted_floor = Floor::load(&build_floor(root, dir, kernels, 1000, shift), 1000);
+        let mut program = load_tvm_export(&root.join("fixtures/tvm/chain_1000/m.tar")).expect("chain_1000");
+        if shift > 0 {
+            let pad = KernelObject {
+                name: format!("shift{shift}.o"),
+                bytes: shift_object(dir, shift),
+                kernels: Default::default(),
+                scalar_results: true,
+            };
+            program.kernels.insert(0, pad);
+        }
+        let so = dir.join(format!("chain_1000_shift{shift}.so"));
+        let compiled = Model::load(&build(&program, &Options::mode(ExecMode::Compiled), &so, 1).so).expect("load");
+        let (mut floors, mut models) = (Vec::new(), Vec::new());
+        for _ in 0..rounds() {
+            let (_, turns) = time_side_by_side(floor, &[&compiled], 2000);
+            models.extend(turns[2].iter().zip(&turns[0]).map(|(m, f)| m / f));
+            let turn = |f: &Floor| {
+                let mut us = Vec::with_capacity(BLOCK);
+                for _ in 0..BLOCK {
+                    let t = Instant::now();
+                    let rc = f.run(false);
+                    us.push(t.elapsed().as_secs_f64() * 1e6);
+                    f.check(rc);
+                }
+                median(us)
+            };
+            for _ in 0..2000 / BLOCK {
+                let base = turn(floor);
+                floors.push(turn(&shifted_floor) / base);
+            }
+        }
+        println!("| {shift} bytes | {:.3}x | {:.3}x |", median(floors), median(models));
+    }
+}
+
+/// The C source of `shift` bytes of code (nops and a ret; 16-byte aligned like lib0.o's text).
+fn shift_source(shift: usize) -> String {
+    format!("void floor_shift(void);\nvoid floor_shift(void) {{ __asm__ volatile(\".skip {}, 0x90\"); }}\n", shift - 1)
+}
+
+/// `shift_source` compiled to an object, for relaxc's link.
+fn shift_object(dir: &Path, shift: usize) -> Vec<u8> {
+    let source = dir.join(format!("shift{shift}.c"));
+    std::fs::write(&source, shift_source(shift)).expect("write the padding");
+    let object = dir.join(format!("shift{shift}.o"));
+    let status = Command::new(relaxc::link::linker())
+        .args(["-O2", "-fPIC", "-fno-asynchronous-unwind-tables", "-c"])
+        .arg(&source)
+        .arg("-o")
+        .arg(&object)
+        .status()
+        .expect("run the C compiler");
+    assert!(status.success(), "the padding does not build");
+    std::fs::read(&object).expect("read the padding")
 }
 
 /// The ratios taken turn by turn (numerator, denominator): runtimes timed side by side.

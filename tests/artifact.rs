@@ -322,6 +322,44 @@ fn alternating_calls_find_their_arguments_already_staged() {
     }
 }
 
+/// A rolled loop starts on a 64-byte boundary on x86-64 (codegen/native/align.rs): the back
+/// edge of chain_100's loop jumps to an address that is a multiple of 64, and the function
+/// starts on one.
+#[test]
+#[cfg(target_arch = "x86_64")]
+fn rolled_loops_start_on_a_fetch_boundary() {
+    let tar = common::fixtures_dir().join("chain_100/m.tar");
+    let so = common::build("chain_100", &tar, ExecMode::Compiled).expect("build");
+    let out = Command::new("objdump")
+        .args(["-d", "--no-show-raw-insn", "--disassemble=__vmtir__main"])
+        .arg(&so)
+        .output()
+        .expect("objdump (binutils)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let address = |s: &str| u64::from_str_radix(s.trim().trim_end_matches(':'), 16).ok();
+    let start = text
+        .lines()
+        .find(|l| l.ends_with("<__vmtir__main>:"))
+        .and_then(|l| address(l.split_whitespace().next().unwrap_or("")))
+        .expect("__vmtir__main in the model");
+    assert_eq!(start % 64, 0, "__vmtir__main starts at {start:#x}");
+    // `addr: jmp target <__vmtir__main+off>`, backward: the loop's back edge is the shortest
+    // (cold paths, after all the function's main line, jump back into it from far).
+    let back_edges: Vec<(u64, u64)> = text
+        .lines()
+        .filter_map(|l| {
+            let (at, rest) = l.split_once(':')?;
+            let mut words = rest.split_whitespace();
+            (words.next()? == "jmp").then_some(())?;
+            Some((address(at)?, address(words.next()?)?))
+        })
+        .filter(|(at, target)| target < at && *target >= start)
+        .collect();
+    let (at, target) =
+        back_edges.into_iter().min_by_key(|(at, target)| at - target).expect("a backward jump in __vmtir__main");
+    assert_eq!(target % 64, 0, "the loop's back edge at {at:#x} goes to {target:#x}");
+}
+
 /// Tensor constants are stored once: their elements are in the model's data, and `.rvm_exec`
 /// (which `inspect` reads) points there instead of holding a copy. The largest constant's bytes
 /// occur exactly once in the file, and the executable read back from the `.so` has every

@@ -299,6 +299,8 @@ impl<'a> Lowering<'a> {
         }
         self.rolled = None;
         self.reconcile(b, &cx.env, &entry);
+        // Marked so that the machine code's back edge can be found (align.rs).
+        b.set_srcloc(super::align::back_edge_mark());
         let next = b.ins().iadd_imm_s(counter, 1);
         let more = b.ins().icmp_imm_s(IntCC::NotEqual, next, left as i64);
         let exit = b.create_block();

@@ -3,6 +3,7 @@
 //! directly (`lower`). Two analyses feed it: which tensors can be built on the native stack
 //! (`stack_tensors`) and where a long function is cut into chunks (`chunks`).
 
+mod align;
 mod chunks;
 mod frame;
 mod lower;
@@ -160,6 +161,8 @@ struct Pending {
     /// summarize its machine code by.
     clif: String,
     source: Option<Vec<Instr>>,
+    /// It holds a rolled loop, whose header is worth aligning (align.rs).
+    rolled: bool,
 }
 
 /// A native function compiled to machine code.
@@ -196,7 +199,9 @@ fn build_function(
         let mut ctx = module.make_context();
         ctx.func.signature = sig.clone();
         let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
+        let before = loops.len();
         loops.extend(lower::Lowering::new(shared, index, module, &registers).lower(&mut b, &instrs, &facts, lo, hi));
+        let rolled = loops.len() > before;
         b.finalize(module.isa().frontend_config());
         let mut clif = String::new();
         if shared.options.emit_clif {
@@ -206,7 +211,7 @@ fn build_function(
             clif.push('\n');
         }
         let source = shared.options.emit_clif.then(|| instrs.clone());
-        pending.push(Pending { id, ctx, clif, source });
+        pending.push(Pending { id, ctx, clif, source, rolled });
         parts.push(id);
     }
     let registers = registers.borrow().size();
@@ -219,7 +224,7 @@ fn build_function(
     let mut b = FunctionBuilder::new(&mut ctx.func, fctx);
     chunks::chunk_driver(module, &mut b, &parts);
     b.finalize(module.isa().frontend_config());
-    pending.push(Pending { id, ctx, clif: String::new(), source: None });
+    pending.push(Pending { id, ctx, clif: String::new(), source: None, rolled: false });
     Ok(NativeBody { id, registers })
 }
 
@@ -259,13 +264,27 @@ fn compile_all(
 fn compile_one(isa: &dyn TargetIsa, exec: &Verified, p: &mut Pending) -> Result<Compiled, CodegenError> {
     p.ctx.compile(isa, &mut ControlPlane::default()).map_err(|e| CodegenError::Compile(format!("{:?}", e.inner)))?;
     let code = p.ctx.compiled_code().expect("just compiled");
-    // The ISA's preferred alignment, not the buffer's minimum (1 on x86-64): where a function
-    // starts moves its loops across fetch blocks, and an unaligned start cost chain_1000 a few
-    // percent in some layouts (Zen 3).
-    let alignment = (code.buffer.alignment as u64).max(isa.function_alignment().preferred as u64);
-    let bytes = code.buffer.data().to_vec();
-    let relocs =
-        code.buffer.relocs().iter().map(|r| ModuleReloc::from_mach_reloc(r, &p.ctx.func, p.id)).collect::<Vec<_>>();
+    // The ISA's preferred alignment, not the buffer's minimum (1 on x86-64); on x86-64 a
+    // function with a loop is aligned further, and padded so that the loop starts on a boundary
+    // (align.rs).
+    let mut alignment = (code.buffer.alignment as u64).max(isa.function_alignment().preferred as u64);
+    let x86 = isa.triple().architecture == target_lexicon::Architecture::X86_64;
+    let padding = if p.rolled && x86 { align::loop_padding(code) } else { 0 };
+    let mut bytes = align::x86_nops(padding);
+    bytes.extend_from_slice(code.buffer.data());
+    if padding > 0 {
+        alignment = alignment.max(align::PADDED_FUNCTION_ALIGN);
+    }
+    let relocs = code
+        .buffer
+        .relocs()
+        .iter()
+        .map(|r| {
+            let mut reloc = ModuleReloc::from_mach_reloc(r, &p.ctx.func, p.id);
+            reloc.offset += padding as u32;
+            reloc
+        })
+        .collect::<Vec<_>>();
     let summary = match &p.source {
         Some(instrs) => format!("{}\n", size_summary(exec, instrs, code)),
         None => String::new(),
@@ -282,6 +301,7 @@ fn size_summary(exec: &Verified, instrs: &[Instr], code: &cranelift_codegen::Com
         Some(Instr::If { .. }) => "If",
         None => "?",
     };
-    let spans = code.buffer.get_srclocs_sorted().iter().map(|s| (s.loc, s.end - s.start));
+    let spans = code.buffer.get_srclocs_sorted().iter().filter(|s| s.loc != align::back_edge_mark());
+    let spans = spans.map(|s| (s.loc, s.end - s.start));
     super::clif_text::size_summary(code.code_info().total_size, spans, &kind)
 }
