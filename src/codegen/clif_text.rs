@@ -11,6 +11,13 @@ use cranelift_codegen::entity::SecondaryMap;
 use cranelift_codegen::ir::{Block, Function, Inst, SourceLoc, Value};
 use cranelift_codegen::write::{FuncWriter, PlainWriter, decorate_function};
 
+/// The source location of a rolled loop's back edge (its counter step and branch): no pc, so
+/// that the machine code's back edge can be found (native/align.rs). Counted outside every
+/// instruction.
+pub fn loop_back_edge() -> SourceLoc {
+    SourceLoc::new(u32::MAX - 1)
+}
+
 /// Writes a function, annotating where each bytecode instruction's code begins.
 struct PcCommentWriter<'a> {
     /// The listing line of each instruction of the function, indexed by pc.
@@ -33,7 +40,9 @@ impl FuncWriter for PcCommentWriter<'_> {
         indent: usize,
     ) -> fmt::Result {
         let loc = func.srcloc(inst);
-        if loc != self.last && !loc.is_default() {
+        if loc != self.last && loc == loop_back_edge() {
+            writeln!(w, "{:indent$}; the loop's back edge", "")?;
+        } else if loc != self.last && !loc.is_default() {
             let pc = loc.bits();
             let text = (self.listing)(pc).unwrap_or_default();
             writeln!(w, "{:indent$}; pc={pc} {text}", "")?;
@@ -62,7 +71,7 @@ pub fn size_summary<'a>(
     kind: &dyn Fn(u32) -> &'a str,
 ) -> String {
     let mut by_pc: BTreeMap<u32, u32> = BTreeMap::new();
-    for (loc, bytes) in spans.filter(|(loc, _)| !loc.is_default()) {
+    for (loc, bytes) in spans.filter(|(loc, _)| !loc.is_default() && *loc != loop_back_edge()) {
         *by_pc.entry(loc.bits()).or_default() += bytes;
     }
     let inside: u32 = by_pc.values().sum();

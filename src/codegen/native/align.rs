@@ -1,4 +1,5 @@
-//! Loop alignment: a compiled function's tightest loop starts on a 64-byte boundary.
+//! Loop alignment: a compiled function's rolled loop starts on a 64-byte boundary (its last one,
+//! when it has several).
 //!
 //! Cranelift lays blocks end to end and aligns only the function. A rolled chain's loop is a few
 //! call sites, and where its first byte falls against the CPU's 32- and 64-byte fetch blocks moved
@@ -8,7 +9,8 @@
 //! bytes of them (a handful of long `nop`s) once per call.
 
 use cranelift_codegen::CompiledCode;
-use cranelift_codegen::ir::SourceLoc;
+
+use crate::codegen::clif_text::loop_back_edge;
 
 /// Where loop headers are aligned to.
 const LOOP_ALIGN: usize = 64;
@@ -26,20 +28,14 @@ const X86_NOPS: [&[u8]; 9] = [
     &[0x66, 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00],
 ];
 
-/// The source location the lowering gives a rolled loop's back edge (its counter step and
-/// branch), so that the branch can be found in the machine code: no pc is this large.
-pub fn back_edge_mark() -> SourceLoc {
-    SourceLoc::new(u32::MAX - 1)
-}
-
 /// The bytes of padding that put the header of `code`'s loop (the target of the back edge
-/// marked with back_edge_mark) on a LOOP_ALIGN boundary, when the function starts on one. 0 when
+/// marked loop_back_edge()) on a LOOP_ALIGN boundary, when the function starts on one. 0 when
 /// the back edge is not code this can read, or when padding would move constants inside the
 /// buffer off their alignment.
 pub fn loop_padding(code: &CompiledCode) -> usize {
     let bytes = code.buffer.data();
     let spans = code.buffer.get_srclocs_sorted();
-    let Some(edge) = spans.iter().filter(|s| s.loc == back_edge_mark()).max_by_key(|s| s.end) else { return 0 };
+    let Some(edge) = spans.iter().filter(|s| s.loc == loop_back_edge()).max_by_key(|s| s.end) else { return 0 };
     // The branches themselves carry no location: they follow the marked counter step.
     let Some(header) = x86_back_edge_target(bytes, edge.end as usize) else { return 0 };
     let padding = (LOOP_ALIGN - header % LOOP_ALIGN) % LOOP_ALIGN;

@@ -300,11 +300,12 @@ impl<'a> Lowering<'a> {
         self.rolled = None;
         self.reconcile(b, &cx.env, &entry);
         // Marked so that the machine code's back edge can be found (align.rs).
-        b.set_srcloc(super::align::back_edge_mark());
+        b.set_srcloc(crate::codegen::clif_text::loop_back_edge());
         let next = b.ins().iadd_imm_s(counter, 1);
         let more = b.ins().icmp_imm_s(IntCC::NotEqual, next, left as i64);
         let exit = b.create_block();
         b.ins().brif(more, header, &[BlockArg::Value(next)], exit, &[]);
+        b.set_srcloc(SourceLoc::default());
         b.switch_to_block(exit);
         // The frame holds what it held on entry; the virtual registers are the last iteration's.
         self.known = entry;

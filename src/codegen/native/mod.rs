@@ -301,7 +301,6 @@ fn size_summary(exec: &Verified, instrs: &[Instr], code: &cranelift_codegen::Com
         Some(Instr::If { .. }) => "If",
         None => "?",
     };
-    let spans = code.buffer.get_srclocs_sorted().iter().filter(|s| s.loc != align::back_edge_mark());
-    let spans = spans.map(|s| (s.loc, s.end - s.start));
+    let spans = code.buffer.get_srclocs_sorted().iter().map(|s| (s.loc, s.end - s.start));
     super::clif_text::size_summary(code.code_info().total_size, spans, &kind)
 }
