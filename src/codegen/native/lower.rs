@@ -1,12 +1,11 @@
-//! Lowering one Relax function (or one chunk of it) to Cranelift IR on the register file. A
-//! Call stages its arguments in one of two arrays on the native stack and calls its target directly
-//! (kernels and builtins by symbol; Relax functions through `rvm_invoke`); Goto/If become
-//! branches; every failing call branches to one error block that records the function and pc,
-//! exactly as the interpreter reports them. Builtins the shim marks RVM_INLINED are written
-//! inline, and tensors `stack_tensors` finds short-lived are built in the native frame; anything
-//! a fast path cannot prove at compile time is checked at run time and falls back to the
-//! builtin, which also reports the error exactly as bytecode does. Every offset into a VM
-//! structure comes from `crate::abi`.
+//! Lowering one Relax function (or one chunk of it) to Cranelift IR on the register file. A Call
+//! stages its arguments in one of two arrays on the native stack and calls its target directly
+//! (kernels and builtins by symbol; Relax functions through `rvm_invoke`); Goto/If become branches;
+//! every failing call branches to one error block that records the function and pc, exactly as the
+//! interpreter reports them. Builtins the shim marks RVM_INLINED are written inline, and tensors
+//! `stack_tensors` finds short-lived are built in the native frame; anything a fast path cannot
+//! prove at compile time is checked at run time and falls back to the builtin, which also reports
+//! the error exactly as bytecode does. Every offset into a VM structure comes from `crate::abi`.
 //!
 //! Code size is what limits compiled mode on big models (the code of a long function is
 //! streamed through the instruction cache on every call), so within a basic block the lowering
@@ -299,8 +298,7 @@ impl<'a> Lowering<'a> {
         }
         self.rolled = None;
         self.reconcile(b, &cx.env, &entry);
-        // Marked so that the machine code's back edge can be found (align.rs).
-        b.set_srcloc(crate::codegen::clif_text::loop_back_edge());
+        b.set_srcloc(crate::codegen::clif_text::loop_back_edge()); // for align.rs to find the branch
         let next = b.ins().iadd_imm_s(counter, 1);
         let more = b.ins().icmp_imm_s(IntCC::NotEqual, next, left as i64);
         let exit = b.create_block();
