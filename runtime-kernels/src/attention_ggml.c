@@ -30,6 +30,15 @@
 #include "attention.h"
 #include "ggml_math.h"
 
+/* Key rows a block in the scores pass (a multiple of 4: scores_avx2's runs). */
+enum { SCORE_BLOCK = 64 };
+
+/* Asks for the lines of a key or value row that hold values c0 .. c1 - 1, without waiting for
+ * them. */
+static inline void prefetch_row(const float *row, int64_t c0, int64_t c1) {
+  for (int64_t c = c0; c < c1; c += 16) __builtin_prefetch(row + c);
+}
+
 /* ---- ggml_vec_dot_f32 --------------------------------------------------------------------------- */
 
 /* The AVX2 form in C: acc[a][l] over runs of 32, then (a0 + a2) + (a1 + a3) lane by lane, then
@@ -75,16 +84,13 @@ RK_AVX512DQ_TARGET static inline __attribute__((always_inline)) float dot_avx512
 }
 #endif
 
-/* s[r] = the dot product of the query and key row r, times the scale; returns the largest. */
-#define SCORES_BODY(dot)                                                      \
-  float top = -INFINITY;                                                      \
-  for (int64_t r = 0; r < n; r++) {                                           \
-    /* The common head dim as a constant: the query stays in registers. */    \
-    s[r] = (d == 64 ? dot(keys[r], q, 64) : dot(keys[r], q, d)) * scale;      \
-    top = s[r] > top ? s[r] : top;                                            \
-  }                                                                           \
-  return top;
-static float scores_portable(const float *q, const float *const *keys, int64_t n, int64_t d, float scale, float *s) {
+/* s[r] = the dot product of the query and key row r, times the scale (the largest is found after,
+ * by top_of, in the order this pass once kept it). */
+#define SCORES_BODY(dot)                                                \
+  for (int64_t r = 0; r < n; r++)                                       \
+    /* The common head dim as a constant: the query stays in registers. */ \
+    s[r] = (d == 64 ? dot(keys[r], q, 64) : dot(keys[r], q, d)) * scale;
+static void scores_portable(const float *q, const float *const *keys, int64_t n, int64_t d, float scale, float *s) {
   SCORES_BODY(dot_portable)
 }
 #if defined(__x86_64__)
@@ -104,37 +110,54 @@ RK_AVX2_TARGET static inline __attribute__((always_inline)) __m128 dot4_avx2_64(
   return _mm_hadd_ps(_mm_hadd_ps(half[0], half[1]), _mm_hadd_ps(half[2], half[3]));
 }
 
-RK_AVX2_TARGET static float scores_avx2(const float *q, const float *const *keys, int64_t n, int64_t d, float scale,
-                                        float *s) {
+RK_AVX2_TARGET static void scores_avx2(const float *q, const float *const *keys, int64_t n, int64_t d, float scale,
+                                       float *s) {
   if (d != 64) {
     SCORES_BODY(dot_avx2)
+    return;
   }
   __m256 qv[8];
   for (int a = 0; a < 8; a++) qv[a] = _mm256_loadu_ps(q + a * 8);
-  __m128 top4 = _mm_set1_ps(-INFINITY), scale4 = _mm_set1_ps(scale);
+  __m128 scale4 = _mm_set1_ps(scale);
   int64_t r = 0;
-  for (; r + 4 <= n; r += 4) { /* the scale on the four at once: each lane rounds as mulss would */
-    __m128 v = _mm_mul_ps(dot4_avx2_64(qv, keys + r), scale4);
-    _mm_storeu_ps(s + r, v);
-    top4 = _mm_max_ps(v, top4); /* v > top ? v : top, lane by lane, as SCORES_BODY keeps it */
-  }
+  for (; r + 4 <= n; r += 4) /* the scale on the four at once: each lane rounds as mulss would */
+    _mm_storeu_ps(s + r, _mm_mul_ps(dot4_avx2_64(qv, keys + r), scale4));
+  for (; r < n; r++) s[r] = dot_avx2(keys[r], q, 64) * scale;
+}
+
+/* The largest of n scores as scores_avx2 at head dim 64 kept it: four lanes' maxima over runs of
+ * four, then the rest one by one. */
+RK_AVX2_TARGET static float top_avx2(const float *s, int64_t n) {
+  __m128 top4 = _mm_set1_ps(-INFINITY);
+  int64_t r = 0;
+  for (; r + 4 <= n; r += 4) top4 = _mm_max_ps(_mm_loadu_ps(s + r), top4); /* v > top ? v : top, lane by lane */
   float lanes[4], top;
   _mm_storeu_ps(lanes, top4);
   top = lanes[0] > lanes[1] ? lanes[0] : lanes[1];
   top = lanes[2] > top ? lanes[2] : top;
   top = lanes[3] > top ? lanes[3] : top;
-  for (; r < n; r++) {
-    s[r] = dot_avx2(keys[r], q, 64) * scale;
-    top = s[r] > top ? s[r] : top;
-  }
+  for (; r < n; r++) top = s[r] > top ? s[r] : top;
   return top;
 }
-RK_AVX512DQ_TARGET static float scores_avx512(const float *q, const float *const *keys, int64_t n, int64_t d,
-                                              float scale, float *s) {
+
+RK_AVX512DQ_TARGET static void scores_avx512(const float *q, const float *const *keys, int64_t n, int64_t d, float scale,
+                                             float *s) {
   SCORES_BODY(dot_avx512)
 }
 #endif
 #undef SCORES_BODY
+
+/* The largest of n scores, in the order the form's scores pass kept it (which decides only the
+ * sign of a zero maximum). */
+static float top_of(ggml_form form, int64_t d, const float *s, int64_t n) {
+#if defined(__x86_64__)
+  if (form == GGML_FORM_AVX2 && d == 64) return top_avx2(s, n);
+#endif
+  (void)form, (void)d;
+  float top = -INFINITY;
+  for (int64_t r = 0; r < n; r++) top = s[r] > top ? s[r] : top;
+  return top;
+}
 
 /* ---- softmax: exps in place, their sum in double ----------------------------------------------- */
 
@@ -234,18 +257,28 @@ enum { ROW_BLOCK = 64 };
     }                                                                                               \
   }
 
-/* One lane's accumulators (rows r = lane, lane + 8, ...) for `cols` (1 or 2) registers of values
- * from c on, of `heads` (1-4) query heads of one KV head: head h's weights at p + h * ps. Each
- * value row is loaded once for every head, and its 64-byte line once for the whole pass.
- * Into sums[h][k][lane] for the k-th register. */
-RK_AVX2_TARGET static inline __attribute__((always_inline)) void values_lane_avx2(const float *const *values, const float *p,
-                                                                                   int64_t ps, int heads, int cols,
-                                                                                   int64_t n, int64_t c, int lane,
-                                                                                   __m256 (*sums)[2][8]) {
+/* The paged cache's value rows for one KV head lie in runs of a page (16 rows of 256 bytes at
+ * head dim 64), the runs a page apart (32 KiB for the mid-size Llama's four KV heads), a
+ * multiple of the L1 and L2 caches' way size.
+ * Every row's n-th line then falls into the same few sets of either cache, and a pass that takes
+ * one line of every row (a lane's rows, one register of values) finds the lines it fetched
+ * evicted before the next pass wants their neighbours. Taken in blocks of VALUE_BLOCK rows, whole
+ * (every lane and column before the next block), a block's lines stay in L1 while they are used,
+ * and are fetched once; the next block's are asked for during this one. A multiple of 8, so that
+ * a row's lane is the same in every block. */
+enum { VALUE_BLOCK = 64, VALUE_COLS = 128 };
+
+/* One lane's accumulators (rows start, start + 8, ... before end) for `cols` (1 or 2) registers of
+ * values from c on, of `heads` (1-4) query heads of one KV head (head h's weights at p + h * ps),
+ * carried in acc[h][k] from block to block. Each value row is loaded once for every head. */
+RK_AVX2_TARGET static inline __attribute__((always_inline)) void values_run_avx2(const float *const *values, const float *p,
+                                                                                  int64_t ps, int heads, int cols,
+                                                                                  int64_t start, int64_t end, int64_t c,
+                                                                                  __m256 (*acc)[2]) {
   __m256 a[4][2];
   for (int h = 0; h < heads; h++)
-    for (int k = 0; k < cols; k++) a[h][k] = _mm256_setzero_ps();
-  for (int64_t r = lane; r < n; r += 8) {
+    for (int k = 0; k < cols; k++) a[h][k] = acc[h][k];
+  for (int64_t r = start; r < end; r += 8) {
     __m256 v[2];
     for (int k = 0; k < cols; k++) v[k] = _mm256_loadu_ps(values[r] + c + 8 * k);
     for (int h = 0; h < heads; h++) {
@@ -254,40 +287,59 @@ RK_AVX2_TARGET static inline __attribute__((always_inline)) void values_lane_avx
     }
   }
   for (int h = 0; h < heads; h++)
-    for (int k = 0; k < cols; k++) sums[h][k][lane] = a[h][k];
+    for (int k = 0; k < cols; k++) acc[h][k] = a[h][k];
 }
 
 /* values_portable's sums (8 lanes) for the query heads of one KV head at once (head h's weights
- * at p + h * ps, its output at out + h * d), lane by lane instead of row by row: the same products
- * added in the same order into the same accumulators, but each value row loaded once for up to
- * four heads. Row by row, a head at a time, took each row once per head and a weight per register
- * of values: nearly three times as long in a 500-token f16 prefill on Zen 3 (perf). */
+ * at p + h * ps, its output at out + h * d): the same products added in the same order into the
+ * same lane accumulators, but each value row loaded once for up to four heads, and the rows taken
+ * a block at a time (VALUE_BLOCK says why). Row by row, a head at a time, took each row once per
+ * head and a weight per register of values: nearly three times as long in a 500-token f16
+ * prefill on Zen 3 (perf). Lane by lane over all rows, each line came from memory when its pass
+ * wanted it: after a 500-token prompt, 7% of an f16 decode token. */
 RK_AVX2_TARGET static void values_heads_avx2(const float *const *values, const float *p, int64_t ps, int heads,
                                              int64_t n, int64_t d, float *out) {
   int64_t whole = d & ~(int64_t)7;
   for (int h0 = 0; h0 < heads; h0 += 4) {
     int hn = heads - h0 < 4 ? heads - h0 : 4;
     const float *ph = p + h0 * ps;
-    for (int64_t c = 0; c < whole; c += 16) {
-      int cols = whole - c >= 16 ? 2 : 1;
-      __m256 sums[4][2][8];
-      for (int lane = 0; lane < 8; lane++) {
-        /* Constant arguments, so that each case keeps its accumulators in registers; fewer than
-         * four heads go one at a time. */
-        if (hn == 4 && cols == 2) values_lane_avx2(values, ph, ps, 4, 2, n, c, lane, sums);
-        else if (hn == 4) values_lane_avx2(values, ph, ps, 4, 1, n, c, lane, sums);
-        else
-          for (int h = 0; h < hn; h++) {
-            if (cols == 2) values_lane_avx2(values, ph + h * ps, ps, 1, 2, n, c, lane, sums + h);
-            else values_lane_avx2(values, ph + h * ps, ps, 1, 1, n, c, lane, sums + h);
+    for (int64_t c0 = 0; c0 < whole; c0 += VALUE_COLS) {
+      int64_t c1 = whole - c0 < VALUE_COLS ? whole : c0 + VALUE_COLS;
+      /* [pair of registers from c0][lane][head][register of the pair] */
+      __m256 acc[VALUE_COLS / 16][8][4][2];
+      for (int64_t c = c0; c < c1; c += 8)
+        for (int lane = 0; lane < 8; lane++)
+          for (int h = 0; h < hn; h++) acc[(c - c0) / 16][lane][h][(c - c0) / 8 % 2] = _mm256_setzero_ps();
+      /* The next block's lines, asked for in memory order a few rows a turn, all of them by the
+       * block's last turn (the first block's at once). */
+      int64_t turns = (c1 - c0 + 15) / 16 * 8, rows_a_turn = (VALUE_BLOCK + turns - 1) / turns, asked = 0;
+      for (; asked < n && asked < VALUE_BLOCK; asked++) prefetch_row(values[asked], c0, c1);
+      for (int64_t r0 = 0; r0 < n; r0 += VALUE_BLOCK) {
+        int64_t end = n - r0 < VALUE_BLOCK ? n : r0 + VALUE_BLOCK;
+        for (int64_t c = c0; c < c1; c += 16) {
+          int cols = c1 - c >= 16 ? 2 : 1;
+          for (int lane = 0; lane < 8; lane++) {
+            for (int64_t k = 0; k < rows_a_turn && asked < n; k++, asked++) prefetch_row(values[asked], c0, c1);
+            __m256(*a)[2] = acc[(c - c0) / 16][lane];
+            /* Constant arguments, so that each case keeps its accumulators in registers; fewer
+             * than four heads go one at a time. */
+            if (hn == 4 && cols == 2) values_run_avx2(values, ph, ps, 4, 2, r0 + lane, end, c, a);
+            else if (hn == 4) values_run_avx2(values, ph, ps, 4, 1, r0 + lane, end, c, a);
+            else
+              for (int h = 0; h < hn; h++) {
+                if (cols == 2) values_run_avx2(values, ph + h * ps, ps, 1, 2, r0 + lane, end, c, a + h);
+                else values_run_avx2(values, ph + h * ps, ps, 1, 1, r0 + lane, end, c, a + h);
+              }
           }
+        }
       }
-      for (int h = 0; h < hn; h++)
-        for (int k = 0; k < cols; k++) {
-          __m256 *a = sums[h][k];
+      for (int64_t c = c0; c < c1; c += 8)
+        for (int h = 0; h < hn; h++) {
+          __m256 a[8];
+          for (int lane = 0; lane < 8; lane++) a[lane] = acc[(c - c0) / 16][lane][h][(c - c0) / 8 % 2];
           __m256 even = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
           __m256 odd = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
-          _mm256_storeu_ps(out + (h0 + h) * d + c + 8 * k, _mm256_add_ps(even, odd));
+          _mm256_storeu_ps(out + (h0 + h) * d + c, _mm256_add_ps(even, odd));
         }
     }
   }
@@ -330,17 +382,21 @@ static int64_t gather_rows(const attn_job *j, int64_t b, int64_t g, int64_t n, c
   return j->page_size % 16 == 0 ? j->d : 0;
 }
 
-/* One query head's weights over n visible rows into s (its scores, then their softmax); returns
- * the base-2 log-sum-exp. */
-static float head_weights(ggml_form form, const float *q, const float *const *keys, int64_t n, int64_t d, float scale,
-                          float *s) {
-  float top;
+/* One query head's scores over n key rows into s. */
+static void head_scores(ggml_form form, const float *q, const float *const *keys, int64_t n, int64_t d, float scale,
+                        float *s) {
 #if defined(__x86_64__)
-  if (form == GGML_FORM_AVX512) top = scores_avx512(q, keys, n, d, scale, s);
-  else if (form == GGML_FORM_AVX2) top = scores_avx2(q, keys, n, d, scale, s);
+  if (form == GGML_FORM_AVX512) scores_avx512(q, keys, n, d, scale, s);
+  else if (form == GGML_FORM_AVX2) scores_avx2(q, keys, n, d, scale, s);
   else
 #endif
-    top = scores_portable(q, keys, n, d, scale, s);
+    scores_portable(q, keys, n, d, scale, s);
+}
+
+/* One query head's n scores in s into its weights (their softmax); returns the base-2
+ * log-sum-exp. */
+static float head_weights(ggml_form form, int64_t d, float *s, int64_t n) {
+  float top = top_of(form, d, s, n);
   double sum;
 #if defined(__x86_64__)
   if (form == GGML_FORM_AVX512) sum = softmax_avx512(s, n, top);
@@ -396,8 +452,16 @@ int rk_attend_ggml(const attn_job *j, int task, int num_tasks) {
       continue;
     }
     int64_t stride = gather_rows(j, b, g, n, keys, values);
-    for (int64_t h = 0; h < group; h++)
-      j->lse[first + h] = head_weights(form, j->q + (first + h) * j->d, keys, n, j->d, j->sm_scale, scores + h * ps);
+    /* Every head's scores a block of key rows at a time: the block stays in L1 for the group's
+     * heads, where a whole head at a time found its rows evicted (VALUE_BLOCK says why) and read
+     * them again for each head. The next block's rows are asked for first. */
+    for (int64_t r0 = 0; r0 < n; r0 += SCORE_BLOCK) {
+      int64_t m = n - r0 < SCORE_BLOCK ? n - r0 : SCORE_BLOCK;
+      for (int64_t r = r0 ? r0 + SCORE_BLOCK : 0; r < n && r < r0 + 2 * SCORE_BLOCK; r++) prefetch_row(keys[r], 0, j->d);
+      for (int64_t h = 0; h < group; h++)
+        head_scores(form, j->q + (first + h) * j->d, keys + r0, m, j->d, j->sm_scale, scores + h * ps + r0);
+    }
+    for (int64_t h = 0; h < group; h++) j->lse[first + h] = head_weights(form, j->d, scores + h * ps, n);
     head_values(form, values, stride, scores, ps, (int)group, n, j->d, j->out + first * j->d);
   }
   free(scores);

@@ -322,7 +322,11 @@ def cases():
         out[case + "_k"] = rng.standard_normal((rows, hkv, d)).astype(F32)
         out[case + "_v"] = rng.standard_normal((rows, hkv, d)).astype(F32)
         out[case + "_scale"] = np.float32(1.0) / np.sqrt(np.float32(d))
-    for case, lengths, hq, hkv, d in [("decode_64", [21, 40, 3], 8, 2, 64), ("decode_48", [33], 4, 4, 48)]:
+    for case, lengths, hq, hkv, d in [
+        ("decode_64", [21, 40, 3, 150], 8, 2, 64),  # 150: value rows in three blocks, the last partial
+        ("decode_48", [33], 4, 4, 48),
+        ("decode_160", [70], 4, 1, 160),  # values in two runs of columns
+    ]:
         pages, indptr, ids, last, keys, values = page_table(rng, lengths, hkv, d, 16)
         out[case + "_q"] = rng.standard_normal((len(lengths), hq, d)).astype(F32)
         out.update({case + "_pages": pages, case + "_indptr": indptr, case + "_ids": ids, case + "_last": last})
