@@ -262,13 +262,11 @@ fn time_side_by_side(floor: &Floor, models: &[&Model], calls: usize) -> (Vec<f64
     while done < calls {
         let block = BLOCK.min(calls - done);
         for (who, samples) in times.iter_mut().enumerate() {
-            for _ in 0..block {
-                let t = Instant::now();
-                if who < 2 {
-                    let rc = floor.run(who == 1);
-                    samples.push(t.elapsed().as_secs_f64() * 1e6);
-                    floor.check(rc);
-                } else {
+            if who < 2 {
+                floor_turn(floor, who == 1, block, samples);
+            } else {
+                for _ in 0..block {
+                    let t = Instant::now();
                     // The result's release counts: a caller pays for it on every call.
                     drop(vms[who - 2].call_prepared(fs[who - 2], &args[who - 2]).expect("call"));
                     samples.push(t.elapsed().as_secs_f64() * 1e6);
@@ -279,6 +277,16 @@ fn time_side_by_side(floor: &Floor, models: &[&Model], calls: usize) -> (Vec<f64
         done += block;
     }
     (times.into_iter().map(median).collect(), turns)
+}
+
+/// Times `block` chains on the floor (its straight line when `straight`) into `samples`, in µs.
+fn floor_turn(floor: &Floor, straight: bool, block: usize, samples: &mut Vec<f64>) {
+    for _ in 0..block {
+        let t = Instant::now();
+        let rc = floor.run(straight);
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+        floor.check(rc);
+    }
 }
 
 /// TVM's side, when TVM is installed: a helper process that built its models and times them
@@ -427,12 +435,7 @@ fn placements(root: &Path, dir: &Path, kernels: &[KernelObject], floor: &Floor) 
             models.extend(turns[2].iter().zip(&turns[0]).map(|(m, f)| m / f));
             let turn = |f: &Floor| {
                 let mut us = Vec::with_capacity(BLOCK);
-                for _ in 0..BLOCK {
-                    let t = Instant::now();
-                    let rc = f.run(false);
-                    us.push(t.elapsed().as_secs_f64() * 1e6);
-                    f.check(rc);
-                }
+                floor_turn(f, false, BLOCK, &mut us);
                 median(us)
             };
             for _ in 0..2000 / BLOCK {

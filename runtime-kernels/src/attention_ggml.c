@@ -25,6 +25,7 @@
  * reproduced. The log-sum-exp the cache merges parts with is base 2, as attention.c's.
  */
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "attention.h"
@@ -292,14 +293,14 @@ RK_AVX2_TARGET static inline __attribute__((always_inline)) void values_run_avx2
 
 /* values_portable's sums (8 lanes) for the query heads of one KV head at once (head h's weights
  * at p + h * ps, its output at out + h * d): the same products added in the same order into the
- * same lane accumulators, but each value row loaded once for up to four heads, and the rows taken
- * a block at a time (VALUE_BLOCK says why). Row by row, a head at a time, took each row once per
- * head and a weight per register of values: nearly three times as long in a 500-token f16
- * prefill on Zen 3 (perf). Lane by lane over all rows, each line came from memory when its pass
- * wanted it: after a 500-token prompt, 7% of an f16 decode token. */
+ * same lane accumulators, but each value row loaded once for up to four heads. Row by row, a head
+ * at a time, took each row once per head and a weight per register of values: nearly three times
+ * as long in a 500-token f16 prefill on Zen 3 (perf). Rows that are `cold` (not in cache) are
+ * taken a block at a time (VALUE_BLOCK says why): lane by lane over all of them, each line came
+ * from memory when its pass wanted it, 7% of an f16 decode token after a 500-token prompt. */
 RK_AVX2_TARGET static void values_heads_avx2(const float *const *values, const float *p, int64_t ps, int heads,
-                                             int64_t n, int64_t d, float *out) {
-  int64_t whole = d & ~(int64_t)7;
+                                             int64_t n, int64_t d, bool cold, float *out) {
+  int64_t whole = d & ~(int64_t)7, block = cold ? VALUE_BLOCK : n;
   for (int h0 = 0; h0 < heads; h0 += 4) {
     int hn = heads - h0 < 4 ? heads - h0 : 4;
     const float *ph = p + h0 * ps;
@@ -310,12 +311,12 @@ RK_AVX2_TARGET static void values_heads_avx2(const float *const *values, const f
       for (int64_t c = c0; c < c1; c += 8)
         for (int lane = 0; lane < 8; lane++)
           for (int h = 0; h < hn; h++) acc[(c - c0) / 16][lane][h][(c - c0) / 8 % 2] = _mm256_setzero_ps();
-      /* The next block's lines, asked for in memory order a few rows a turn, all of them by the
-       * block's last turn (the first block's at once). */
-      int64_t turns = (c1 - c0 + 15) / 16 * 8, rows_a_turn = (VALUE_BLOCK + turns - 1) / turns, asked = 0;
+      /* Cold rows: the next block's lines, asked for in memory order a few rows a turn, all of
+       * them by the block's last turn (the first block's at once). */
+      int64_t turns = (c1 - c0 + 15) / 16 * 8, rows_a_turn = (VALUE_BLOCK + turns - 1) / turns, asked = cold ? 0 : n;
       for (; asked < n && asked < VALUE_BLOCK; asked++) prefetch_row(values[asked], c0, c1);
-      for (int64_t r0 = 0; r0 < n; r0 += VALUE_BLOCK) {
-        int64_t end = n - r0 < VALUE_BLOCK ? n : r0 + VALUE_BLOCK;
+      for (int64_t r0 = 0; r0 < n; r0 += block) {
+        int64_t end = n - r0 < block ? n : r0 + block;
         for (int64_t c = c0; c < c1; c += 16) {
           int cols = c1 - c >= 16 ? 2 : 1;
           for (int lane = 0; lane < 8; lane++) {
@@ -412,10 +413,10 @@ static float head_weights(ggml_form form, int64_t d, float *s, int64_t n) {
 /* The value rows weighted by the query heads' weights (head h's at s + h * ps, its output at
  * out + h * d). */
 static void head_values(ggml_form form, const float *const *values, int64_t stride, const float *s, int64_t ps, int heads,
-                        int64_t n, int64_t d, float *out) {
+                        int64_t n, int64_t d, bool cold, float *out) {
 #if defined(__x86_64__)
   if (form == GGML_FORM_AVX2) {
-    values_heads_avx2(values, s, ps, heads, n, d, out);
+    values_heads_avx2(values, s, ps, heads, n, d, cold, out);
     return;
   }
 #endif
@@ -429,7 +430,7 @@ static void head_values(ggml_form form, const float *const *values, int64_t stri
 #endif
       values_portable(values, p, n, 0, d, 8, o);
   }
-  (void)stride;
+  (void)stride, (void)cold;
 }
 
 int rk_attend_ggml(const attn_job *j, int task, int num_tasks) {
@@ -440,6 +441,7 @@ int rk_attend_ggml(const attn_job *j, int task, int num_tasks) {
   float *scores = malloc((size_t)(ps * group) * sizeof(float) + (size_t)(longest + 1) * 2 * sizeof(float *));
   if (!scores) return rk_out_of_memory(j->kernel);
   const float **keys = (const float **)(void *)(scores + ps * group), **values = keys + longest + 1;
+  int64_t last_head = -1, last_sequence = -1;
   for (int64_t u = task; u < j->rows * j->hkv; u += num_tasks) {
     /* Head-major: a thread's consecutive units share one KV head's rows, which stay in L2. */
     int64_t t = u % j->rows, g = u / j->rows, b = sequence_of(j, t), n = visible_rows(j, t, b);
@@ -452,17 +454,25 @@ int rk_attend_ggml(const attn_job *j, int task, int num_tasks) {
       continue;
     }
     int64_t stride = gather_rows(j, b, g, n, keys, values);
+    /* A sequence's rows of a KV head are cold the first time a thread takes them in a call (every
+     * unit of a decode step): then they are taken in blocks, the next block asked for ahead. Later
+     * units (the next query rows of a prefill) find them warm, and take them whole, a head at a
+     * time: blocks and prefetch there made a 500-token f16 prefill's attention slower (perf, Zen 3). */
+    bool cold = g != last_head || b != last_sequence;
+    last_head = g, last_sequence = b;
+    int64_t score_block = cold ? SCORE_BLOCK : n;
     /* Every head's scores a block of key rows at a time: the block stays in L1 for the group's
      * heads, where a whole head at a time found its rows evicted (VALUE_BLOCK says why) and read
      * them again for each head. The next block's rows are asked for first. */
-    for (int64_t r0 = 0; r0 < n; r0 += SCORE_BLOCK) {
-      int64_t m = n - r0 < SCORE_BLOCK ? n - r0 : SCORE_BLOCK;
-      for (int64_t r = r0 ? r0 + SCORE_BLOCK : 0; r < n && r < r0 + 2 * SCORE_BLOCK; r++) prefetch_row(keys[r], 0, j->d);
+    for (int64_t r0 = 0; r0 < n; r0 += score_block) {
+      int64_t m = n - r0 < score_block ? n - r0 : score_block;
+      for (int64_t r = r0 ? r0 + SCORE_BLOCK : 0; cold && r < n && r < r0 + 2 * SCORE_BLOCK; r++)
+        prefetch_row(keys[r], 0, j->d);
       for (int64_t h = 0; h < group; h++)
         head_scores(form, j->q + (first + h) * j->d, keys + r0, m, j->d, j->sm_scale, scores + h * ps + r0);
     }
     for (int64_t h = 0; h < group; h++) j->lse[first + h] = head_weights(form, j->d, scores + h * ps, n);
-    head_values(form, values, stride, scores, ps, (int)group, n, j->d, j->out + first * j->d);
+    head_values(form, values, stride, scores, ps, (int)group, n, j->d, cold, j->out + first * j->d);
   }
   free(scores);
   return 0;

@@ -176,6 +176,13 @@ void rvm_pool_reset_stats(rvm_pool *a) {
   unlock(a);
 }
 
+/* Onto the pool's list of free Storage objects; only on the thread running its call. */
+static void cache_storage_object(rvm_pool *a, rvm_storage *s) {
+  free_block *b = (free_block *)s;
+  b->next = a->storages;
+  a->storages = b;
+}
+
 static void storage_deleter(void *self, int flags) {
   rvm_storage *s = self;
   rvm_pool *pool = s->allocator;
@@ -183,9 +190,7 @@ static void storage_deleter(void *self, int flags) {
     /* Into the cache before the pool's reference goes: the pool frees its caches when that
      * reference was the last. */
     rvm_pool_free(pool, s->data, s->nbytes);
-    free_block *b = (free_block *)s;
-    b->next = pool->storages;
-    pool->storages = b;
+    cache_storage_object(pool, s);
     rvm_pool_release(pool);
     return;
   }
@@ -214,13 +219,8 @@ static rvm_storage *storage_object(rvm_pool *a) {
 
 /* Back to the cache when this thread may touch it, else to the heap. */
 static void storage_object_discard(rvm_pool *a, rvm_storage *s) {
-  if (on_active_thread(a)) {
-    free_block *b = (free_block *)s;
-    b->next = a->storages;
-    a->storages = b;
-  } else {
-    rvm_mem_free(s);
-  }
+  if (on_active_thread(a)) cache_storage_object(a, s);
+  else rvm_mem_free(s);
 }
 
 rvm_storage *rvm_storage_new(rvm_pool *a, uint64_t nbytes) {
