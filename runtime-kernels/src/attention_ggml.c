@@ -466,8 +466,8 @@ int rk_attend_ggml(const attn_job *j, int task, int num_tasks) {
      * them again for each head. The next block's rows are asked for first. */
     for (int64_t r0 = 0; r0 < n; r0 += score_block) {
       int64_t m = n - r0 < score_block ? n - r0 : score_block;
-      for (int64_t r = r0 ? r0 + SCORE_BLOCK : 0; cold && r < n && r < r0 + 2 * SCORE_BLOCK; r++)
-        prefetch_row(keys[r], 0, j->d);
+      if (cold)
+        for (int64_t r = r0 ? r0 + SCORE_BLOCK : 0; r < n && r < r0 + 2 * SCORE_BLOCK; r++) prefetch_row(keys[r], 0, j->d);
       for (int64_t h = 0; h < group; h++)
         head_scores(form, j->q + (first + h) * j->d, keys + r0, m, j->d, j->sm_scale, scores + h * ps + r0);
     }
