@@ -389,6 +389,7 @@ static const rk_qdots portable = {
     {NULL},
     {[RK_Q_Q4_0X8] = tile8_q4_0x8, [RK_Q_Q4_KX8] = tile8_q4_Kx8, [RK_Q_Q8_0X8] = tile8_q8_0x8},
     {NULL},
+    {NULL},
 };
 
 #if defined(__aarch64__)
@@ -398,6 +399,7 @@ static const rk_qdots neon = {
      dot_q5_1},
     {NULL},
     {[RK_Q_Q4_0X8] = rk_neon_tile8_q4_0x8, [RK_Q_Q4_KX8] = rk_neon_tile8_q4_Kx8, [RK_Q_Q8_0X8] = rk_neon_tile8_q8_0x8},
+    {NULL},
     {NULL},
 };
 #endif
@@ -487,6 +489,7 @@ typedef struct dense_job {
   rk_qtile_fn tile;
   rk_qtile8_fn tile8; /* for the regrouped formats */
   rk_qtile16_fn tile16; /* two of their groups at once */
+  rk_qstream_fn stream; /* decoding's rows in one pass, where the instruction set has it */
   const uint8_t *w;
   int64_t row_bytes, n, m;
   rk_qrows rows;
@@ -558,9 +561,15 @@ static int dense_task(int task, int num_tasks, void *ctx) {
   return 0;
 }
 
-/* The units [begin, end) of a task's rows, in tiles. */
+/* The units [begin, end) of a task's rows, in tiles (or one pass, below). */
 static void dense_units(const dense_job *j, int64_t begin, int64_t end, bool two_streams) {
   int64_t lo = begin * ROWS_PER_TASK_UNIT, hi = end * ROWS_PER_TASK_UNIT < j->n ? end * ROWS_PER_TASK_UNIT : j->n;
+  if (j->stream && j->m == 1) {
+    j->stream(j->w + lo * j->row_bytes, j->row_bytes, hi - lo, j->rows.x, j->rows.k, j->out + lo);
+    if (j->bias)
+      for (int64_t c = lo; c < hi; c++) j->out[c] += j->bias[c];
+    return;
+  }
   /* Tiles start at multiples of their rows (TILE, or 8 for the regrouped formats: units of 16
    * start on groups, and n is a multiple of 8) whatever the split, and a tile's shape never
    * changes its sums, so the order the tiles are taken in changes no bit. When the weights pass
@@ -570,7 +579,9 @@ static void dense_units(const dense_job *j, int64_t begin, int64_t end, bool two
    * +10%, q4_0 and Q4_K_M +5%, f32 even; three or four streams were slower than one. f32 takes
    * one on every instruction set: where its tile reads four rows side by side (AVX2) they are
    * streams enough, and its matrices streamed faster with one on Zen 3 (11.7 against 11.0 GB/s at
-   * 1 thread); where it reads a row at a time (AVX-512), two streams were no faster on Zen 5. */
+   * 1 thread); where it reads a row at a time (AVX-512), two streams were no faster on Zen 5. An
+ * instruction set with a one-pass decode for a format (rk_qdots.stream: f16 on AVX2) takes the
+ * units' rows in it, one stream, without tiles. */
   int64_t step = j->tile16 && j->m > TILE ? 16 : j->tile8 ? 8 : TILE, tiles = (hi - lo + step - 1) / step;
   int64_t streams = two_streams && tiles >= STREAMS ? STREAMS : 1;
   int64_t per = (tiles + streams - 1) / streams;
@@ -732,13 +743,14 @@ int rvm_builtin_kl_dense_q(void *self, const TVMFFIAny *args, int32_t num_args, 
   const rk_qinfo *q = &formats[f];
   const rk_qdots *dots = qdots();
   /* A format an instruction set has no code for runs on the portable code. */
-  dense_job j = {dots->dot[f] ? dots->dot[f] : portable.dot[f], dots->tile[f], dots->tile8[f], dots->tile16[f], w, k / q->block * q->bytes, n, m,
+  dense_job j = {dots->dot[f] ? dots->dot[f] : portable.dot[f], dots->tile[f], dots->tile8[f], dots->tile16[f], dots->stream[f],
+                 w, k / q->block * q->bytes, n, m,
                  {rk_data(x), NULL, NULL, NULL, k, q->act_block, f == RK_Q_Q4_KX8 ? m - m % 4 : 0},
                  bias ? rk_data(bias) : NULL, rk_data(out),
                  /* A float tile takes all of a call's few rows (fewer than GEMM_ROWS), its widest
                   * passes at a time: a 6-token prompt is two passes of three rows on AVX2, not
                   * three of two. The integer tiles take TILE rows a call. */
-                 f == RK_Q_F32 || f == RK_Q_F16 ? m : TILE, f == RK_Q_F32, 0};
+                 f == RK_Q_F32 || f == RK_Q_F16 ? m : TILE, f == RK_Q_F32 || dots->stream[f], 0};
   if (q->act_block) {
     size_t qbytes = (size_t)(m * k), dbytes = sizeof(float) * (size_t)(m * (k / q->act_block)),
            sbytes = sizeof(int16_t) * (size_t)(m * (k / 16));

@@ -90,12 +90,19 @@ typedef void (*rk_qtile8_fn)(const uint8_t *group, const rk_qrows *a, int64_t r0
 typedef void (*rk_qtile16_fn)(const uint8_t *group, int64_t group_bytes, const rk_qrows *a, int64_t r0, int xrows,
                               float *out, int64_t out_stride);
 
+/* Many weight rows (row_bytes apart, one after another in memory) against one activation row x:
+ * out[c] = row c of w times x for c < rows, each summed exactly as the format's tile sums it. */
+typedef void (*rk_qstream_fn)(const uint8_t *w, int64_t row_bytes, int64_t rows, const float *x, int64_t k, float *out);
+
 /* The dot products of one instruction set, one per format, and its tiles. */
 typedef struct rk_qdots {
   rk_qdot_fn dot[RK_Q_COUNT];
   rk_qtile_fn tile[RK_Q_COUNT];
   rk_qtile8_fn tile8[RK_Q_COUNT]; /* the regrouped formats' */
   rk_qtile16_fn tile16[RK_Q_COUNT]; /* and 16 of their rows at once, where an instruction set has it */
+  /* Decoding's rows in one pass (a single stream, no tile between rows), where it measured faster
+   * than tiles; NULL elsewhere. */
+  rk_qstream_fn stream[RK_Q_COUNT];
 } rk_qdots;
 
 /* The portable dot products. */

@@ -129,12 +129,14 @@ QX_FN inline float QX(half)(const uint8_t *p) {
 #define QX_TAIL_F16(row, j) QX(half)((row) + 2 * (j))
 /* One float row against one activation row, four partial sums in flight (decoding: the row
  * streams from memory, and one chain of multiply-adds could not keep up with it). AHEAD: bytes
- * of software prefetch ahead of each run of 32 values, 0 for none (QX_F16_AHEAD says where). */
-#define QX_FLOAT_ROW(name, LOAD8, TAIL, VALUE_BYTES, AHEAD)                                              \
+ * of software prefetch ahead of each run of 32 values, 0 for none (QX_F16_AHEAD says where); FAR:
+ * the same into the second-level cache, further ahead. */
+#define QX_FLOAT_ROW(name, LOAD8, TAIL, VALUE_BYTES, AHEAD, FAR)                                         \
   QX_FN float QX(name)(const uint8_t *row, const float *x, int64_t k) {                                  \
     __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;                            \
     int64_t i = 0;                                                                                       \
     for (; i + 32 <= k; i += 32) {                                                                       \
+      if (FAR) _mm_prefetch((const char *)(row) + (VALUE_BYTES) * i + (FAR), _MM_HINT_T1);              \
       if (AHEAD) _mm_prefetch((const char *)(row) + (VALUE_BYTES) * i + (AHEAD), _MM_HINT_T0);          \
       acc0 = _mm256_fmadd_ps(LOAD8(row, i), _mm256_loadu_ps(x + i), acc0);                               \
       acc1 = _mm256_fmadd_ps(LOAD8(row, i + 8), _mm256_loadu_ps(x + i + 8), acc1);                       \
@@ -146,8 +148,19 @@ QX_FN inline float QX(half)(const uint8_t *p) {
     for (; i < k; i++) sum = __builtin_fmaf(TAIL(row, i), x[i], sum);                                    \
     return sum;                                                                                          \
   }
-QX_FLOAT_ROW(f32_row, QX_LOAD_F32, QX_TAIL_F32, 4, 0)
-QX_FLOAT_ROW(f16_row, QX_LOAD_F16, QX_TAIL_F16, 2, QX_F16_AHEAD)
+QX_FLOAT_ROW(f32_row, QX_LOAD_F32, QX_TAIL_F32, 4, 0, 0)
+QX_FLOAT_ROW(f16_row, QX_LOAD_F16, QX_TAIL_F16, 2, QX_F16_AHEAD, 0)
+#if QX_F16_STREAM
+/* f16 decoding's rows one after another, with f16_row's sums (the same bits), inlined: the
+ * rows are one stream, prefetched on two levels (QX_F16_STREAM says why). */
+QX_FLOAT_ROW(f16_stream_row, QX_LOAD_F16, QX_TAIL_F16, 2, QX_F16_AHEAD, QX_F16_FAR)
+QX_FN void QX(f16_stream)(const uint8_t *w, int64_t row_bytes, int64_t rows, const float *x, int64_t k, float *out) {
+  for (int64_t c = 0; c < rows; c++) out[c] = QX(f16_stream_row)(w + c * row_bytes, x, k);
+}
+#define QX_F16_STREAM_FN QX(f16_stream)
+#else
+#define QX_F16_STREAM_FN NULL
+#endif
 QX_KERNEL_PAIR(f32, QX(f32_row), QX_F32_SIDE_BY_SIDE, QX_FLOAT_WIDE, QX_FLOAT_KERNEL(QX_LOAD_F32, QX_TAIL_F32, 4))
 QX_KERNEL_PAIR(f16, QX(f16_row), 0, QX_FLOAT_WIDE, QX_FLOAT_KERNEL(QX_LOAD_F16, QX_TAIL_F16, 2))
 
@@ -559,6 +572,7 @@ static const rk_qdots QX(qdots) = {
     {QX(tile_f32), QX(tile_f16), QX(tile_q8_0), QX(tile_q4_0), QX(tile_q4_K), QX(tile_q6_K), NULL, NULL, NULL},
     {[RK_Q_Q4_0X8] = QX(tile_q4_0x8), [RK_Q_Q4_KX8] = QX(tile_q4_Kx8), [RK_Q_Q8_0X8] = QX(tile_q8_0x8)},
     QX_TILE16,
+    {[RK_Q_F16] = QX_F16_STREAM_FN},
 };
 
 #undef QX_FN
@@ -579,4 +593,5 @@ static const rk_qdots QX(qdots) = {
 #undef QX_KX8_KERNEL
 #undef QX_Q8X8_KERNEL
 #undef QX_FLOAT_ROW
+#undef QX_F16_STREAM_FN
 #undef QX_TILE8

@@ -178,6 +178,40 @@ def test_f32_rows_sum_as_llamafile_on_avx2(library, k):
         assert np.array_equal(alone[0].view(np.uint32), batch[r].view(np.uint32)), f"row {r} alone"
 
 
+@pytest.mark.parametrize("k", [1024, 1000, 203])
+def test_f16_decoding_rows_sum_in_four_chains_on_avx2(library, k):
+    """On AVX2, each f16 output of a decoding step (one activation row) is four 8-lane chains of
+    fused products over runs of 32 values, an 8-value run left over on the first chain, the chains
+    added (0 + 1) + (2 + 3), the lanes by tinyBLAS's tree, the tail one fused product at a time,
+    then the bias: the same bits whether the rows go through tiles or, as decoding takes them, in
+    one pass over many rows."""
+    if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma", "f16c"} <= cpu_flags():
+        pytest.skip("the AVX2 kernels need an x86-64 CPU with AVX2, FMA and F16C; this one runs the portable code")
+    rng = np.random.default_rng(k)
+    n = 90  # more than one unit of rows, and a last unit cut short
+    w = rng.standard_normal((n, k)).astype(np.float16)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    wf = w.astype(np.float32)
+    acc = np.zeros((4, n, 8), np.float32)
+    runs = k // 32 * 32
+    for i in range(0, runs, 32):
+        for c in range(4):
+            lo = i + 8 * c
+            acc[c] = fma(wf[:, lo : lo + 8], x[:, lo : lo + 8], acc[c])
+    i = runs
+    while i + 8 <= k:
+        acc[0] = fma(wf[:, i : i + 8], x[:, i : i + 8], acc[0])
+        i += 8
+    want = tree8((acc[0] + acc[1]) + (acc[2] + acc[3]))
+    for j in range(i, k):
+        want = fma(wf[:, j], x[0, j], want)
+    want = want + bias
+    out = np.zeros((1, n), np.float32)
+    library["relaxc.dense_q"](t(x), t(w), "f16", t(bias), t(out))
+    assert np.array_equal(out[0].view(np.uint32), want.view(np.uint32)), "a decoding row's f16 sums moved"
+
+
 @pytest.mark.parametrize("m", [1, 3, 4, 6, 9])
 @pytest.mark.parametrize("fmt", ["q4_0", "q4_K", "q8_0"])
 def test_regrouped_rows(library, m, fmt):
