@@ -580,8 +580,8 @@ static void dense_units(const dense_job *j, int64_t begin, int64_t end, bool two
    * one on every instruction set: where its tile reads four rows side by side (AVX2) they are
    * streams enough, and its matrices streamed faster with one on Zen 3 (11.7 against 11.0 GB/s at
    * 1 thread); where it reads a row at a time (AVX-512), two streams were no faster on Zen 5. An
- * instruction set with a one-pass decode for a format (rk_qdots.stream: f16 on AVX2) takes the
- * units' rows in it, one stream, without tiles. */
+   * instruction set with a one-pass decode for a format (rk_qdots.stream: f16 on AVX2) takes the
+   * units' rows in it, one stream, without tiles. */
   int64_t step = j->tile16 && j->m > TILE ? 16 : j->tile8 ? 8 : TILE, tiles = (hi - lo + step - 1) / step;
   int64_t streams = two_streams && tiles >= STREAMS ? STREAMS : 1;
   int64_t per = (tiles + streams - 1) / streams;
