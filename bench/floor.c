@@ -103,10 +103,20 @@ FLOOR_EXPORT long floor_setup(void) {
   return floor_chain_length;
 }
 
+/* The loop starts a 64-byte line, as compiled mode's rolled loops do (codegen/native/align.rs),
+ * so that its two calls never straddle a line where compiled mode's do not: benches/chain.rs
+ * builds this file with -falign-loops=64, and GCC, which takes the head of this rotated loop for
+ * a jump target, also needs its jump alignment raised for this function. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define FLOOR_LOOP_ALIGNED __attribute__((optimize("align-jumps=64")))
+#else
+#define FLOOR_LOOP_ALIGNED
+#endif
+
 /* The floor: the N calls from a loop of two call sites, one per argument list, so that each call
  * is set up as a straight line sets it up, with no select of its list. Returns nonzero when a
  * call failed. */
-FLOOR_EXPORT int floor_loop(long n) {
+FLOOR_LOOP_ALIGNED FLOOR_EXPORT int floor_loop(long n) {
   if (__tvm_ffi_add1(NULL, chain.first, 3, &chain.result)) return 1;
   long i = 1;
   for (; i + 1 < n; i += 2) {
