@@ -504,6 +504,13 @@ typedef struct dense_job {
 
 enum { ROWS_PER_TASK_UNIT = 16, TILE = 4, STREAMS = 2 };
 
+/* Adds the bias to outputs [c, c + rows) of every activation row. */
+static void add_bias(const dense_job *j, int64_t c, int64_t rows) {
+  if (j->bias)
+    for (int64_t r = 0; r < j->m; r++)
+      for (int64_t col = 0; col < rows; col++) j->out[r * j->n + c + col] += j->bias[c + col];
+}
+
 /* The weight rows [c, c + rows) against every activation row: one tile of the task. */
 static void dense_tile(const dense_job *j, int64_t c, int rows) {
   const rk_qrows *a = &j->rows;
@@ -526,9 +533,7 @@ static void dense_tile(const dense_job *j, int64_t c, int rows) {
       }
     }
   }
-  if (j->bias)
-    for (int64_t r = 0; r < j->m; r++)
-      for (int col = 0; col < rows; col++) j->out[r * j->n + c + col] += j->bias[c + col];
+  add_bias(j, c, rows);
 }
 
 static void dense_units(const dense_job *j, int64_t begin, int64_t end, bool two_streams);
@@ -566,8 +571,7 @@ static void dense_units(const dense_job *j, int64_t begin, int64_t end, bool two
   int64_t lo = begin * ROWS_PER_TASK_UNIT, hi = end * ROWS_PER_TASK_UNIT < j->n ? end * ROWS_PER_TASK_UNIT : j->n;
   if (j->stream && j->m == 1) {
     j->stream(j->w + lo * j->row_bytes, j->row_bytes, hi - lo, j->rows.x, j->rows.k, j->out + lo);
-    if (j->bias)
-      for (int64_t c = lo; c < hi; c++) j->out[c] += j->bias[c];
+    add_bias(j, lo, hi - lo);
     return;
   }
   /* Tiles start at multiples of their rows (TILE, or 8 for the regrouped formats: units of 16
@@ -750,7 +754,7 @@ int rvm_builtin_kl_dense_q(void *self, const TVMFFIAny *args, int32_t num_args, 
                  /* A float tile takes all of a call's few rows (fewer than GEMM_ROWS), its widest
                   * passes at a time: a 6-token prompt is two passes of three rows on AVX2, not
                   * three of two. The integer tiles take TILE rows a call. */
-                 f == RK_Q_F32 || f == RK_Q_F16 ? m : TILE, f == RK_Q_F32 || dots->stream[f], 0};
+                 f == RK_Q_F32 || f == RK_Q_F16 ? m : TILE, f == RK_Q_F32, 0};
   if (q->act_block) {
     size_t qbytes = (size_t)(m * k), dbytes = sizeof(float) * (size_t)(m * (k / q->act_block)),
            sbytes = sizeof(int16_t) * (size_t)(m * (k / 16));

@@ -193,7 +193,7 @@ fn env_compiler(name: &str) -> Option<Toolchain> {
 
 /// clang with `--target`, if it can build and link a shared library for the target. The answer
 /// is kept for the process: the probe (a compile and a link, 120-150 ms on Zen 3) was about half
-/// of every aarch64 model's link, and a process that builds several models asks once a build.
+/// of every aarch64 model's link, and it ran again for every model a process built.
 fn clang_for(target: &Target) -> Option<Toolchain> {
     static PROBED: OnceLock<Mutex<HashMap<&'static str, Option<Toolchain>>>> = OnceLock::new();
     let probed = PROBED.get_or_init(Default::default);

@@ -183,8 +183,8 @@ def test_f16_decoding_rows_sum_in_four_chains_on_avx2(library, k):
     """On AVX2, each f16 output of a decoding step (one activation row) is four 8-lane chains of
     fused products over runs of 32 values, an 8-value run left over on the first chain, the chains
     added (0 + 1) + (2 + 3), the lanes by tinyBLAS's tree, the tail one fused product at a time,
-    then the bias: the same bits whether the rows go through tiles or, as decoding takes them, in
-    one pass over many rows."""
+    then the bias. Decoding takes the rows in one pass over many of them; the 4-row tiles it
+    replaced gave these bits too."""
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("the AVX2 kernels need an x86-64 CPU with AVX2, FMA and F16C; this one runs the portable code")
     rng = np.random.default_rng(k)
