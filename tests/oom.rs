@@ -7,6 +7,9 @@
 //! fixture's first case, the closures program, and the tiny Llama (cache creation, prefill and
 //! decode on the paged KV cache) go through it. tests/c/oom_test.c does the same from a plain C
 //! host under valgrind.
+//!
+//! Also on that allocator: after a warm-up call, calls whose results are released between them
+//! take nothing from it, in both modes.
 
 mod common;
 
@@ -181,6 +184,25 @@ fn tiny_llama(mode: ExecMode) -> Result<Walk, String> {
     })
 }
 
+/// A warm-up call, then calls whose results are released between them, all of which must take
+/// nothing from the VM's allocator: storages, tensor and Storage objects and the wrappers of the
+/// arguments come back to the VM's caches, the result's too although it dies after its call.
+fn steady_calls(so: &Path, inputs: &[Input]) -> Result<(), String> {
+    let heap = Heap::new();
+    let model = Model::load(so).map_err(|e| e.to_string())?;
+    let main = model.find("main").map_err(|e| e.to_string())?;
+    let mut vm = heap.vm(&model);
+    drop(vm.call(main, inputs).map_err(|e| format!("warm-up: {e}"))?);
+    let before = heap.calls();
+    for _ in 0..5 {
+        drop(vm.call(main, inputs).map_err(|e| e.to_string())?);
+    }
+    match heap.calls() - before {
+        0 => Ok(()),
+        taken => Err(format!("5 calls after a warm-up took {taken} allocations from the VM's allocator")),
+    }
+}
+
 fn verdict(walk: Result<Walk, String>, what: &str) -> Result<(), Failed> {
     let walk = walk.map_err(|e| Failed::from(format!("{what}: {e}")))?;
     if walk.not_reached * 2 > walk.per_call {
@@ -212,6 +234,15 @@ fn main() {
                     npz::read_inputs(&fixture.dir.join(format!("ok_{case}.in.npz"))).map_err(|e| e.to_string())?;
                 let check = |out: &[Output]| fixture.check_outputs(out, &case);
                 verdict(tensor_model(&so, &inputs, &check), &name)
+            }));
+        }
+        for fixture in common::fixtures().into_iter().filter(|f| ["chain_100", "mlp_static"].contains(&f.name.as_str()))
+        {
+            trials.push(Trial::test(format!("steady_calls_allocate_nothing_{}_{m}", fixture.name), move || {
+                let case = fixture.ok_cases.first().ok_or("no ok case")?;
+                let inputs =
+                    npz::read_inputs(&fixture.dir.join(format!("ok_{case}.in.npz"))).map_err(|e| e.to_string())?;
+                Ok(steady_calls(&fixture.build(mode)?, &inputs)?)
             }));
         }
         trials.push(Trial::test(format!("tiny_llama_prefill_decode_{m}"), move || {

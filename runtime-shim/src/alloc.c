@@ -10,8 +10,12 @@
 
  * Tensor objects (the views that alloc_tensor makes for every operator) and Storage objects (one
  * per alloc_storage, a few on every call of most models) are recycled too, without any lock: only
- * the thread currently running a call on the VM takes objects from the caches or gives them back;
- * an object released by any other thread, or outside a call, is simply freed.
+ * the thread currently running a call on the VM takes objects from the caches or gives them back.
+ * An object released by any other thread, or outside a call (a call's result, which the caller
+ * releases after it returns), goes onto a second list that takes pushes from any thread and is
+ * emptied whole into the cache when the cache runs dry: a result's two objects were a malloc and a
+ * free each on every call. Both operations on it (a push, and a swap of the whole list) are
+ * immune to ABA, so the list needs no lock.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -40,6 +44,8 @@ struct rvm_pool {
   _Atomic uintptr_t active_thread; /* pthread_self() of the thread inside a call, else 0 */
   free_block *tensors;             /* cached tensor objects (RVM_CACHED_NDIM dims) */
   free_block *storages;            /* cached Storage objects */
+  _Atomic(free_block *) returned_tensors;  /* released outside a call, for `tensors` */
+  _Atomic(free_block *) returned_storages; /* released outside a call, for `storages` */
 };
 
 static uintptr_t this_thread(void) { return (uintptr_t)pthread_self(); }
@@ -58,16 +64,38 @@ static bool on_active_thread(rvm_pool *a) {
   return atomic_load_explicit(&a->active_thread, memory_order_relaxed) == this_thread();
 }
 
+/* Onto a list of objects released outside a call; from any thread. */
+static void push_returned(_Atomic(free_block *) *list, free_block *b) {
+  free_block *head = atomic_load_explicit(list, memory_order_relaxed);
+  do b->next = head;
+  while (!atomic_compare_exchange_weak_explicit(list, &head, b, memory_order_release, memory_order_relaxed));
+}
+
+/* The first object of a cache (on the thread running a call), refilled from `returned` when it is
+ * empty; NULL when both are. */
+static free_block *take_cached(free_block **cache, _Atomic(free_block *) *returned) {
+  if (!*cache) {
+    if (!atomic_load_explicit(returned, memory_order_relaxed)) return NULL;
+    *cache = atomic_exchange_explicit(returned, NULL, memory_order_acquire);
+    if (!*cache) return NULL;
+  }
+  free_block *b = *cache;
+  *cache = b->next;
+  return b;
+}
+
 rvm_tensor *rvm_pool_take_tensor(rvm_pool *a, int32_t ndim) {
-  if (ndim > RVM_CACHED_NDIM || !a->tensors || !on_active_thread(a)) return NULL;
-  free_block *b = a->tensors;
-  a->tensors = b->next;
-  return (rvm_tensor *)b;
+  if (ndim > RVM_CACHED_NDIM || !on_active_thread(a)) return NULL;
+  return (rvm_tensor *)take_cached(&a->tensors, &a->returned_tensors);
 }
 
 bool rvm_pool_give_tensor(rvm_pool *a, rvm_tensor *t) {
-  if (t->dl.ndim > RVM_CACHED_NDIM || !on_active_thread(a)) return false;
+  if (t->dl.ndim > RVM_CACHED_NDIM) return false;
   free_block *b = (free_block *)t;
+  if (!on_active_thread(a)) {
+    push_returned(&a->returned_tensors, b);
+    return true;
+  }
   b->next = a->tensors;
   a->tensors = b;
   return true;
@@ -119,6 +147,8 @@ void rvm_pool_release(rvm_pool *a) {
   for (int i = 0; i < RVM_CLASS_BUCKETS; i++) free_list(a->classes[i]);
   free_list(a->tensors);
   free_list(a->storages);
+  free_list(atomic_load_explicit(&a->returned_tensors, memory_order_acquire));
+  free_list(atomic_load_explicit(&a->returned_storages, memory_order_acquire));
   rvm_mem_free(a);
 }
 
@@ -186,11 +216,12 @@ static void cache_storage_object(rvm_pool *a, rvm_storage *s) {
 static void storage_deleter(void *self, int flags) {
   rvm_storage *s = self;
   rvm_pool *pool = s->allocator;
-  if (flags == 3 && pool && on_active_thread(pool)) {
+  if (flags == 3 && pool) {
     /* Into the cache before the pool's reference goes: the pool frees its caches when that
      * reference was the last. */
     rvm_pool_free(pool, s->data, s->nbytes);
-    cache_storage_object(pool, s);
+    if (on_active_thread(pool)) cache_storage_object(pool, s);
+    else push_returned(&pool->returned_storages, (free_block *)s);
     rvm_pool_release(pool);
     return;
   }
@@ -209,11 +240,8 @@ bool rvm_is_pooled_storage(const TVMFFIObject *obj) { return obj->deleter == sto
 
 /* A Storage object from the cache (on the thread running a call), else from the heap. */
 static rvm_storage *storage_object(rvm_pool *a) {
-  if (a->storages && on_active_thread(a)) {
-    free_block *b = a->storages;
-    a->storages = b->next;
-    return (rvm_storage *)b;
-  }
+  free_block *b = on_active_thread(a) ? take_cached(&a->storages, &a->returned_storages) : NULL;
+  if (b) return (rvm_storage *)b;
   return rvm_mem_alloc_in(a->heap, sizeof(rvm_storage), 16, "a storage object");
 }
 

@@ -283,13 +283,28 @@ static int wrap_tensor(rvm_vm *vm, const DLTensor *t, int32_t index, TVMFFIAny *
     return tensor_over_storage(s, t, out);
   }
   rvm_tensor *w;
-  if (((uintptr_t)data % 64) == 0)
-    w = rvm_tensor_new(data, t->device, t->ndim, t->dtype, t->shape, 0, NULL);
-  else
+  if (((uintptr_t)data % 64) == 0) {
+    /* From the VM's object cache (the call has entered its pool), but with no home: nothing keeps
+     * the pool alive for a wrapper that outlives the call, so only release_wrapper gives it back. */
+    w = rvm_tensor_new_in(vm ? vm->allocator : NULL, data, t->device, t->ndim, t->dtype, t->shape, 0, NULL);
+    if (w) w->home = NULL;
+  } else {
     w = rvm_tensor_copy_aligned(t);
+  }
   if (!w) return -1;
   *out = rvm_obj_any(w);
   return 0;
+}
+
+/* Releases the call's wrapper of a DLTensor argument: back to the VM's object cache when the call
+ * holds the only reference (the wrapper did not escape into a result or the VM's state). */
+static void release_wrapper(rvm_vm *vm, TVMFFIAny *v) {
+  TVMFFIObject *obj = v->v_obj;
+  if (rvm_object_sole_owner(obj) && rvm_is_own_tensor(obj) && !((rvm_tensor *)obj)->owner && rvm_pool_give_tensor(vm->allocator, (rvm_tensor *)obj)) {
+    *v = rvm_none();
+    return;
+  }
+  rvm_any_release(v);
 }
 
 /* The calling thread's identity, never 0 (pthread_self, not _Thread_local: TLS in a shared object
@@ -360,6 +375,7 @@ static int call_with(rvm_vm *vm, const TVMFFIAny *callee, int64_t func, const rv
   }
   int rc = 0;
   int32_t wrapped = 0;
+  uintptr_t previous = rvm_pool_enter(vm->allocator);
   for (; wrapped < num_args; wrapped++) {
     if (args[wrapped].type_index == kTVMFFIDLTensorPtr) {
       rc = wrap_tensor(vm, args[wrapped].v_ptr, wrapped, &conv[wrapped]);
@@ -369,7 +385,6 @@ static int call_with(rvm_vm *vm, const TVMFFIAny *callee, int64_t func, const rv
     }
   }
   *result = rvm_none();
-  uintptr_t previous = rvm_pool_enter(vm->allocator);
   rvm_vm *previous_vm = vm->cuda ? rvm_set_current_vm(vm) : NULL;
   if (rc == 0) rc = callee ? rvm_invoke_value(vm, callee, conv, num_args, result) : rvm_invoke(vm, func, conv, num_args, result);
   if (vm->cuda) {
@@ -382,7 +397,7 @@ static int call_with(rvm_vm *vm, const TVMFFIAny *callee, int64_t func, const rv
     rc = -1;
   }
   for (int32_t i = 0; i < wrapped; i++)
-    if (args[i].type_index == kTVMFFIDLTensorPtr) rvm_any_release(&conv[i]);
+    if (args[i].type_index == kTVMFFIDLTensorPtr) release_wrapper(vm, &conv[i]);
   rvm_pool_leave(vm->allocator, previous);
   if (rc != 0) rvm_workspace_release_to(workspaces);
   if (conv != inline_args) rvm_mem_free(conv);

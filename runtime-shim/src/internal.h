@@ -230,6 +230,8 @@ RVM_HIDDEN const rvm_allocator *rvm_object_allocator(const TVMFFIObject *obj);
 RVM_HIDDEN bool rvm_is_pooled_storage(const TVMFFIObject *obj);
 /* Whether a Tensor object was made by this runtime (and so is compact and 64-byte aligned). */
 RVM_HIDDEN bool rvm_is_own_tensor(const TVMFFIObject *obj);
+/* Whether the caller's reference is the object's only one, strong or weak. */
+RVM_HIDDEN bool rvm_object_sole_owner(const TVMFFIObject *obj);
 /* The dims of a Shape value, or NULL. */
 RVM_HIDDEN const TVMFFIShapeCell *rvm_as_shape(const TVMFFIAny *v);
 /* The bytes of a string value (RawStr, SmallStr or Str); false if it is not a string. */
@@ -306,7 +308,8 @@ RVM_HIDDEN uintptr_t rvm_pool_enter(rvm_pool *a);
 RVM_HIDDEN void rvm_pool_leave(rvm_pool *a, uintptr_t previous);
 /* A tensor object with room for ndim dims from the allocator's cache, or NULL if it has none. */
 RVM_HIDDEN rvm_tensor *rvm_pool_take_tensor(rvm_pool *a, int32_t ndim);
-/* Gives a dead tensor object back to the cache; false if the caller must free it itself. */
+/* Gives a dead tensor object back to the cache (from any thread: one released outside a call waits on a
+ * list of its own); false if the caller must free it itself. The caller still holds a reference to the pool. */
 RVM_HIDDEN bool rvm_pool_give_tensor(rvm_pool *a, rvm_tensor *t);
 /* A Storage of plain 64-byte aligned memory, freed with the object (for copies outside a VM). */
 RVM_HIDDEN rvm_storage *rvm_storage_new_unpooled(uint64_t nbytes);

@@ -70,6 +70,10 @@ void rvm_object_decref(TVMFFIObject *obj) {
   }
 }
 
+bool rvm_object_sole_owner(const TVMFFIObject *obj) {
+  return __atomic_load_n(&obj->combined_ref_count, __ATOMIC_ACQUIRE) == RVM_FRESH_COUNT;
+}
+
 void rvm_any_release(TVMFFIAny *v) {
   if (rvm_is_object(v)) rvm_object_decref(v->v_obj);
   memset(v, 0, sizeof(*v));
