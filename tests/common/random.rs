@@ -294,7 +294,8 @@ impl<'a> Gen<'a> {
     /// A tensor that lives for two kernel calls and dies (the pattern compiled mode builds on
     /// the native stack): filled, added to a live tensor into a new one, killed. Its storage is a
     /// kept one (written once, perhaps long before), or a fresh one killed after the tensor, or
-    /// killed while the tensor still lives (which must keep it off the fast path). Nothing but
+    /// killed while the tensor still lives (TVM's pattern for a storage's last tensor: compiled
+    /// mode's kill then waits for the tensor's, `stack_tensors::deferred_kills`). Nothing but
     /// the new tensor is written: parameters are the caller's.
     fn temp_op(&mut self, local: bool) {
         let s = self.s;

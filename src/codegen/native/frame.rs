@@ -73,6 +73,25 @@ impl Known {
         }
     }
 
+    /// The argument array to stage a call's `words` in: one that holds them already; else one
+    /// no call shortly ahead in the block finds its arguments in, with the fewest stores. A
+    /// chain alternating between two argument lists thus settles into one array each. `plan` and
+    /// `leader` are the words and block starts of the instructions after the call.
+    pub fn argument_array(&self, words: &[Word], plan: &[Option<Vec<Word>>], leader: &[bool]) -> usize {
+        let held = &self.argv;
+        let holds = |k: usize, ws: &[Word]| ws.iter().zip(&held[k]).all(|(w, h)| *h == Some(*w));
+        let stores = |k: usize| words.iter().zip(&held[k]).filter(|(w, h)| **h != Some(**w)).count();
+        let ahead: Vec<&Vec<Word>> = plan
+            .iter()
+            .zip(leader)
+            .take_while(|(_, starts_block)| !**starts_block)
+            .filter_map(|(words, _)| words.as_ref())
+            .take(LOOKAHEAD_CALLS)
+            .collect();
+        let wanted_ahead = |k: usize| ahead.iter().any(|ws| holds(k, ws));
+        (0..ARGUMENT_ARRAYS).min_by_key(|&k| (stores(k) != 0, wanted_ahead(k), stores(k))).unwrap_or(0)
+    }
+
     /// Forgets everything: another path may have left the frame otherwise.
     pub fn forget(&mut self) {
         self.argv.iter_mut().flatten().for_each(|w| *w = None);

@@ -27,13 +27,10 @@ use cranelift_frontend::FunctionBuilder;
 use cranelift_module::{FuncId, Module};
 use cranelift_object::ObjectModule;
 
-use super::frame::{
-    ARGUMENT_ARRAYS, Env, Known, LOOKAHEAD_CALLS, RegisterFile, SLOT_ALIGN_SHIFT, Word, any_offset, copy_any, flags,
-    prologue, zero_any,
-};
+use super::frame::{Env, Known, RegisterFile, SLOT_ALIGN_SHIFT, Word, any_offset, copy_any, flags, prologue, zero_any};
 use super::plan::{self, Inlined, leaders};
 use super::repeats::{self, MAX_WARMUP, Run};
-use super::stack_tensors::{FunctionFacts, Site, View};
+use super::stack_tensors::{DeferredKills, FunctionFacts, Site, View};
 use super::{RolledLoop, Shared, chunks};
 use crate::abi::{self, ANY_PAYLOAD, ANY_TYPE_INDEX, DLTensor};
 use crate::codegen::CodegenError;
@@ -88,6 +85,7 @@ struct ChunkCx<'i> {
     /// The block each leader starts.
     blocks: Vec<Option<Block>>,
     tensor_slots: HashMap<usize, (usize, Site)>,
+    deferred: DeferredKills,
     /// The current block is still open (the last instruction did not end it).
     open: bool,
 }
@@ -184,7 +182,7 @@ impl<'a> Lowering<'a> {
         let blocks: Vec<Option<Block>> = leader.iter().map(|&l| l.then(|| b.create_block())).collect();
         self.leader = leader;
         b.ins().jump(blocks[0].expect("first block"), &[]);
-        let mut cx = ChunkCx { instrs, lo, env, blocks, tensor_slots, open: false };
+        let mut cx = ChunkCx { instrs, lo, env, blocks, tensor_slots, deferred: plan.deferred, open: false };
         let mut runs = runs.into_iter().peekable();
         let mut i = 0;
         while i < instrs.len() {
@@ -229,11 +227,18 @@ impl<'a> Lowering<'a> {
         self.at = i;
         let env = &cx.env;
         match &cx.instrs[i] {
-            Instr::Call { dst, func, args } => match cx.tensor_slots.get(&i) {
-                Some(&(slot, site)) if site.proven => self.proven_tensor(b, env, *dst, slot, site.view),
-                Some(&(slot, site)) => self.checked_tensor(b, env, pc, *dst, args, slot, site.end),
-                None => self.call(b, env, pc, *dst, *func, args),
-            },
+            // The Storage dies after the stack tensor that views it (stack_tensors::deferred_kills).
+            Instr::Call { .. } if cx.deferred.waiting.contains(&i) => {}
+            Instr::Call { dst, func, args } => {
+                match cx.tensor_slots.get(&i) {
+                    Some(&(slot, site)) if site.proven => self.proven_tensor(b, env, *dst, slot, site.view),
+                    Some(&(slot, site)) => self.checked_tensor(b, env, pc, *dst, args, slot, site.end),
+                    None => self.call(b, env, pc, *dst, *func, args),
+                }
+                for &storage in cx.deferred.after.get(&i).into_iter().flatten() {
+                    self.kill(b, env, storage);
+                }
+            }
             Instr::Ret { result } => {
                 self.ret(b, env, *result);
                 cx.open = false;
@@ -519,9 +524,7 @@ impl<'a> Lowering<'a> {
             // Drop what dst holds (a virtual register already holds None).
             Inlined::NullValue => {
                 if self.known.virtual_regs.remove(&dst).is_none() && dst < VOID_REG {
-                    self.release(b, env.regs, self.reg(dst));
-                    zero_any(b, env.regs, self.reg(dst));
-                    self.known.written(dst);
+                    self.kill(b, env, dst);
                 }
                 true
             }
@@ -540,6 +543,13 @@ impl<'a> Lowering<'a> {
                 true
             }
         }
+    }
+
+    /// Releases what register `r` (not a virtual one) holds and leaves None.
+    fn kill(&mut self, b: &mut FunctionBuilder, env: &Env, r: i64) {
+        self.release(b, env.regs, self.reg(r));
+        zero_any(b, env.regs, self.reg(r));
+        self.known.written(r);
     }
 
     fn call(&mut self, b: &mut FunctionBuilder, env: &Env, pc: i64, dst: i64, callee: i64, args: &[Arg]) {
@@ -608,25 +618,12 @@ impl<'a> Lowering<'a> {
         b.switch_to_block(after);
     }
 
-    /// The argument array to stage a call's `words` in: one that holds them already; else one
-    /// no call shortly ahead in the block finds its arguments in, with the fewest stores. A
-    /// chain alternating between two argument lists thus settles into one array each.
+    /// The argument array to stage a call's `words` in (see `Known::argument_array`).
     fn argument_array(&self, words: &[Word]) -> usize {
         if !self.track {
             return 0;
         }
-        let held = &self.known.argv;
-        let holds = |k: usize, ws: &[Word]| ws.iter().zip(&held[k]).all(|(w, h)| *h == Some(*w));
-        let stores = |k: usize| words.iter().zip(&held[k]).filter(|(w, h)| **h != Some(**w)).count();
-        let ahead: Vec<&Vec<Word>> = self.plan[self.at + 1..]
-            .iter()
-            .zip(&self.leader[self.at + 1..])
-            .take_while(|(_, starts_block)| !**starts_block)
-            .filter_map(|(words, _)| words.as_ref())
-            .take(LOOKAHEAD_CALLS)
-            .collect();
-        let wanted_ahead = |k: usize| ahead.iter().any(|ws| holds(k, ws));
-        (0..ARGUMENT_ARRAYS).min_by_key(|&k| (stores(k) != 0, wanted_ahead(k), stores(k))).unwrap_or(0)
+        self.known.argument_array(words, &self.plan[self.at + 1..], &self.leader[self.at + 1..])
     }
 
     /// Writes a call's argument words (borrowed views) into argument array `array`, storing

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use super::Shared;
 use super::frame::Word;
 use super::repeats::{self, MAX_WARMUP};
-use super::stack_tensors::{self, FunctionFacts, Site, View};
+use super::stack_tensors::{self, DeferredKills, FunctionFacts, Site, View};
 use crate::abi;
 use crate::codegen::shim::find_builtin;
 use crate::vm::{Arg, Constant, FuncKind, Instr, VM_REG, VOID_REG};
@@ -41,6 +41,8 @@ enum CodeKey {
     KillVirtual {
         slot: usize,
     },
+    /// A storage register's `null_value` that waits for a stack tensor's kill: no code here.
+    WaitingKill,
     Inlined {
         dst: i64,
         callee: i64,
@@ -62,6 +64,8 @@ pub struct Plan {
     pub keys: Vec<Option<u32>>,
     /// Per instruction, and one past the last: the virtual registers just before it.
     pub virtual_before: Vec<HashMap<i64, usize>>,
+    /// The storage kills that wait for stack tensors, and where they happen instead.
+    pub deferred: DeferredKills,
 }
 
 /// Blocks start at jump targets and after control transfers; also returns the most arguments
@@ -168,11 +172,13 @@ pub fn plan_chunk(
 ) -> Plan {
     let track = !shared.options.instrument;
     let mut virtual_regs = HashMap::new();
-    let mut interned: HashMap<CodeKey, u32> = HashMap::new();
+    // A key with the storage registers killed after the instruction, as its code does.
+    let mut interned: HashMap<(CodeKey, Vec<i64>), u32> = HashMap::new();
     let mut plan = Plan {
         words: Vec::with_capacity(instrs.len()),
         keys: Vec::with_capacity(instrs.len()),
         virtual_before: Vec::with_capacity(instrs.len() + 1),
+        deferred: stack_tensors::deferred_kills(tensor_slots.values().map(|(_, site)| site)),
     };
     for (i, ins) in instrs.iter().enumerate() {
         plan.virtual_before.push(virtual_regs.clone());
@@ -180,6 +186,7 @@ pub fn plan_chunk(
             virtual_regs.clear();
         }
         let (words, key) = match ins {
+            Instr::Call { .. } if plan.deferred.waiting.contains(&i) => (None, Some(CodeKey::WaitingKill)),
             Instr::Call { dst, func, args } => match tensor_slots.get(&i) {
                 Some(&(slot, site)) if site.proven => {
                     virtual_regs.insert(*dst, slot);
@@ -206,7 +213,8 @@ pub fn plan_chunk(
         };
         plan.words.push(words);
         let next = interned.len() as u32;
-        plan.keys.push(key.filter(|_| !leader[i]).map(|k| *interned.entry(k).or_insert(next)));
+        let killed_after = plan.deferred.after.get(&i).cloned().unwrap_or_default();
+        plan.keys.push(key.filter(|_| !leader[i]).map(|k| *interned.entry((k, killed_after)).or_insert(next)));
     }
     plan.virtual_before.push(virtual_regs);
     plan

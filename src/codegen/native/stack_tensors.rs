@@ -10,6 +10,12 @@
 //! big enough, no check is needed; and when the tensor's register is written by nothing else,
 //! it need not hold the tensor at all: its uses read the stack slot directly (a "virtual"
 //! register, None whenever anything else could look).
+//!
+//! A tensor object holds a reference to its Storage, so TVM's plans kill a storage register
+//! right after its last `alloc_tensor`, while that tensor still lives: the Storage dies with the
+//! tensor. A stack tensor holds no reference, so there the storage register's kill waits for the
+//! tensor's (`Site::storage_kill`, [`deferred_kills`]): the Storage is freed at the same point as
+//! in TVM, and each storage's last tensor (two of every chain's) needs no object either.
 
 use std::collections::HashMap;
 
@@ -37,6 +43,35 @@ pub struct Site {
     /// The storage is proven big enough and the tensor's register is virtual: no run-time check,
     /// no register write.
     pub proven: bool,
+    /// Chunk-relative pc of a `null_value` of the storage register while the tensor lives, which
+    /// then waits for the tensor's kill; nothing reads or writes that register in between.
+    pub storage_kill: Option<usize>,
+}
+
+/// Storage kills moved later by stack tensors (see the module's opening): the pcs whose kill
+/// waits, and after which tensor kills each waiting storage register dies, by chunk-relative pc.
+#[derive(Default)]
+pub struct DeferredKills {
+    pub waiting: std::collections::HashSet<usize>,
+    pub after: HashMap<usize, Vec<i64>>,
+}
+
+/// Each deferred storage kill happens after the last kill of the stack tensors that view it.
+pub fn deferred_kills<'a>(sites: impl IntoIterator<Item = &'a Site>) -> DeferredKills {
+    let mut last: HashMap<usize, (usize, i64)> = HashMap::new(); // storage kill -> (tensor kill, storage)
+    for site in sites {
+        if let Some(at) = site.storage_kill {
+            let entry = last.entry(at).or_insert((site.kill, site.view.storage));
+            entry.0 = entry.0.max(site.kill);
+        }
+    }
+    let mut deferred = DeferredKills::default();
+    for (at, (kill, storage)) in last {
+        deferred.waiting.insert(at);
+        deferred.after.entry(kill).or_default().push(storage);
+    }
+    deferred.after.values_mut().for_each(|v| v.sort_unstable());
+    deferred
 }
 
 /// The tensor's byte size if `vm.builtin.alloc_tensor` accepts this shape and dtype (the same
@@ -176,6 +211,7 @@ pub fn sites(
             _ => continue,
         };
         let mut kill = None;
+        let mut storage_kill = None;
         for (j, next) in instrs.iter().enumerate().skip(i + 1) {
             if leader[j] {
                 break; // the tensor must die in its own block
@@ -186,7 +222,14 @@ pub fn sites(
                     if uses_t && !(is_kernel(*func) || read_only(*func)) {
                         break;
                     }
+                    if storage_kill.is_some() && (*dst == view.storage || args.contains(&Arg::Reg(view.storage))) {
+                        break; // it would see the Storage where TVM's register holds None
+                    }
                     if *dst == view.storage {
+                        if args.is_empty() && name(*func) == "vm.builtin.null_value" {
+                            storage_kill = Some(j);
+                            continue;
+                        }
                         break; // the storage could be released while the tensor lives
                     }
                     if *dst == t {
@@ -200,7 +243,7 @@ pub fn sites(
         }
         if let Some(kill) = kill {
             let proven = facts.storage_proven(view.storage, lo + i, end) && facts.sole_writer(t, lo + i);
-            sites.insert(i, Site { kill, view, end, proven });
+            sites.insert(i, Site { kill, view, end, proven, storage_kill });
         }
     }
     sites
@@ -244,7 +287,16 @@ mod tests {
     use super::*;
 
     fn site(kill: usize, storage: i64) -> Site {
-        Site { kill, view: View { storage, offset: 0, shape: 0, dtype: 1 }, end: 4, proven: true }
+        Site { kill, view: View { storage, offset: 0, shape: 0, dtype: 1 }, end: 4, proven: true, storage_kill: None }
+    }
+
+    #[test]
+    fn a_storage_kill_waits_for_the_last_stack_tensor_viewing_it() {
+        let waiting = |kill, storage, at| Site { storage_kill: Some(at), ..site(kill, storage) };
+        let sites = [waiting(9, 1, 5), waiting(7, 1, 5), waiting(8, 3, 6), site(4, 1)];
+        let deferred = deferred_kills(&sites);
+        assert_eq!(deferred.waiting, [5, 6].into_iter().collect());
+        assert_eq!(deferred.after, [(9, vec![1]), (8, vec![3])].into_iter().collect());
     }
 
     #[test]
