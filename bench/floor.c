@@ -5,7 +5,9 @@
  * allocation. Whatever a runtime spends above it is its overhead.
  *
  * benches/chain.rs builds this file into a shared library (with lib0.o, the generated straight
- * line and the runtime shim, for the backend symbols TVM's kernels import) and loads it into its
+ * line and the runtime shim, for the backend symbols TVM's kernels import). lib0.o comes first,
+ * after padding that puts `add1` at the page offset it has in the compiled model: where the
+ * kernel lies moved chain_1000 by up to 15%, for either side. It loads the library into its
  * own process, where it times a block of chains here, then a block of chains of each runtime, in
  * turn. Timed in separate processes, seconds apart, the floor was no floor: on a 2-core VM the
  * same binary ran chain_1000 in 8 us in one process and 14 us in the next, as the host's other
