@@ -343,14 +343,14 @@ fn rolled_loops_start_on_a_fetch_boundary() {
         .and_then(|l| address(l.split_whitespace().next().unwrap_or("")))
         .expect("__vmtir__main in the model");
     assert_eq!(start % 64, 0, "__vmtir__main starts at {start:#x}");
-    // `addr: jmp target <__vmtir__main+off>`, backward: the loop's back edge is the shortest
-    // (cold paths, after all the function's main line, jump back into it from far).
+    // `addr: jne target <__vmtir__main+off>` (any jump), backward: the loop's back edge is the
+    // shortest (cold paths, after all the function's main line, jump back into it from far).
     let back_edges: Vec<(u64, u64)> = text
         .lines()
         .filter_map(|l| {
             let (at, rest) = l.split_once(':')?;
             let mut words = rest.split_whitespace();
-            (words.next()? == "jmp").then_some(())?;
+            words.next()?.starts_with('j').then_some(())?;
             Some((address(at)?, address(words.next()?)?))
         })
         .filter(|(at, target)| target < at && *target >= start)

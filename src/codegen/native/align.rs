@@ -36,8 +36,10 @@ pub fn loop_padding(code: &CompiledCode) -> usize {
     let bytes = code.buffer.data();
     let spans = code.buffer.get_srclocs_sorted();
     let Some(edge) = spans.iter().filter(|s| s.loc == loop_back_edge()).max_by_key(|s| s.end) else { return 0 };
-    // The branches themselves carry no location: they follow the marked counter step.
-    let Some(header) = x86_back_edge_target(bytes, edge.end as usize) else { return 0 };
+    // The last marked span is the count's test and the conditional back edge; a jump that
+    // Cranelift writes on its own (after a compare) carries no location and follows the span.
+    let target = |at: u32| x86_back_edge_target(bytes, at as usize);
+    let Some(header) = target(edge.start).or_else(|| target(edge.end)) else { return 0 };
     let padding = (LOOP_ALIGN - header % LOOP_ALIGN) % LOOP_ALIGN;
     if !padding.is_multiple_of(code.buffer.alignment.max(1) as usize) {
         return 0;
@@ -46,8 +48,8 @@ pub fn loop_padding(code: &CompiledCode) -> usize {
 }
 
 /// The target of the first backward jump at or after `at` in `code`, reading only what
-/// Cranelift puts between a loop's counter compare and its back edge: conditional jumps (to the
-/// exit) and register moves. None on anything else.
+/// Cranelift puts between a loop's counter step and its back edge: conditional jumps (to the
+/// exit), register moves and tests. None on anything else.
 fn x86_back_edge_target(code: &[u8], mut at: usize) -> Option<usize> {
     let byte = |k: usize| code.get(k).copied();
     let rel32 = |k: usize| Some(i32::from_le_bytes(code.get(k..k + 4)?.try_into().ok()?) as i64);
@@ -57,8 +59,8 @@ fn x86_back_edge_target(code: &[u8], mut at: usize) -> Option<usize> {
             (0xeb, Some(d)) => (2, Some(d as i8 as i64)),
             (0x0f, Some(0x80..=0x8f)) => (6, rel32(at + 2)),
             (0x70..=0x7f, Some(d)) => (2, Some(d as i8 as i64)),
-            // mov between 64-bit registers (REX.W, 89 or 8b, a register-to-register ModRM).
-            (0x48..=0x4f, Some(0x89 | 0x8b)) if byte(at + 2)? >= 0xc0 => (3, None),
+            // mov or test between 64-bit registers (REX.W, 89, 8b or 85, a register ModRM).
+            (0x48..=0x4f, Some(0x89 | 0x8b | 0x85)) if byte(at + 2)? >= 0xc0 => (3, None),
             _ => return None,
         };
         if let Some(rel) = rel {
@@ -107,8 +109,9 @@ mod tests {
         let end = code.len() as i32 + 4;
         code.extend((0x10 - end).to_le_bytes());
         assert_eq!(x86_back_edge_target(&code, 0x40), Some(0x10));
-        // jne rel8 straight back.
+        // jne rel8 straight back, and test r12, r12 before it (a count down to 0).
         assert_eq!(x86_back_edge_target(&[0x90, 0x90, 0x75, 0xfc], 2), Some(0));
+        assert_eq!(x86_back_edge_target(&[0x90, 0x90, 0x4d, 0x85, 0xe4, 0x75, 0xf9], 2), Some(0));
         // Something else first, or only forward jumps.
         assert_eq!(x86_back_edge_target(&[0x48, 0x8b, 0x04, 0x24], 0), None);
         assert_eq!(x86_back_edge_target(&[0xe9, 0x10, 0x00, 0x00, 0x00], 0), None);

@@ -66,7 +66,8 @@ impl Shim {
 /// how many instructions one time through stands for, so that a failing call reports its pc.
 #[derive(Clone, Copy)]
 struct Rolled {
-    counter: Value,
+    remaining: Value, // times through still to run, this one included (`times` on the first)
+    times: i64,
     period: i64,
 }
 
@@ -289,12 +290,14 @@ impl<'a> Lowering<'a> {
             return run.end();
         }
         let entry = self.known.clone();
+        // A count down to 0: the back edge is one jump on the step's result (an up-count compared
+        // with its limit kept the old count live, costing a copy and a second jump each time).
         let header = b.create_block();
-        let counter = b.append_block_param(header, types::I64);
-        let zero = b.ins().iconst(types::I64, 0);
-        b.ins().jump(header, &[BlockArg::Value(zero)]);
+        let remaining = b.append_block_param(header, types::I64);
+        let all = b.ins().iconst(types::I64, left as i64);
+        b.ins().jump(header, &[BlockArg::Value(all)]);
         b.switch_to_block(header);
-        self.rolled = Some(Rolled { counter, period: run.period as i64 });
+        self.rolled = Some(Rolled { remaining, times: left as i64, period: run.period as i64 });
         let first = cx.lo + run.start + done * run.period;
         let function = self.shared.exec.funcs[self.func].name.clone();
         self.loops.push(RolledLoop { function, pcs: first..cx.lo + run.end(), period: run.period });
@@ -304,10 +307,9 @@ impl<'a> Lowering<'a> {
         self.rolled = None;
         self.reconcile(b, &cx.env, &entry);
         b.set_srcloc(crate::codegen::clif_text::loop_back_edge()); // for align.rs to find the branch
-        let next = b.ins().iadd_imm_s(counter, 1);
-        let more = b.ins().icmp_imm_s(IntCC::NotEqual, next, left as i64);
+        let next = b.ins().iadd_imm_s(remaining, -1);
         let exit = b.create_block();
-        b.ins().brif(more, header, &[BlockArg::Value(next)], exit, &[]);
+        b.ins().brif(next, header, &[BlockArg::Value(next)], exit, &[]);
         b.set_srcloc(SourceLoc::default());
         b.switch_to_block(exit);
         // The frame holds what it held on entry; the virtual registers are the last iteration's.
@@ -662,7 +664,8 @@ impl<'a> Lowering<'a> {
         let mut pcv = b.ins().iconst(types::I64, pc);
         if let Some(rolled) = self.rolled {
             // The body is written as its first time through: later times are `period` further on.
-            let step = b.ins().imul_imm_s(rolled.counter, rolled.period);
+            let to_go = b.ins().iadd_imm_s(rolled.remaining, -rolled.times); // minus the times done
+            let step = b.ins().imul_imm_s(to_go, -rolled.period);
             pcv = b.ins().iadd(pcv, step);
         }
         b.ins().jump(env.error, &[BlockArg::Value(pcv)]);
