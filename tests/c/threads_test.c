@@ -8,7 +8,8 @@
  * pool from the four threads (a launch that finds it busy runs on its caller), nested launches
  * included when the model has them. With --instrument each thread's VM has its own hook, which
  * must see every Call begin and end; with --registry the threads register, look up and call
- * global functions at the same time.
+ * global functions at the same time. Each result is released on a thread of its own while its VM
+ * runs the next call: the result's objects go back to that VM's caches from there.
  *
  * usage: threads_test [--instrument] [--registry] [--affine] MODEL.so SHAPE...
  *   SHAPE: main's float32 arguments ("64x64"), filled with a fixed pattern.
@@ -17,6 +18,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,6 +121,14 @@ static void registry_round(int thread, int round) {
   api->value_release(&f);
 }
 
+/* Releases the value `arg` points to, and frees that copy (the caller's ownership passes here). */
+static void *release_elsewhere(void *arg) {
+  rvm_value *v = arg;
+  api->value_release(v);
+  free(v);
+  return NULL;
+}
+
 static void *worker(void *arg) {
   int id = (int)(intptr_t)arg;
   rvm_vm *vm;
@@ -128,18 +138,31 @@ static void *worker(void *arg) {
   }
   tally t = {0, 0};
   if (use_instrument) TCHECK(api->vm_set_instrument(vm, count_calls, &t) == 0, "set_instrument: %s", api->last_error());
+  pthread_t releaser;
+  bool releasing = false;
   for (int k = 0; k < CALLS; k++) {
     rvm_value out = {0};
-    if (api->vm_call(vm, main_fn, args, num_args, &out) != 0) {
+    int rc = api->vm_call(vm, main_fn, args, num_args, &out);
+    if (releasing) pthread_join(releaser, NULL);
+    releasing = false;
+    if (rc != 0) {
       TCHECK(0, "thread %d call %d: %s", id, k, api->last_error());
       break;
     }
     size_t bytes = 0;
     const void *got = tensor_bytes(&out, &bytes);
     TCHECK(got && bytes == reference_bytes && memcmp(got, reference, bytes) == 0, "thread %d call %d differs from the reference", id, k);
-    api->value_release(&out);
+    rvm_value *owned = malloc(sizeof *owned);
+    if (owned) *owned = out;
+    if (owned && pthread_create(&releaser, NULL, release_elsewhere, owned) == 0) {
+      releasing = true;
+    } else {
+      free(owned);
+      api->value_release(&out);
+    }
     if (use_registry) registry_round(id, k);
   }
+  if (releasing) pthread_join(releaser, NULL);
   if (use_instrument) TCHECK(t.before > 0 && t.before == t.after, "thread %d: hook saw %ld befores, %ld afters", id, t.before, t.after);
   api->vm_destroy(vm);
   return NULL;
