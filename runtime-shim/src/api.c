@@ -300,7 +300,8 @@ static int wrap_tensor(rvm_vm *vm, const DLTensor *t, int32_t index, TVMFFIAny *
  * holds the only reference (the wrapper did not escape into a result or the VM's state). */
 static void release_wrapper(rvm_vm *vm, TVMFFIAny *v) {
   TVMFFIObject *obj = v->v_obj;
-  if (rvm_object_sole_owner(obj) && rvm_is_own_tensor(obj) && !((rvm_tensor *)obj)->owner && rvm_pool_give_tensor(vm->allocator, (rvm_tensor *)obj)) {
+  bool plain = rvm_object_sole_owner(obj) && rvm_is_own_tensor(obj) && !((rvm_tensor *)obj)->owner;
+  if (plain && rvm_pool_give_tensor(vm->allocator, (rvm_tensor *)obj)) {
     *v = rvm_none();
     return;
   }
