@@ -296,12 +296,11 @@ static int wrap_tensor(rvm_vm *vm, const DLTensor *t, int32_t index, TVMFFIAny *
   return 0;
 }
 
-/* Releases the call's wrapper of a DLTensor argument: back to the VM's object cache when the call
- * holds the only reference (the wrapper did not escape into a result or the VM's state). */
+/* Releases the call's wrapper of a DLTensor argument (a tensor of wrap_tensor's): back to the VM's
+ * object cache when the call holds the only reference and it views the caller's buffer (not a copy). */
 static void release_wrapper(rvm_vm *vm, TVMFFIAny *v) {
   TVMFFIObject *obj = v->v_obj;
-  bool plain = rvm_object_sole_owner(obj) && rvm_is_own_tensor(obj) && !((rvm_tensor *)obj)->owner;
-  if (plain && rvm_pool_give_tensor(vm->allocator, (rvm_tensor *)obj)) {
+  if (rvm_object_sole_owner(obj) && !((rvm_tensor *)obj)->owner && rvm_pool_give_tensor(vm->allocator, (rvm_tensor *)obj)) {
     *v = rvm_none();
     return;
   }
