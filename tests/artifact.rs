@@ -324,7 +324,7 @@ fn alternating_calls_find_their_arguments_already_staged() {
 
 /// A rolled loop starts on a 64-byte boundary on x86-64 (codegen/native/align.rs): the back
 /// edge of chain_100's loop jumps to an address that is a multiple of 64, and the function
-/// starts on one.
+/// starts on one. The loop of two calls ends within that line.
 #[test]
 #[cfg(target_arch = "x86_64")]
 fn rolled_loops_start_on_a_fetch_boundary() {
@@ -358,6 +358,13 @@ fn rolled_loops_start_on_a_fetch_boundary() {
     let (at, target) =
         back_edges.into_iter().min_by_key(|(at, target)| at - target).expect("a backward jump in __vmtir__main");
     assert_eq!(target % 64, 0, "the loop's back edge at {at:#x} goes to {target:#x}");
+    // Its two calls fit in that one line, back edge included (align.rs shortens it).
+    let end = text
+        .lines()
+        .filter_map(|l| address(l.split_once(':')?.0))
+        .find(|&a| a > at)
+        .expect("an instruction after the back edge");
+    assert!(end - target <= 64, "the loop spans {target:#x}..{end:#x}, more than one 64-byte line");
 }
 
 /// Tensor constants are stored once: their elements are in the model's data, and `.rvm_exec`

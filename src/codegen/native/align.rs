@@ -74,6 +74,50 @@ fn x86_back_edge_target(code: &[u8], mut at: usize) -> Option<usize> {
     None
 }
 
+/// Shortens the back edge of each rolled loop in `code`, a compiled function's bytes, in place: `sub r, 1; test r, r; jne header` becomes `sub r, 1; jne
+/// header` with a one-byte displacement, and the 7 bytes saved become a `nop` after the loop,
+/// run once on the way out. `sub` has set the flags `test` would, nothing else in the function
+/// moves, and nothing jumps to the bytes replaced (they are inside one block). Cranelift writes
+/// every jump with a 4-byte displacement, and this made a chain's loop of two calls 69 bytes,
+/// over a 64-byte line where its 62 fit: on Zen 3, a C loop of the same calls ran 6% slower made
+/// 71 bytes than at 53. Returns how many back edges it shortened.
+pub fn shorten_back_edges(code: &mut [u8], compiled: &CompiledCode) -> usize {
+    // The function's own bytes may come after padding.
+    let start = code.len() - compiled.buffer.data().len();
+    let spans = compiled.buffer.get_srclocs_sorted();
+    let edges = spans.iter().filter(|s| s.loc == loop_back_edge());
+    // The span starts at the `sub` or, when Cranelift files it under the body, right after.
+    edges
+        .filter(|s| [0, 4].iter().any(|&back| shorten_back_edge(code, (start + s.start as usize).wrapping_sub(back))))
+        .count()
+}
+
+/// Rewrites `sub r, 1; test r, r; jne rel32` at `at` as `sub r, 1; jne rel8; nop`, if that
+/// is what is there and the target is in reach. Whether it did.
+fn shorten_back_edge(code: &mut [u8], at: usize) -> bool {
+    let Some(&[rex, 0x83, modrm, 0x01, test_rex, 0x85, test_modrm, 0x0f, 0x85, d0, d1, d2, d3]) =
+        code.get(at..at.saturating_add(13))
+    else {
+        return false;
+    };
+    // `sub r64, 1` (REX.W 83 /5 ib), then `test` of the same register with itself.
+    let reg = modrm & 7;
+    let same_register = rex & 0xf8 == 0x48
+        && modrm & 0xf8 == 0xe8
+        && test_rex == rex | ((rex & 1) << 2)
+        && test_modrm == 0xc0 | (reg << 3) | reg;
+    let header = (at + 13) as i64 + i32::from_le_bytes([d0, d1, d2, d3]) as i64;
+    let jne_end = at + 6;
+    let rel8 = header - jne_end as i64;
+    if !same_register || !(-128..0).contains(&rel8) {
+        return false;
+    }
+    code[at + 4] = 0x75;
+    code[at + 5] = rel8 as i8 as u8;
+    code[jne_end..at + 13].copy_from_slice(&x86_nops(7));
+    true
+}
+
 /// `n` bytes of x86 `nop`s, as few instructions as the longest `nop` allows.
 pub fn x86_nops(mut n: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(n);
@@ -115,5 +159,32 @@ mod tests {
         // Something else first, or only forward jumps.
         assert_eq!(x86_back_edge_target(&[0x48, 0x8b, 0x04, 0x24], 0), None);
         assert_eq!(x86_back_edge_target(&[0xe9, 0x10, 0x00, 0x00, 0x00], 0), None);
+    }
+
+    #[test]
+    fn shortens_count_down_back_edges() {
+        // 0x40 bytes of body, then sub r14, 1; test r14, r14; jne back to 0.
+        let mut code = vec![0x90; 0x40];
+        code.extend([0x49, 0x83, 0xee, 0x01, 0x4d, 0x85, 0xf6, 0x0f, 0x85]);
+        code.extend((-(0x40i32 + 13)).to_le_bytes());
+        let before = code.clone();
+        assert!(shorten_back_edge(&mut code, 0x40));
+        assert_eq!(code[0x44..0x46], [0x75, (-(0x46i8)) as u8]);
+        assert_eq!(code[0x46..], x86_nops(7)[..]);
+        assert_eq!(x86_back_edge_target(&code, 0x44), Some(0));
+        // Another register in the test, a subtraction of 2, or a target out of rel8's reach.
+        for (at, byte) in [(0x46, 0xf6 ^ 1), (0x43, 2)] {
+            let mut other = before.clone();
+            other[at] = byte;
+            assert!(!shorten_back_edge(&mut other, 0x40));
+        }
+        let mut far = vec![0x90; 0x100];
+        far.extend_from_slice(&before[0x40..0x49]);
+        far.extend((-(0x100i32 + 13)).to_le_bytes());
+        assert!(!shorten_back_edge(&mut far, 0x100));
+        // Low registers (sub rcx, 1; test rcx, rcx) too.
+        let mut low = vec![0x48, 0x83, 0xe9, 0x01, 0x48, 0x85, 0xc9, 0x0f, 0x85];
+        low.extend((-13i32).to_le_bytes());
+        assert!(shorten_back_edge(&mut low, 0));
     }
 }

@@ -307,7 +307,10 @@ impl<'a> Lowering<'a> {
         self.rolled = None;
         self.reconcile(b, &cx.env, &entry);
         b.set_srcloc(crate::codegen::clif_text::loop_back_edge()); // for align.rs to find the branch
-        let next = b.ins().iadd_imm_s(remaining, -1);
+        // `isub` of 1, not `iadd` of -1: Cranelift writes an `iadd`'s immediate in 4 bytes and an
+        // `isub`'s in 1, and the loop's bytes decide how many 64-byte lines it spans.
+        let one = b.ins().iconst(types::I64, 1);
+        let next = b.ins().isub(remaining, one);
         let exit = b.create_block();
         b.ins().brif(next, header, &[BlockArg::Value(next)], exit, &[]);
         b.set_srcloc(SourceLoc::default());

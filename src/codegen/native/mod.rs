@@ -272,6 +272,9 @@ fn compile_one(isa: &dyn TargetIsa, exec: &Verified, p: &mut Pending) -> Result<
     let padding = if p.rolled && x86 { align::loop_padding(code) } else { 0 };
     let mut bytes = align::x86_nops(padding);
     bytes.extend_from_slice(code.buffer.data());
+    if p.rolled && x86 {
+        align::shorten_back_edges(&mut bytes, code);
+    }
     if padding > 0 {
         alignment = alignment.max(align::PADDED_FUNCTION_ALIGN);
     }
