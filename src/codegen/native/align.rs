@@ -1,5 +1,6 @@
-//! Loop alignment: a compiled function's rolled loop starts on a 64-byte boundary (its last one,
-//! when it has several).
+//! Where a rolled loop's code lies: its back edge, written here and shortened after Cranelift
+//! so that a loop of two calls fits in one 64-byte line, and its alignment: a compiled
+//! function's rolled loop starts on a 64-byte boundary (its last one, when it has several).
 //!
 //! Cranelift lays blocks end to end and aligns only the function. A rolled chain's loop is a few
 //! call sites, and where its first byte falls against the CPU's 32- and 64-byte fetch blocks moved
@@ -9,6 +10,8 @@
 //! bytes of them (a handful of long `nop`s) once per call.
 
 use cranelift_codegen::CompiledCode;
+use cranelift_codegen::ir::{Block, BlockArg, InstBuilder, SourceLoc, Value, types};
+use cranelift_frontend::FunctionBuilder;
 
 use crate::codegen::clif_text::loop_back_edge;
 
@@ -72,6 +75,18 @@ fn x86_back_edge_target(code: &[u8], mut at: usize) -> Option<usize> {
         at += len;
     }
     None
+}
+
+/// Writes a rolled loop's back edge: counts `remaining` down and goes back to `header` until it
+/// reaches 0, then on to `exit`. Marked with loop_back_edge() for the functions here to find.
+/// `isub` of 1, not `iadd` of -1: Cranelift writes an `iadd`'s immediate in 4 bytes, an
+/// `isub`'s in 1.
+pub fn back_edge(b: &mut FunctionBuilder, remaining: Value, header: Block, exit: Block) {
+    b.set_srcloc(loop_back_edge());
+    let one = b.ins().iconst(types::I64, 1);
+    let next = b.ins().isub(remaining, one);
+    b.ins().brif(next, header, &[BlockArg::Value(next)], exit, &[]);
+    b.set_srcloc(SourceLoc::default());
 }
 
 /// Shortens the back edge of each rolled loop in `code`, a compiled function's bytes, in place: `sub r, 1; test r, r; jne header` becomes `sub r, 1; jne

@@ -306,14 +306,8 @@ impl<'a> Lowering<'a> {
         }
         self.rolled = None;
         self.reconcile(b, &cx.env, &entry);
-        b.set_srcloc(crate::codegen::clif_text::loop_back_edge()); // for align.rs to find the branch
-        // `isub` of 1, not `iadd` of -1: Cranelift writes an `iadd`'s immediate in 4 bytes and an
-        // `isub`'s in 1, and the loop's bytes decide how many 64-byte lines it spans.
-        let one = b.ins().iconst(types::I64, 1);
-        let next = b.ins().isub(remaining, one);
         let exit = b.create_block();
-        b.ins().brif(next, header, &[BlockArg::Value(next)], exit, &[]);
-        b.set_srcloc(SourceLoc::default());
+        super::align::back_edge(b, remaining, header, exit);
         b.switch_to_block(exit);
         // The frame holds what it held on entry; the virtual registers are the last iteration's.
         self.known = entry;
