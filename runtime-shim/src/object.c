@@ -305,7 +305,10 @@ void rvm_format_shape(const int64_t *dims, int64_t n, char *buf, size_t cap) {
   if (at < cap) snprintf(buf + at, cap - at, "]");
 }
 
-int64_t rvm_checked_nbytes(const char *what, const int64_t *dims, int64_t ndim, DLDataType dtype) {
+/* rvm_checked_nbytes past its first pass: a negative dimension or an overflow on the way, which
+ * a zero dimension can still excuse. */
+static __attribute__((noinline)) int64_t checked_nbytes_slow(const char *what, const int64_t *dims, int64_t ndim,
+                                                             DLDataType dtype) {
   bool empty = false;
   for (int64_t i = 0; i < ndim; i++) {
     if (dims[i] < 0 && !what) return -1;
@@ -325,6 +328,16 @@ int64_t rvm_checked_nbytes(const char *what, const int64_t *dims, int64_t ndim, 
     return rvm_raise("ValueError", "%s: a tensor of shape %s and dtype %s would have more than 2^63 bytes", what, shape, dt);
   }
   return (bits + 7) / 8;
+}
+
+int64_t rvm_checked_nbytes(const char *what, const int64_t *dims, int64_t ndim, DLDataType dtype) {
+  /* Every allocation asks (five times a call of a small chain), so one short pass answers the
+   * common case, no negative dimension and no overflow on the way (a zero then gives 0). */
+  uint64_t bits = (uint64_t)dtype.bits * dtype.lanes;
+  int64_t i = 0;
+  while (i < ndim && dims[i] >= 0 && !__builtin_mul_overflow(bits, (uint64_t)dims[i], &bits)) i++;
+  if (i == ndim && bits <= (uint64_t)INT64_MAX - 7) return (int64_t)((bits + 7) / 8);
+  return checked_nbytes_slow(what, dims, ndim, dtype);
 }
 
 int64_t rvm_tensor_nbytes(const DLTensor *t) {
