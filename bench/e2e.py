@@ -33,9 +33,10 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 def fixture_models():
     """The ONNX fixtures as ONNX models with their first input set."""
     import generate
+    import onnx_programs
 
     captured = {}
-    original = generate.onnx_model
+    original = onnx_programs.onnx_model
 
     def keep(nodes, inputs, outputs, inits):
         import onnx
@@ -46,13 +47,13 @@ def fixture_models():
         onnx.checker.check_model(captured["model"])
         return original(nodes, inputs, outputs, inits)
 
-    generate.onnx_model = keep
+    onnx_programs.onnx_model = keep
     out = []
     for name in ["onnx_cnn", "onnx_transformer"]:
         _, ok, _ = generate.MODELS[name]()
         case, args = list(ok.items())[-1]
         out.append((f"{name}_{case}", captured["model"], args))
-    generate.onnx_model = original
+    onnx_programs.onnx_model = original
     return out
 
 
