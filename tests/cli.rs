@@ -11,6 +11,13 @@ fn relaxc() -> Command {
     Command::new(env!("CARGO_BIN_EXE_relaxc"))
 }
 
+/// `relaxc run MODEL` on a fixture's `ok_basic` case, its outputs checked against TVM's.
+fn run_basic_case(model: &std::path::Path, fixture: &std::path::Path) -> std::process::Output {
+    let (inputs, expect) = (fixture.join("ok_basic.in.npz"), fixture.join("ok_basic.out.npz"));
+    let args = argv(&[&"run", &model.display(), &"--inputs", &inputs.display(), &"--expect", &expect.display()]);
+    relaxc().args(args).output().expect("relaxc run")
+}
+
 /// A command line from words and paths alike (anything that prints).
 fn argv(parts: &[&dyn std::fmt::Display]) -> Vec<String> {
     parts.iter().map(|p| p.to_string()).collect()
@@ -63,15 +70,7 @@ fn a_model_built_by_an_older_relaxc_still_runs() -> Completion {
         return Completion::ignored_with("the ABI-1 model fixture is an x86-64 library");
     }
     let fixture = common::fixtures_dir().join("mlp_static");
-    let out = relaxc()
-        .arg("run")
-        .arg(common::root().join("fixtures/compat/mlp_static.abi1.x86_64.so"))
-        .arg("--inputs")
-        .arg(fixture.join("ok_basic.in.npz"))
-        .arg("--expect")
-        .arg(fixture.join("ok_basic.out.npz"))
-        .output()
-        .expect("relaxc run");
+    let out = run_basic_case(&common::root().join("fixtures/compat/mlp_static.abi1.x86_64.so"), &fixture);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let model =
         relaxc::host::Model::load(&common::root().join("fixtures/compat/mlp_static.abi1.x86_64.so")).expect("load");
@@ -296,15 +295,7 @@ fn a_compile_killed_at_random_moments_leaves_the_old_or_the_new_model() {
     }
     // The new model, whole, is a working one.
     std::fs::write(&out, &new_bytes).expect("write");
-    let run = relaxc()
-        .arg("run")
-        .arg(&out)
-        .arg("--inputs")
-        .arg(fixture.join("ok_basic.in.npz"))
-        .arg("--expect")
-        .arg(fixture.join("ok_basic.out.npz"))
-        .output()
-        .expect("run");
+    let run = run_basic_case(&out, &fixture);
     assert!(run.status.success(), "{}", stderr_of(&run));
     eprintln!("50 kills: the old model left {old_left} times, the new one whole {new_found} times");
 }

@@ -9,6 +9,17 @@ import sys
 from test_tvm_ffi import ROOT
 
 
+def python_files(top):
+    """The .py files under top, relative to it, sorted."""
+    return sorted(
+        os.path.relpath(os.path.join(d, f), top)
+        for d, _, files in os.walk(top)
+        if "__pycache__" not in d
+        for f in files
+        if f.endswith(".py")
+    )
+
+
 def test_pip_installs_every_subpackage(tmp_path):
     # From a copy of the sources alone: a build/ left by an earlier install would fill the gaps.
     tree = tmp_path / "src"
@@ -16,13 +27,7 @@ def test_pip_installs_every_subpackage(tmp_path):
         os.path.join(ROOT, "python"), tree, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
     )
     source = os.path.join(ROOT, "python", "relaxc")
-    wanted = sorted(
-        os.path.relpath(os.path.join(d, f), source)
-        for d, _, files in os.walk(source)
-        if "__pycache__" not in d
-        for f in files
-        if f.endswith(".py")
-    )
+    wanted = python_files(source)
     subprocess.run(
         [
             sys.executable,
@@ -39,11 +44,5 @@ def test_pip_installs_every_subpackage(tmp_path):
         capture_output=True,
     )
     installed = tmp_path / "site" / "relaxc"
-    got = sorted(
-        os.path.relpath(os.path.join(d, f), installed)
-        for d, _, files in os.walk(installed)
-        if "__pycache__" not in d
-        for f in files
-        if f.endswith(".py")
-    )
+    got = python_files(installed)
     assert got == wanted

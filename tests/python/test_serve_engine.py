@@ -235,18 +235,9 @@ def test_generate_prints_the_text_of_its_tokens(models):
     """`relaxc generate --tokenizer` (the tokenizers crate) encodes the prompt as Python's
     tokenizers library does, and prints the text of the tokens it generates."""
     tokenizer = Tokenizer(TOKENIZER)
+    command = [relaxc_binary(), "generate", models["tiny_llama"], "--tokenizer", TOKENIZER]
     out = subprocess.run(
-        [
-            relaxc_binary(),
-            "generate",
-            models["tiny_llama"],
-            "--tokenizer",
-            TOKENIZER,
-            "--prompt",
-            "the cat sat",
-            "--max-new-tokens",
-            "12",
-        ],
+        [*command, "--prompt", "the cat sat", "--max-new-tokens", "12"],
         check=True,
         capture_output=True,
         text=True,

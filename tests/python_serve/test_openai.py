@@ -82,21 +82,9 @@ def test_32_concurrent_requests_equal_their_single_answers(served):
 
 def test_text_and_token_prompts_give_relaxc_generates_tokens(served, client, tokenizer):
     server, model = served
-    want = generate(
-        model,
-        "--tokenizer",
-        TOKENIZER,
-        "--prompt",
-        "the cat sat",
-        "--max-new-tokens",
-        "12",
-    )
+    want = generate(model, "--tokenizer", TOKENIZER, "--prompt", "the cat sat", "--max-new-tokens", "12")
     reply = client.completions.create(
-        model="tiny",
-        prompt="the cat sat",
-        max_tokens=12,
-        temperature=0,
-        extra_body=NO_EOS,
+        model="tiny", prompt="the cat sat", max_tokens=12, temperature=0, extra_body=NO_EOS
     )
     choice = reply.choices[0]
     assert choice.token_ids == want and choice.text == tokenizer.decode(want) and choice.finish_reason == "length"
@@ -115,13 +103,7 @@ def test_text_and_token_prompts_give_relaxc_generates_tokens(served, client, tok
 
 
 def test_streaming_completions_give_the_same_text(client):
-    whole = client.completions.create(
-        model="tiny",
-        prompt="a dog ran",
-        max_tokens=24,
-        temperature=0,
-        extra_body=NO_EOS,
-    )
+    whole = client.completions.create(model="tiny", prompt="a dog ran", max_tokens=24, temperature=0, extra_body=NO_EOS)
     chunks = list(
         client.completions.create(
             model="tiny",
@@ -163,16 +145,8 @@ def test_a_stop_string_ends_the_text_before_it(client):
             got, finish = "".join(c.text for c in chunks), chunks[-1].finish_reason
         else:
             got, finish = reply.choices[0].text, reply.choices[0].finish_reason
+            assert reply.usage.completion_tokens < 32
         assert got == text[:k] and finish == "stop", (stream, stop, got, text)
-    stopped = client.completions.create(
-        model="tiny",
-        prompt="the end",
-        max_tokens=32,
-        temperature=0,
-        stop=[stop],
-        extra_body=NO_EOS,
-    )
-    assert stopped.usage.completion_tokens < 32
 
 
 def test_a_stop_token_ends_generation(client):
