@@ -103,6 +103,10 @@ typedef struct rk_qdots {
   /* Decoding's rows in one pass (a single stream, no tile between rows), where it measured faster
    * than tiles; NULL elsewhere. */
   rk_qstream_fn stream[RK_Q_COUNT];
+  /* Decoding with a tile of this many rows taken from as many far-apart parts of a task's rows
+   * (at most 4), so that each of them is one long sequential stream; 0 where a tile's rows are
+   * neighbours. Rows are summed alone, so this changes no bit. */
+  uint8_t decode_parts[RK_Q_COUNT];
 } rk_qdots;
 
 /* The portable dot products. */

@@ -175,6 +175,9 @@ X16_TILE(q4_0x16)
  * against 11.8 from anonymous memory). Each row then has one 8-lane sum, as llamafile's f32 tile
  * sums it on AVX2. */
 #define QX_F32_SIDE_BY_SIDE 1
+/* ... and those four rows come from four far-apart parts of the task's rows (dense_q's
+ * decode_in_parts says what it gained). */
+#define QX_F32_DECODE_PARTS 4
 /* f16 decoding prefetches 1 KiB ahead in each row: its matrices, mapped from the mid-size Llama's
  * GGUF file, streamed at 9.2 GB/s at 1 thread on Zen 3 against 8.0 without (15.1 against 13.6 at
  * 2). A run of 32 half-precision values is a cache line; the conversions leave the core fewer
@@ -218,6 +221,7 @@ X16_TILE(q4_0x16)
 #undef QX_FLOAT_WIDE
 #undef QX_INT_WIDE
 #undef QX_F32_SIDE_BY_SIDE
+#undef QX_F32_DECODE_PARTS
 #undef QX_F16_AHEAD
 #undef QX_F16_STREAM
 #undef QX_F16_FAR
@@ -239,6 +243,7 @@ X16_TILE(q4_0x16)
 /* Decoding reads float rows one at a time here, without prefetch: on Zen 5 four rows side by side
  * measured slower, and f16 decoded faster without a prefetch 2 KiB ahead than with one. */
 #define QX_F32_SIDE_BY_SIDE 0
+#define QX_F32_DECODE_PARTS 0
 #define QX_F16_AHEAD 0
 #define QX_F16_STREAM 0
 #define QX_F16_FAR 0

@@ -597,6 +597,7 @@ static const rk_qdots QX(qdots) = {
     {[RK_Q_Q4_0X8] = QX(tile_q4_0x8), [RK_Q_Q4_KX8] = QX(tile_q4_Kx8), [RK_Q_Q8_0X8] = QX(tile_q8_0x8)},
     QX_TILE16,
     {[RK_Q_F16] = QX_F16_STREAM_FN},
+    {[RK_Q_F32] = QX_F32_DECODE_PARTS},
 };
 
 #undef QX_FN

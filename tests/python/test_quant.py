@@ -155,11 +155,12 @@ def test_f32_rows_sum_as_llamafile_on_avx2(library, k):
     8-lane sum of fused products along k, its lanes added by tinyBLAS's tree, the tail (k not a
     multiple of 8) one fused product at a time: llamafile's f32 tile, which llama.cpp's prefill
     runs. A row alone (decoding, which reads four weight rows side by side) has the bits it has
-    among six (a prompt: passes of three rows), whatever the number of weight rows."""
+    among six (a prompt: passes of three rows), whatever the number of weight rows, and whichever
+    rows its tiles take together (four far-apart parts of the rows, and a few left over)."""
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma"} <= cpu_flags():
         pytest.skip("the AVX2 kernels need an x86-64 CPU with AVX2 and FMA; this one runs the portable code")
     rng = np.random.default_rng(k)
-    n = 37
+    n = 90  # parts of 22 rows, two left over
     w = rng.standard_normal((n, k)).astype(np.float32)
     x = rng.standard_normal((6, k)).astype(np.float32)
     whole = k - k % 8
@@ -176,6 +177,9 @@ def test_f32_rows_sum_as_llamafile_on_avx2(library, k):
         alone = np.zeros((1, n), np.float32)
         library["relaxc.dense_q"](t(x[r : r + 1]), t(w), "f32", None, t(alone))
         assert np.array_equal(alone[0].view(np.uint32), batch[r].view(np.uint32)), f"row {r} alone"
+    bias = rng.standard_normal(n).astype(np.float32)
+    library["relaxc.dense_q"](t(x[:1]), t(w), "f32", t(bias), t(alone))
+    assert np.array_equal(alone[0].view(np.uint32), (batch[0] + bias).view(np.uint32)), "row 0 alone, with a bias"
 
 
 @pytest.mark.parametrize("k", [1024, 1000, 203])
