@@ -183,16 +183,13 @@ X16_TILE(q4_0x16)
  * 2). A run of 32 half-precision values is a cache line; the conversions leave the core fewer
  * loads in flight than f32's plain rows, which the prefetch makes up for. */
 #define QX_F16_AHEAD 1024
-/* f16 decoding reads a task's rows in one pass (rk_qdots.stream): one stream, no tile between
- * rows, each line also prefetched 1.5 KiB ahead into L2. Over the mid-size Llama's f16 matrices in
- * decode order, mapped from its GGUF file on Zen 3 at 1 thread, a pass took 3-8% less time than
- * tiles of 4 rows from two streams (medians of 31 passes, six runs); plain loads of the same bytes
- * took 17-22% less again. The model's decode at 1 thread: 11% less time per token (paired median
- * of 10 interleaved runs, 9 of them faster); at 2 threads, where tasks take turns of 64 rows,
- * 5% less (6 of 10). f32's tiles, 4 rows side by side, came within 3-6% of plain loads already,
- * and the same pass for them measured no faster. */
+/* f16 decoding reads a task's rows in one pass (rk_qdots.stream), row c of the first half beside
+ * row c of the second: two long sequential streams, each line prefetched 1 KiB ahead. Over the
+ * mid-size Llama's f16 matrices in decode order, mapped from its GGUF file on Zen 3 at 1 thread,
+ * the two halves read 10.1-11.1 GB/s (three runs, medians of 31 passes) against 7.7-8.2 for the
+ * rows one after another in one stream (itself 3-8% faster than tiles of 4 neighbouring rows);
+ * the model's decode 1.23-1.72x at 1 thread and 1.08-1.45x at 2 (8 of 8 interleaved runs each). */
 #define QX_F16_STREAM 1
-#define QX_F16_FAR 1536
 /* Signed weights (q8_0x8) times signed activations: |w| times x with w's sign. */
 #define QX_SIGNED_START(sum) ((void)(sum), _mm256_setzero_si256())
 #define QX_SIGNED_DOT(acc, w, x) QX_DOT((acc), _mm256_sign_epi8((w), (w)), _mm256_sign_epi8((x), (w)))
@@ -224,7 +221,6 @@ X16_TILE(q4_0x16)
 #undef QX_F32_DECODE_PARTS
 #undef QX_F16_AHEAD
 #undef QX_F16_STREAM
-#undef QX_F16_FAR
 #undef QX_SIGNED_START
 #undef QX_SIGNED_DOT
 #undef QX_TILE16
@@ -246,7 +242,6 @@ X16_TILE(q4_0x16)
 #define QX_F32_DECODE_PARTS 0
 #define QX_F16_AHEAD 0
 #define QX_F16_STREAM 0
-#define QX_F16_FAR 0
 /* Signed weights times signed activations: w + 128 (unsigned) times x, less 128 times x's sum
  * (dpbusd has no pair to saturate, unlike maddubs). */
 #define QX_SIGNED_START(sum) _mm256_set1_epi32(-128 * (sum))

@@ -175,11 +175,49 @@ QX_FN inline float QX(half)(const uint8_t *p) {
 QX_FLOAT_ROW(f32_row, QX_LOAD_F32, QX_LOAD32_F32, QX_TAIL_F32, 4, 0, 0)
 QX_FLOAT_ROW(f16_row, QX_LOAD_F16, QX_LOAD32_F16, QX_TAIL_F16, 2, QX_F16_AHEAD, 0)
 #if QX_F16_STREAM
-/* f16 decoding's rows one after another, with f16_row's sums (the same bits), inlined: the
- * rows are one stream, prefetched on two levels (QX_F16_STREAM says why). */
-QX_FLOAT_ROW(f16_stream_row, QX_LOAD_F16, QX_LOAD32_F16, QX_TAIL_F16, 2, QX_F16_AHEAD, QX_F16_FAR)
+/* Two f16 rows against one activation row, each summed as f16_row sums it (the same bits), read
+ * side by side, each prefetched QX_F16_AHEAD ahead. */
+QX_FN void QX(f16_row_pair)(const uint8_t *row0, const uint8_t *row1, const float *x, int64_t k, float *out0,
+                            float *out1) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    _mm_prefetch((const char *)row0 + 2 * i + QX_F16_AHEAD, _MM_HINT_T0);
+    _mm_prefetch((const char *)row1 + 2 * i + QX_F16_AHEAD, _MM_HINT_T0);
+    __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8), x2 = _mm256_loadu_ps(x + i + 16),
+           x3 = _mm256_loadu_ps(x + i + 24), w[4];
+    QX_LOAD32_F16(row0, i, w);
+    a0 = _mm256_fmadd_ps(w[0], x0, a0);
+    a1 = _mm256_fmadd_ps(w[1], x1, a1);
+    a2 = _mm256_fmadd_ps(w[2], x2, a2);
+    a3 = _mm256_fmadd_ps(w[3], x3, a3);
+    QX_LOAD32_F16(row1, i, w);
+    b0 = _mm256_fmadd_ps(w[0], x0, b0);
+    b1 = _mm256_fmadd_ps(w[1], x1, b1);
+    b2 = _mm256_fmadd_ps(w[2], x2, b2);
+    b3 = _mm256_fmadd_ps(w[3], x3, b3);
+  }
+  for (; i + 8 <= k; i += 8) {
+    __m256 xv = _mm256_loadu_ps(x + i);
+    a0 = _mm256_fmadd_ps(QX_LOAD_F16(row0, i), xv, a0);
+    b0 = _mm256_fmadd_ps(QX_LOAD_F16(row1, i), xv, b0);
+  }
+  float sum0 = QX(hsum)(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+  float sum1 = QX(hsum)(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
+  for (; i < k; i++) {
+    sum0 = __builtin_fmaf(QX_TAIL_F16(row0, i), x[i], sum0);
+    sum1 = __builtin_fmaf(QX_TAIL_F16(row1, i), x[i], sum1);
+  }
+  *out0 = sum0;
+  *out1 = sum1;
+}
+/* f16 decoding's rows in one pass: row c of the first half beside row c of the second, two long
+ * sequential streams (QX_F16_STREAM says why); the last of an odd number alone. */
 QX_FN void QX(f16_stream)(const uint8_t *w, int64_t row_bytes, int64_t rows, const float *x, int64_t k, float *out) {
-  for (int64_t c = 0; c < rows; c++) out[c] = QX(f16_stream_row)(w + c * row_bytes, x, k);
+  int64_t half = rows / 2;
+  for (int64_t c = 0; c < half; c++)
+    QX(f16_row_pair)(w + c * row_bytes, w + (c + half) * row_bytes, x, k, out + c, out + c + half);
+  if (rows % 2) out[rows - 1] = QX(f16_row)(w + (rows - 1) * row_bytes, x, k);
 }
 #define QX_F16_STREAM_FN QX(f16_stream)
 #else

@@ -187,12 +187,13 @@ def test_f16_decoding_rows_sum_in_four_chains_on_avx2(library, k):
     """On AVX2, each f16 output of a decoding step (one activation row) is four 8-lane chains of
     fused products over runs of 32 values, an 8-value run left over on the first chain, the chains
     added (0 + 1) + (2 + 3), the lanes by tinyBLAS's tree, the tail one fused product at a time,
-    then the bias. Decoding takes the rows in one pass over many of them; the 4-row tiles it
-    replaced gave these bits too."""
+    then the bias. Decoding reads row c of the first half of the rows beside row c of the second,
+    the last of an odd number alone; the one pass and the 4-row tiles it replaced gave these bits
+    too."""
     if platform.machine() not in ("x86_64", "AMD64") or not {"avx2", "fma", "f16c"} <= cpu_flags():
         pytest.skip("the AVX2 kernels need an x86-64 CPU with AVX2, FMA and F16C; this one runs the portable code")
     rng = np.random.default_rng(k)
-    n = 90  # more than one unit of rows, and a last unit cut short
+    n = 91  # more than one unit of rows, a last unit cut short, and one row not in a pair
     w = rng.standard_normal((n, k)).astype(np.float16)
     x = rng.standard_normal((1, k)).astype(np.float32)
     bias = rng.standard_normal(n).astype(np.float32)
