@@ -602,11 +602,10 @@ static void dense_units(const dense_job *j, int64_t begin, int64_t end, bool two
    * far apart, a tile from each in turn: one core keeps more of memory's bandwidth busy with two
    * streams in flight than with one. Mid-size Llama decode at 1 thread, Zen 5: f16 +12%, q8_0
    * +10%, q4_0 and Q4_K_M +5%, f32 even; three or four streams were slower than one. f32 takes
-   * one on every instruction set: where its tile reads four rows side by side (AVX2) they are
-   * streams enough, and its matrices streamed faster with one on Zen 3 (11.7 against 11.0 GB/s at
-   * 1 thread); where it reads a row at a time (AVX-512), two streams were no faster on Zen 5. An
-   * instruction set with a one-pass decode for a format (rk_qdots.stream: f16 on AVX2) takes the
-   * units' rows in it, one stream, without tiles. */
+   * one: on AVX2 its tiles instead take their four rows from four parts (decode_in_parts, above),
+   * and where it reads a row at a time (AVX-512) two streams were no faster on Zen 5. An
+   * instruction set with a one-pass decode for a format (rk_qdots.stream: f16 on AVX2, two halves
+   * side by side) takes the units' rows in it, without tiles. */
   if (j->decode_parts > 1 && j->m == 1 && j->tile) {
     decode_in_parts(j, lo, hi);
     return;
