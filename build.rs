@@ -3,9 +3,9 @@
 //! functions (rvm_runtime.def) and the kernel library (runtime-kernels/, rvm_kernels.def), both
 //! of which the linker takes a file of only when a model refers to one of its functions.
 //!
-//! The shim is linked into every model, so its size matters (DESIGN.md: 64 KiB of code at most
-//! for the core). Files on the path of every call (interpreter, objects, allocator, builtins,
-//! thread pool) are optimised for speed; the rest — runtime functions models call rarely,
+//! The shim is linked into every model, so its size matters (64 KiB of code at most for the core:
+//! docs/src/architecture/decisions.md, decision 1). Files on the path of every call (interpreter,
+//! objects, allocator, builtins, thread pool) are optimised for speed; the rest — runtime functions models call rarely,
 //! rendering, the CUDA driver glue, the registry, errors — for size, which saves about a fifth
 //! of their code.
 

@@ -12,7 +12,9 @@ Each measurement is its own process (`relaxc run --bench` timed in-process aroun
 timed in-process around run_with_iobinding), in interleaved rounds; the table gives medians over
 rounds of each process's median, and relaxc / ORT per round, median of those ratios.
 
-usage: python3 bench/e2e.py [--relaxc target/release/relaxc] [--rounds 5] [--only NAME...]
+usage: python3 bench/e2e.py [--relaxc target/release/relaxc] [--rounds 5] [--only NAME...] [--publish]
+
+--publish writes the run into the book (docs/src/benchmarks/e2e.md, its plot and JSON; bench/report.py).
 """
 
 import argparse
@@ -111,6 +113,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=50)
     ap.add_argument("--only", nargs="*")
+    ap.add_argument("--publish", action="store_true", help="write this run into the book's page for it")
     args = ap.parse_args()
     relaxc = os.path.abspath(args.relaxc)
     os.environ.setdefault("RELAXC", relaxc)
@@ -155,25 +158,45 @@ def run(args, relaxc, models, work):
                     sys.exit(f"{label}: relaxc is {err:.1e} from ONNX Runtime")
                 rows.setdefault((label, threads), []).append((ort_us, ours, ours / ort_us))
         print(f"round {r + 1} of {args.rounds}", file=sys.stderr, flush=True)
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    print(f"{cpu}, {os.cpu_count()} cores; medians of {args.rounds} interleaved rounds of {args.calls} calls")
-    print("| model | ORT 1T (µs) | relaxc 1T (µs) | relaxc / ORT 1T | ORT 2T (µs) | relaxc 2T (µs) | relaxc / ORT 2T |")
-    print("|---|---|---|---|---|---|---|")
+    import report
+
+    table = [
+        f"Medians of {args.rounds} interleaved rounds of {args.calls} calls, each measurement its own process; "
+        "relaxc / ORT is the median of the rounds' ratios of times (below 1: relaxc is faster).",
+        "",
+        "| model | ORT 1T (µs) | relaxc 1T (µs) | relaxc / ORT 1T | ORT 2T (µs) | relaxc 2T (µs) | relaxc / ORT 2T |",
+        "|---|---|---|---|---|---|---|",
+    ]
     ratios = {1: [], 2: []}
+    bars = {}
     for label, *_ in built:
         cells = []
         for threads in [1, 2]:
             data = rows[(label, threads)]
             ratio = statistics.median(d[2] for d in data)
             ratios[threads].append(ratio)
+            bars.setdefault(label, {})[f"{threads} thread{'s' if threads > 1 else ''}"] = 1 / ratio
             cells += [
                 f"{statistics.median(d[0] for d in data):.0f}",
                 f"{statistics.median(d[1] for d in data):.0f}",
                 f"{ratio:.2f}x",
             ]
-        print(f"| {label} | " + " | ".join(cells) + " |")
+        table.append(f"| {label} | " + " | ".join(cells) + " |")
     geo = {t: math.exp(sum(map(math.log, v)) / len(v)) for t, v in ratios.items()}
-    print(f"| geometric mean | | | {geo[1]:.2f}x | | | {geo[2]:.2f}x |")
+    table.append(f"| geometric mean | | | {geo[1]:.2f}x | | | {geo[2]:.2f}x |")
+    bars["geometric mean"] = {f"{t} thread{'s' if t > 1 else ''}": 1 / g for t, g in geo.items()}
+    print(report.machine())
+    print("\n".join(table))
+    if args.publish:
+        report.publish(
+            "e2e",
+            "Small models: ONNX Runtime's time / relaxc's (above 1: relaxc is faster)",
+            [table],
+            bars,
+            "ORT time / relaxc time",
+            packages=("onnxruntime", "apache-tvm", "onnx", "numpy"),
+            extra={"rows": {f"{label}/{t}": v for (label, t), v in rows.items()}},
+        )
 
 
 if __name__ == "__main__":

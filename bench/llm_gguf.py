@@ -24,13 +24,15 @@ Also: file sizes, relaxc's load time and its resident set after loading the weig
 Needs TVM 0.27, llama-cpp-python, gguf and numpy. Builds are cached in --work.
 
 usage: python3 bench/llm_gguf.py [--size mid|1b] [--formats f32,f16,q8_0,q4_0,q4_k_m] [--tokens 32]
-                                 [--rounds 3] [--long-prompt 500]
+                                 [--rounds 3] [--long-prompt 500] [--publish]
+
+--publish writes the run into the book (docs/src/benchmarks/llm-gguf.md, or llm-gguf-1b.md for
+--size 1b: the tables, a plot of decode speed against llama.cpp's, the JSON; bench/report.py).
 """
 
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -241,6 +243,7 @@ def main():
         default=500,
         help="also time a prompt of this many tokens (0: only the 6-token one)",
     )
+    ap.add_argument("--publish", action="store_true", help="write this run into the book's page for it")
     ap.add_argument(
         "--time-anyway",
         action="store_true",
@@ -297,20 +300,20 @@ def main():
                 long.setdefault((f, "llama.cpp", threads), []).append((p, t))
         print(f"round {r + 1} of {args.rounds} done", flush=True)
 
-    with open("/proc/cpuinfo") as info:
-        cpu = next(
-            (line.split(":", 1)[1].strip() for line in info if line.startswith("model name")),
-            platform.processor(),
-        )
-    print(
-        f"\n{cpu}, {os.cpu_count()} cores; {len(llm_midsize.PROMPT)}-token prompt, {args.tokens} new tokens; "
-        f"medians of {args.rounds} rounds of {args.runs} runs"
+    import report
+
+    caption = (
+        f"{len(llm_midsize.PROMPT)}-token prompt, {args.tokens} new tokens; medians of {args.rounds} interleaved rounds "
+        f"of {args.runs} runs. Decode relaxc / llama.cpp is a ratio of speeds (above 1: relaxc is faster)."
     )
-    print(
-        "| format | file (MiB) | relaxc load (ms) | RSS after load / file | threads | relaxc prefill (ms) | llama.cpp prefill (ms) "
-        "| relaxc decode (tok/s) | llama.cpp decode (tok/s) | decode relaxc / llama.cpp |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    short = [
+        caption,
+        "",
+        "| format | file (MiB) | relaxc load (ms) | RSS after load / file | threads | relaxc prefill (ms) "
+        "| llama.cpp prefill (ms) | relaxc decode (tok/s) | llama.cpp decode (tok/s) | decode relaxc / llama.cpp |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    bars = {}
     summary = {}
     for f in formats:
         size = os.path.getsize(files[f])
@@ -318,30 +321,45 @@ def main():
         for threads in [1, 2]:
             summary[f"{f}/{threads}"] = medians(results, f, threads)
             rp, lp, rt, lt = summary[f"{f}/{threads}"].values()
-            print(
-                f"| {f} | {size / 2**20:.0f} | {seconds * 1e3:.0f} | {grown / size:.3f} | {threads} | {rp:.2f} | {lp:.2f} | "
-                f"{rt:.1f} | {lt:.1f} | {rt / lt:.2f}x |"
+            short.append(
+                f"| {f} | {size / 2**20:.0f} | {seconds * 1e3:.0f} | {grown / size:.3f} | {threads} | {rp:.2f} | "
+                f"{lp:.2f} | {rt:.1f} | {lt:.1f} | {rt / lt:.2f}x |"
             )
+            bars.setdefault(f, {})[f"decode, {threads}T"] = rt / lt
+    tables = [short]
     long_summary = {}
     if args.long_prompt:
-        print(
-            f"\nThe same with a {args.long_prompt}-token prompt (prefill in chunks of up to 512 tokens on both sides), "
-            f"{args.tokens} new tokens"
-        )
-        print(
+        long_table = [
+            f"The same after a {args.long_prompt}-token prompt (prefill in chunks of up to 512 tokens on both "
+            f"sides), {args.tokens} new tokens.",
+            "",
             "| format | threads | relaxc prefill (ms) | llama.cpp prefill (ms) | prefill llama.cpp / relaxc "
-            "| relaxc decode (tok/s) | llama.cpp decode (tok/s) | decode relaxc / llama.cpp |"
-        )
-        print("|---|---|---|---|---|---|---|---|")
+            "| relaxc decode (tok/s) | llama.cpp decode (tok/s) | decode relaxc / llama.cpp |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for f in formats:
             for threads in [1, 2]:
                 long_summary[f"{f}/{threads}"] = medians(long, f, threads)
                 rp, lp, rt, lt = long_summary[f"{f}/{threads}"].values()
-                print(
+                long_table.append(
                     f"| {f} | {threads} | {rp:.1f} | {lp:.1f} | {lp / rp:.2f}x | {rt:.1f} | {lt:.1f} | {rt / lt:.2f}x |"
                 )
+                bars[f][f"decode after {args.long_prompt}, {threads}T"] = rt / lt
+        tables.append(long_table)
+    print(report.machine())
+    print("\n\n".join("\n".join(t) for t in tables))
     with open(os.path.join(args.work, "summary.json"), "w") as out:
         json.dump({"checks": checks, "results": summary, "long_prompt": long_summary}, out, indent=1)
+    if args.publish:
+        report.publish(
+            "llm-gguf" if args.size == "mid" else f"llm-gguf-{args.size}",
+            "GGUF decode: relaxc's tokens/s / llama.cpp's (above 1: relaxc is faster)",
+            tables,
+            bars,
+            "relaxc / llama.cpp decode speed",
+            packages=("llama_cpp_python", "apache-tvm", "gguf", "numpy"),
+            extra={"checks": checks, "results": summary, "long_prompt": long_summary},
+        )
 
 
 if __name__ == "__main__":

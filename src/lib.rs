@@ -1,8 +1,9 @@
 //! relaxc: an ahead-of-time compiler from Relax VM programs to self-contained shared objects.
 //!
-//! The pipeline (see DESIGN.md): an input — a TVM export (`tvm`), a TVMScript program (`script`
-//! into `ir`, lowered by `lower`) or relaxc's text form (`vm::asm`) — becomes a verified
-//! [`vm::Executable`] with its kernel objects (`kernels`, `cuda`); `codegen` turns it into one
+//! The pipeline (docs/src/architecture/overview.md): an input — a TVM export (`tvm`), a
+//! TVMScript program (`script` into `ir`, lowered by `lower`) or relaxc's text form
+//! (`vm::asm`) — becomes a verified [`vm::Executable`] with its kernel objects (`kernels`,
+//! `cuda`); `codegen` turns it into one
 //! object (tables, and native code in compiled mode) and `link` links that with the kernels and
 //! the C runtime shim for the `target`. `compile` drives it all; `inspect` reads a model back;
 //! `host` loads a built model to run it. `abi` holds every layout shared with the shim.

@@ -5,6 +5,20 @@ mod cli;
 
 use clap::{Parser, Subcommand};
 
+/// The line `--help` ends with: the book's page for the job (the book is docs/ in relaxc's
+/// repository; `mdbook build docs` renders it).
+macro_rules! book {
+    ($page:literal, $what:literal) => {
+        concat!(
+            "The manual's page on ",
+            $what,
+            ": docs/src/",
+            $page,
+            " in relaxc's repository (mdbook build docs renders the book)."
+        )
+    };
+}
+
 #[derive(Parser)]
 #[command(
     name = "relaxc",
@@ -13,7 +27,8 @@ use clap::{Parser, Subcommand};
     long_about = "relaxc turns a Relax program into one self-contained .so: the program, its kernels and a small C \
                   runtime, loadable with dlopen through the C API in rvm.h. No libtvm and no Python are needed to run \
                   it. Input is a TVM 0.27 export (ex.export_library(\"m.tar\")), a TVMScript program (.py) whose \
-                  operators are C or CUDA kernels, or relaxc's text form of a program (.rvmasm, from inspect --asm)."
+                  operators are C or CUDA kernels, or relaxc's text form of a program (.rvmasm, from inspect --asm).",
+    after_help = book!("introduction.md", "what relaxc is, with every job's page")
 )]
 struct Cli {
     #[command(subcommand)]
@@ -23,8 +38,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Compile a model into a shared object.
+    #[command(after_help = book!("guide/tvm-export.md", "compiling a TVM export"))]
     Compile(cli::compile::Args),
     /// Run a function of a compiled model on inputs from an .npz file.
+    #[command(after_help = book!("guide/tvm-export.md", "running, and guide/profiling.md for --profile"))]
     Run(cli::run::Args),
     /// Generate tokens with an LLM (TVM nn / MLC export convention) on relaxc's paged KV cache.
     ///
@@ -33,6 +50,7 @@ enum Command {
     /// A decode whose batch the export fixed runs its sequences that many at a time. Prints the
     /// new token ids (with --tokenizer, first the text as it is generated), the prefill latency
     /// and the decode speed.
+    #[command(after_help = book!("guide/llm.md", "LLMs, and guide/gguf.md for GGUF files"))]
     Generate(cli::generate::Args),
     /// Build relaxc's kernel library as a shared object for TVM's own process.
     ///
@@ -41,6 +59,7 @@ enum Command {
     /// module rewritten to call the library on the same code a relaxc model links: TVM, relaxc
     /// bytecode and relaxc compiled give the same bits. Prints one line per kernel: its global
     /// name, then its name in the library.
+    #[command(after_help = book!("guide/kernel-library.md", "the kernel library in TVM"))]
     KernelLibrary(cli::kernel_library::Args),
     /// Serve relaxc models to TVM's RPC client: a board server needing only libc.
     ///
@@ -54,8 +73,10 @@ enum Command {
     /// With --emit, writes the server as one executable for a board instead (the same options
     /// then apply on the board: `./relaxc-rpc-server --host 0.0.0.0 --key board`). With --target
     /// alone, runs the server for that CPU here under qemu user mode.
+    #[command(after_help = book!("guide/boards.md", "boards and TVM's RPC"))]
     RpcServer(cli::rpc_server::Args),
     /// Print the listing (as TVM's as_text()) and statistics of a TVM export or a compiled model.
+    #[command(after_help = book!("guide/tvm-export.md", "inspecting"))]
     Inspect(cli::inspect::Args),
 }
 

@@ -77,8 +77,8 @@ fn archive_sizes(bytes: &[u8]) -> Vec<(String, u64, u64)> {
     out
 }
 
-/// The core every model links stays within DESIGN.md's 64 KiB of code; the optional runtime
-/// functions are reported file by file (a model links those it uses).
+/// The core every model links stays within the 64 KiB of code decision 1 sets
+/// (docs/src/architecture/decisions.md); the optional runtime functions are reported file by file (a model links those it uses).
 #[test]
 fn runtime_shim_size() {
     let core = archive_sizes(relaxc::target::shim::HOST_SHIM_ARCHIVE);

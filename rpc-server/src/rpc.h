@@ -1,5 +1,5 @@
 /*
- * rpc.h: the pieces of relaxc's board server for TVM's RPC protocol (../shared/spec/tvm-rpc.md),
+ * rpc.h: the pieces of relaxc's board server for TVM's RPC protocol (docs/src/architecture/tvm-rpc.md),
  * shared by its files: transport.c (sockets), codec.c (bytes on the wire <-> requests and
  * replies, no I/O), session.c (one client's handles and requests), served.c (the functions a
  * client calls: upload, load_module, model functions, the time evaluator), tracker.c (TVM's

@@ -3,8 +3,8 @@
  * TIR kernels TVM's KV cache factory makes (relaxc.tvm's rewrite swaps them in): the ragged
  * prefill (the new tokens against themselves, causal), the paged prefill (new tokens against the
  * cached pages) and the paged decode (one token per sequence against its pages). Each takes the
- * TIR kernel's parameter list as the KV cache runtime passes it (spec/paged-kv-cache.md 2.5 and
- * 5.3) and gives what it gives: the output rows and each row's log-sum-exp in base 2, which the
+ * TIR kernel's parameter list as the KV cache runtime passes it (docs/src/architecture/
+ * paged-kv-cache.md 2.5 and 5.3) and gives what it gives: the output rows and each row's log-sum-exp in base 2, which the
  * cache's merge kernel combines across parts (an empty part: zeros and -5e4).
  *
  * TVM's kernels are scalar and single-threaded: at a 500-token prompt they took 45% of the

@@ -1,10 +1,10 @@
 /*
  * registry.c: the global function registry — every runtime function reachable by name.
  *
- * Names the compiler sees in bytecode are bound at link time (DESIGN.md decision 4); this
- * registry serves the names nobody can see until run time: kernels that look a function up with
- * TVMFFIEnvModLookupFromImports (TVM's sort/topk kernels call tvm.contrib.sort.*), and hosts that
- * call runtime functions (the KV cache's vm.builtin.kv_state_*) or register their own.
+ * Names the compiler sees in bytecode are bound at link time (docs/src/architecture/decisions.md,
+ * decision 4); this registry serves the names nobody can see until run time: kernels that look a
+ * function up with TVMFFIEnvModLookupFromImports (TVM's sort/topk kernels call
+ * tvm.contrib.sort.*), and hosts that call runtime functions (the KV cache's vm.builtin.kv_state_*) or register their own.
  *
  * The built-in entries are the rows of rvm_builtins.def, rvm_runtime.def and the kernel
  * library's rvm_kernels.def, as immortal

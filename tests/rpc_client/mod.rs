@@ -1,4 +1,4 @@
-//! A client for TVM's RPC protocol, written from ../shared/spec/tvm-rpc.md, speaking the subset
+//! A client for TVM's RPC protocol, written from docs/src/architecture/tvm-rpc.md, speaking the subset
 //! TVM 0.27's Python client uses: the handshake, kInitServer, global functions, calls with the
 //! 2- or 3-value return encoding, allocation, chunked copies, frees and shutdown. The tests drive
 //! relaxc's server with it where TVM is not installed (and against the board servers under qemu).

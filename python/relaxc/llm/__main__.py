@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from .. import book_page, require_extra
 from . import GGUFError, build
 
 
@@ -10,6 +11,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="python -m relaxc.llm",
         description="LLMs from GGUF files as relaxc models.",
+        epilog=f"The manual's page: {book_page('gguf')}.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     b = commands.add_parser(
@@ -30,6 +32,7 @@ def main(argv=None):
     b.add_argument("--target", help="a target triple for a board (as relaxc compile's --target)")
     args = parser.parse_args(argv)
     try:
+        require_extra("llm", "python -m relaxc.llm build", ["tvm", "gguf"])
         build(args.gguf, args.output, exec_mode=args.exec_mode, target=args.target)
     except (GGUFError, RuntimeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -3,6 +3,7 @@
 import argparse
 import sys
 
+from .. import MissingExtra, book_page, require_extra
 from . import OnnxError, build, parse_shape
 
 
@@ -12,6 +13,7 @@ def main(argv=None):
         description="Build an ONNX file as it ships into a relaxc model (.so): shape arithmetic folded at the given "
         "shapes, imported with TVM's ONNX front end, the operators relaxc's kernel library covers run on it, "
         "compiled with relaxc. Prints what runs where.",
+        epilog=f"The manual's page: {book_page('onnx')}.",
     )
     parser.add_argument("model", help="the .onnx file")
     parser.add_argument("-o", "--output", required=True, help="the .so to write")
@@ -32,6 +34,7 @@ def main(argv=None):
     )
     args = parser.parse_args(argv)
     try:
+        require_extra("onnx", "python -m relaxc.onnx", ["tvm", "onnx", "onnxsim"])
         shapes = dict(parse_shape(s) for s in args.shape)
         build(
             args.model,
@@ -41,7 +44,7 @@ def main(argv=None):
             target=args.target,
             instrument=args.instrument,
         )
-    except (OnnxError, RuntimeError, FileNotFoundError) as e:
+    except (OnnxError, MissingExtra, RuntimeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

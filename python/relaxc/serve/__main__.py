@@ -2,7 +2,15 @@
 
 import sys
 
-from .cli import main
+from .. import MissingExtra, require_extra
 
 if __name__ == "__main__":
+    # relaxc.serve.cli imports Ray: check for it first, so a missing extra is a one-line error.
+    try:
+        require_extra("serve", "python -m relaxc.serve", ["ray", "tvm_ffi"])
+    except MissingExtra as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    from .cli import main
+
     sys.exit(main())

@@ -6,6 +6,7 @@ import os
 import signal
 import time
 
+from .. import book_page
 from .deployment import app
 from .engine import is_llm
 from .inference import signature
@@ -35,7 +36,11 @@ def _wait_for_route(host, port, timeout=60.0):
 def main(argv=None):
     import relaxc.serve as package
 
-    parser = argparse.ArgumentParser(prog="python -m relaxc.serve", description=package.__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m relaxc.serve",
+        description=package.__doc__.split("\n\n")[0],
+        epilog=f"The manual's page: {book_page('serving')}.",
+    )
     parser.add_argument("model", help="a model .so built by relaxc compile")
     parser.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (default 1)")
     parser.add_argument(

@@ -16,8 +16,9 @@ import tvm
 from tvm import relax, tirx
 
 _CREATE = "vm.builtin.paged_attention_kv_cache_create"
-# Argument positions in the create call (spec/paged-kv-cache.md 2.1; the call's first operand is
-# the function's name), the library kernel for each, and the TIR kernel's parameter count.
+# Argument positions in the create call (docs/src/architecture/paged-kv-cache.md 2.1; the call's
+# first operand is the function's name), the library kernel for each, and the TIR kernel's
+# parameter count.
 _SLOTS = {
     16: ("relaxc.attention_ragged", 14),
     17: ("relaxc.attention_paged_prefill", 15),

@@ -22,9 +22,9 @@ from tvm import relax, tirx
 
 from .attention import _PAGE_DTYPE, _ROPE_MODE, _dtype, _is_cache_creation
 
-# The creation call's constants this kernel is built from, by argument position (spec/paged-kv-
-# cache.md 2.1: slot + 1, the call's first operand being the builtin's name; attention.py names
-# the rest), and the RoPE kernel's position.
+# The creation call's constants this kernel is built from, by argument position
+# (docs/src/architecture/paged-kv-cache.md 2.1: slot + 1, the call's first operand being the
+# builtin's name; attention.py names the rest), and the RoPE kernel's position.
 _CONSTANTS = {"q_heads": 3, "kv_heads": 4, "head_dim": 5, "rope_mode": _ROPE_MODE, "scale": 10, "theta": 11}
 _SPLIT_ROTARY = 25
 _ONCE_PER_POSITION = (None, "llama3", "llama4")
