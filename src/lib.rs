@@ -7,7 +7,7 @@
 //! object (tables, and native code in compiled mode) and `link` links that with the kernels and
 //! the C runtime shim for the `target`. `compile` drives it all; `inspect` reads a model back;
 //! `host` loads a built model to run it. `abi` holds every layout shared with the shim.
-//! Modules use only lower layers (tests/architecture.rs; the README lists them).
+//! Modules use only lower layers (tests/architecture.rs; docs/src/architecture/overview.md lists them).
 
 pub mod abi;
 pub mod codegen;

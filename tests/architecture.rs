@@ -1,5 +1,5 @@
 //! The source tree keeps its shape: each module imports only modules of lower layers (the
-//! layering the README's layout section states), and no function in code generation or
+//! layering docs/src/architecture/overview.md states), and no function in code generation or
 //! lowering grows past what a reader takes in at once.
 
 use std::collections::BTreeMap;

@@ -2,10 +2,11 @@
 holds the `relaxc` binary and every part of the Python package, declares one extra per job, and
 works from a fresh virtual environment with no cargo and no checkout on PATH.
 
-The wheel is built once for the module, from the checkout, into a target folder of its own
-(target/wheel-test: `cargo test` holds target/'s lock while it runs). That is a release build
-of relaxc, a few minutes the first time. The build uses the maturin this Python has (.ci/run
-installs it), so the test needs no network; without maturin it is skipped, saying so."""
+The wheel is built once for the module, from the checkout, with cargo's dev profile into target/
+(cargo releases the build lock before it runs tests), so under `cargo test` it reuses the
+test build's artifacts instead of a release build of its own; what is tested is the packaging,
+not the optimiser. The build uses the maturin this Python has (.ci/run installs it), so the test
+needs no network; without maturin it is skipped, saying so."""
 
 import email
 import os
@@ -43,7 +44,7 @@ def clean_env(**extra):
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
-    env = dict(os.environ, CARGO_TARGET_DIR=os.path.join(ROOT, "target", "wheel-test"))
+    env = dict(os.environ, MATURIN_PEP517_ARGS="--profile dev")
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), "./python"],
         cwd=ROOT,

@@ -73,7 +73,7 @@ def build(
 
 def target_for(triple=None):
     """TVM's LLVM target for the kernels of a target triple as relaxc compile takes it (None: this
-    machine), for boards as the README's board section spells them."""
+    machine), for boards as the book's board page (docs/src/guide/boards.md) spells them."""
     if triple is None:
         return "llvm"
     if triple.startswith("aarch64"):
