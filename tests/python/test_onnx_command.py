@@ -118,13 +118,58 @@ def test_an_operator_tvm_cannot_import_is_named_with_its_node(tmp_path):
     [
         ("x=2,3", "2 dimensions given, the input has 4"),
         ("y=1,3,16,16", "the model has no input 'y' (its inputs: x)"),
-        ("x=1,3,32,32", "the model fixes it at ['n', 3, 16, 16]"),
         ("x=1,a,16,16", "write NAME=D0,D1,..."),
     ],
 )
 def test_bad_shapes_are_clear_errors(tmp_path, shape, words):
     done, _, _ = build(tmp_path, exported_cnn(), "--shape", shape)
     assert done.returncode != 0 and words in done.stderr, done.stderr
+
+
+def fully_convolutional(size, weights_as_inputs=False):
+    """A convolution and a ReLU declared at a fixed 1x3xSIZExSIZE, as older exporters leave a
+    placeholder input size that the model's own package rewrites before use; with
+    weights_as_inputs, the weight is also listed as a graph input (the habit of IR versions
+    before 4), and is a constant all the same."""
+    w = np.random.default_rng(2).standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["c"], ["y"], name="relu"),
+        ],
+        "fcn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, size, size])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    graph.value_info.append(helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 4, size, size]))
+    if weights_as_inputs:
+        graph.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 3, 3, 3]))
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)], ir_version=3)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("weights_as_inputs", [False, True])
+def test_shape_replaces_a_fixed_placeholder_with_a_warning(tmp_path, weights_as_inputs):
+    done, path, so = build(tmp_path, fully_convolutional(8, weights_as_inputs), "--shape", "x=1,3,20,24")
+    assert done.returncode == 0, done.stderr
+    assert "warning: --shape x=1,3,20,24 replaces the file's fixed [1, 3, 8, 8]" in done.stdout, done.stdout
+    # Each step is reported with its time.
+    for step in ("folded the shape arithmetic", "imported with TVM's ONNX front end", "compiled with relaxc"):
+        assert re.search(rf"{step}.*: \d+\.\d s", done.stdout), done.stdout
+    x = np.random.default_rng(3).standard_normal((1, 3, 20, 24)).astype(np.float32)
+    want = reference(path, x)
+    got = run(so, x)
+    assert got.shape == (1, 4, 20, 24)
+    assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
+
+
+def test_a_fixed_shape_the_graph_cannot_take_names_the_node(tmp_path):
+    # The Gemm's weight has 8*8*8 inputs: a 32x32 image flattens to 8*16*16.
+    done, _, _ = build(tmp_path, exported_cnn(batch=1), "--shape", "x=1,3,32,32")
+    assert done.returncode != 0
+    assert "replaces the file's fixed [1, 3, 16, 16]" in done.stdout, done.stdout
+    assert "ONNX node 'fc' (Gemm)" in done.stderr, done.stderr
 
 
 def test_a_file_that_is_not_onnx_is_a_clear_error(tmp_path):

@@ -59,6 +59,21 @@ def _graph_inputs(model):
     return inputs
 
 
+def _redeclare_input(model, name, dims):
+    """Declares input `name` with `dims`, and forgets the shapes the file recorded for the values
+    computed from it (value_info and the outputs' dimensions), which were for the old shape."""
+    value = next(v for v in model.graph.input if v.name == name)
+    for d, size in zip(value.type.tensor_type.shape.dim, dims):
+        d.Clear()
+        d.dim_value = size
+    del model.graph.value_info[:]
+    for output in model.graph.output:
+        for i, d in enumerate(output.type.tensor_type.shape.dim):
+            if d.HasField("dim_value"):
+                d.Clear()
+                d.dim_param = f"{output.name}_dim{i}"
+
+
 def _fold(model, shapes, log):
     """The model with its constant and shape arithmetic folded at `shapes` (onnxsim)."""
     import onnxsim
@@ -284,6 +299,18 @@ def _fast_math(mod):
     return fast.builder_.get()
 
 
+def _stopwatch(log):
+    """step(what) logs what was just done and the seconds it took since the previous step."""
+    last = [time.time()]
+
+    def step(what):
+        now = time.time()
+        log(f"  {what}: {now - last[0]:.1f} s")
+        last[0] = now
+
+    return step
+
+
 def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, log=print, instrument=False):
     """Builds the ONNX file at model_path into the shared object `output`. `shapes` fixes input
     shapes ({name: [dims]}); a dimension the file leaves symbolic and `shapes` does not fix stays
@@ -294,10 +321,12 @@ def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, lo
     import relaxc.tvm
 
     started = time.time()
+    step = _stopwatch(log)
     try:
         model = onnx.load(model_path)
     except Exception as e:
         raise OnnxError(f"{model_path}: not an ONNX model that can be read: {e}") from None
+    step(f"read {model_path}")
     inputs = _graph_inputs(model)
     shapes = dict(shapes or {})
     for name, dims in shapes.items():
@@ -305,13 +334,16 @@ def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, lo
             raise OnnxError(f"--shape {name}: the model has no input {name!r} (its inputs: {', '.join(inputs)})")
         if len(dims) != len(inputs[name]):
             raise OnnxError(f"--shape {name}: {len(dims)} dimensions given, the input has {len(inputs[name])}")
-        fixed = [d for d, want in zip(dims, inputs[name]) if isinstance(want, int) and d != want]
-        if fixed:
-            raise OnnxError(f"--shape {name}={','.join(map(str, dims))}: the model fixes it at {inputs[name]}")
+        if any(isinstance(want, int) and d != want for d, want in zip(dims, inputs[name])):
+            # Exporters leave placeholders in fixed dimensions (a fully convolutional model
+            # declared at 10x3x32x32); the user's shape wins, and the graph must take it.
+            log(f"warning: --shape {name}={','.join(map(str, dims))} replaces the file's fixed {inputs[name]}")
+            _redeclare_input(model, name, dims)
     symbolic = {n: d for n, d in inputs.items() if n not in shapes and any(isinstance(x, str) for x in d)}
     if symbolic:
         log("symbolic dimensions kept: " + "; ".join(f"{n} {d}" for n, d in symbolic.items()))
     folded = _fold(model, shapes, log)
+    step("folded the shape arithmetic (onnxsim)")
     if symbolic:
         folded = _pin_reshapes(folded)
     folded = expand_recurrent(folded, log)
@@ -319,10 +351,12 @@ def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, lo
     # TVM reads the others from the file, a symbolic dimension as a variable of its name.
     shape_dict = {n: shapes[n] for n in _graph_inputs(folded) if n in shapes}
     mod = _import(folded, shape_dict)
+    step("imported with TVM's ONNX front end")
     from relaxc.tvm.rewrite import rewrite_module
 
     mod = rewrite_module(mod)
     mod = _fast_math(mod)
+    step("rewrote the operators to relaxc's kernel library")
     on_library, on_tvm, ranked = placement(mod)
     log(f"{on_library} operators on relaxc's kernel library, {on_tvm} on TVM's kernels")
     for op, shape, n in ranked[:5]:
@@ -331,6 +365,7 @@ def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, lo
     with tempfile.TemporaryDirectory() as work:
         tar = os.path.join(work, "model.tar")
         relaxc.tvm.build(mod, target=relaxc.tvm.target_for(target)).export_library(tar)
+        step("built the remaining kernels with TVM (LLVM)")
         command = [relaxc_bin, "compile", tar, "--exec-mode", exec_mode, "-o", output]
         if target:
             command += ["--target", target]
@@ -339,5 +374,6 @@ def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, lo
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RuntimeError(f"relaxc compile failed:\n{done.stderr}")
+        step(f"compiled with relaxc ({exec_mode})")
     log(f"wrote {output} in {time.time() - started:.1f} s")
     return on_library, on_tvm, ranked

@@ -23,7 +23,8 @@ def main(argv=None):
         default=[],
         metavar="NAME=D0,D1,...",
         help="fix an input's shape (repeat for several inputs); a dimension the file leaves symbolic and no --shape "
-        "fixes stays symbolic",
+        "fixes stays symbolic; a dimension the file fixes is replaced, with a warning (a placeholder an exporter "
+        "left), and a graph that cannot take the new shape is an error naming the node",
     )
     parser.add_argument("--exec-mode", choices=["bytecode", "compiled"], default="bytecode", help="as relaxc compile's")
     parser.add_argument("--target", help="a target triple for a board (as relaxc compile's --target)")
