@@ -88,7 +88,7 @@ def plot(path, title, bars, ylabel):
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     if len(series) > 1:
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_ylim(0, max(1.2, max((v for row in bars.values() for v in row.values()), default=1) * 1.15))
     fig.tight_layout()
     fig.savefig(path, metadata={"Date": None})

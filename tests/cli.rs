@@ -373,9 +373,27 @@ fn a_memory_limit_gives_a_clean_error() {
     }
 }
 
+/// `relaxc --help` and each command's `--help` end by naming the book's page for the job, and
+/// that page exists.
+fn help_names_the_books_page_for_each_job() {
+    for command in ["", "compile", "run", "generate", "kernel-library", "rpc-server", "inspect"] {
+        let mut args: Vec<&str> = command.split_whitespace().collect();
+        args.push("--help");
+        let out = relaxc().args(&args).output().expect("relaxc --help");
+        assert!(out.status.success(), "relaxc {command} --help failed");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let page = text
+            .split_whitespace()
+            .find(|w| w.starts_with("docs/src/"))
+            .unwrap_or_else(|| panic!("relaxc {command} --help names no page of the book:\n{text}"));
+        assert!(common::root().join(page).is_file(), "relaxc {command} --help names {page}, which does not exist");
+    }
+}
+
 fn main() {
     let args = Arguments::from_args();
-    let plain: [(&str, fn()); 8] = [
+    let plain: [(&str, fn()); 9] = [
+        ("help_names_the_books_page_for_each_job", help_names_the_books_page_for_each_job),
         ("a_memory_limit_gives_a_clean_error", a_memory_limit_gives_a_clean_error),
         ("a_failed_write_leaves_no_partial_file", a_failed_write_leaves_no_partial_file),
         (
