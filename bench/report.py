@@ -48,9 +48,15 @@ def machine():
 
 
 def commit():
+    """HEAD's short hash, and the tracked files that differ from it, if any (a run is of the tree
+    as it was, so the page says which files were not yet committed)."""
     out = subprocess.run(["git", "rev-parse", "--short=8", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True)
-    return out.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+    dirty = subprocess.run(["git", "diff", "--name-only", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    changed = dirty.stdout.split()
+    if not changed:
+        return out.stdout.strip()
+    shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+    return f"{out.stdout.strip()} (uncommitted changes to {shown})"
 
 
 def versions(*packages):
