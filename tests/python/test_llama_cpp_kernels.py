@@ -16,11 +16,15 @@ skips otherwise, saying why.
 import ctypes
 import os
 import platform
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from conftest import unpinned_env
 from test_kernels import t
 from test_quant import REGROUPINGS, random_k_blocks
+from test_tvm_ffi import relaxc_binary
 
 if platform.machine() not in ("x86_64", "AMD64"):
     pytest.skip("llama.cpp's x86 kernels are the reference; this is not x86-64", allow_module_level=True)
@@ -155,17 +159,54 @@ def test_q4_Kx8_is_llama_cpps_gemm_and_gemv(library, m, k):
 
 
 vec_swiglu = symbol("ggml_vec_swiglu_f32", ctypes.c_int, P, P, P)
+ggml_cpu_has_avx512 = GGML_CPU.ggml_cpu_has_avx512
+ggml_cpu_has_avx512.restype = ctypes.c_int
+
+# relaxc.swiglu in a process of its own, with the instruction set the test asks for (the tests'
+# own process has the kernels pinned to AVX2, conftest.py says why).
+SWIGLU = r"""
+import sys, numpy as np, tvm_ffi
+path, data = sys.argv[1], sys.argv[2]
+names = dict(line.split("\t") for line in open(path + ".tsv").read().splitlines())
+swiglu = tvm_ffi.load_module(path)[names["relaxc.swiglu"]]
+t = lambda a: tvm_ffi.from_dlpack(np.ascontiguousarray(a))
+arrays = np.load(data)
+out = np.zeros_like(arrays["gate"])
+swiglu(t(arrays["gate"]), t(arrays["up"]), t(out))
+np.save(data + ".out.npy", out)
+"""
+
+
+@pytest.fixture(scope="module")
+def swiglu_as_llama_cpp_runs_it(tmp_path_factory):
+    """relaxc.swiglu with the exp form this llama.cpp build runs: the 512-bit one when its
+    libggml-cpu was built for AVX-512 (a native build on such a CPU), else the 256-bit one."""
+    tmp = tmp_path_factory.mktemp("swiglu")
+    path = str(tmp / "lib.so")
+    out = subprocess.run([relaxc_binary(), "kernel-library", "-o", path], capture_output=True, text=True, check=True)
+    (tmp / "lib.so.tsv").write_text(out.stdout)
+    (tmp / "run.py").write_text(SWIGLU)
+    env = unpinned_env()
+    if not ggml_cpu_has_avx512():
+        env["RELAXC_QUANT_ISA"] = "avx2"
+
+    def run(gate, up):
+        data = str(tmp / f"case{gate.shape[1]}.npz")
+        np.savez(data, gate=gate, up=up)
+        subprocess.run([sys.executable, str(tmp / "run.py"), path, data], check=True, env=env)
+        return np.load(data + ".out.npy")
+
+    return run
 
 
 @pytest.mark.parametrize("cols", [2816, 1000, 45])
-def test_swiglu_is_llama_cpps_vec_swiglu(library, cols):
-    """relaxc.swiglu against ggml_vec_swiglu_f32 (the form of its exp this CPU runs, and libm's
-    expf on the row's tail), row by row, over magnitudes up to exp's saturation."""
+def test_swiglu_is_llama_cpps_vec_swiglu(swiglu_as_llama_cpp_runs_it, cols):
+    """relaxc.swiglu against ggml_vec_swiglu_f32 (the form of its exp this llama.cpp build runs,
+    and libm's expf on the row's tail), row by row, over magnitudes up to exp's saturation."""
     rng = np.random.default_rng(cols)
     gate = (rng.standard_normal((6, cols)) * rng.choice([1.0, 4.0, 30.0, 120.0], (6, 1))).astype(np.float32)
     up = rng.standard_normal((6, cols)).astype(np.float32)
-    got = np.zeros_like(gate)
-    library["relaxc.swiglu"](t(gate), t(up), t(got))
+    got = swiglu_as_llama_cpp_runs_it(gate, up)
     want = np.zeros_like(gate)
     for r in range(gate.shape[0]):
         vec_swiglu(cols, ptr(want[r]), ptr(gate[r]), ptr(up[r]))
