@@ -40,9 +40,16 @@ class MissingExtra(RuntimeError):
     """A command's optional dependencies are not installed; the message names the extra."""
 
 
+def _importable(module):
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError, AttributeError):  # a module blocked or half-installed
+        return False
+
+
 def require_extra(extra, command, modules):
     """Raises MissingExtra naming `pip install relaxc[extra]` unless every module imports."""
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    missing = [m for m in modules if not _importable(m)]
     if missing:
         names = ", ".join(_DISTRIBUTIONS.get(m, m) for m in missing)
         raise MissingExtra(

@@ -18,8 +18,6 @@ import zipfile
 import pytest
 from test_tvm_ffi import ROOT
 
-pytest.importorskip("maturin", reason="pip install maturin (builds the relaxc wheel)")
-
 
 def python_files(top):
     """The .py files under top, relative to it, sorted."""
@@ -43,6 +41,7 @@ def clean_env(**extra):
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
+    pytest.importorskip("maturin", reason="pip install maturin (builds the relaxc wheel)")
     out = tmp_path_factory.mktemp("wheel")
     env = dict(os.environ, MATURIN_PEP517_ARGS="--profile dev")
     built = subprocess.run(
@@ -146,3 +145,26 @@ def test_onnx_builds_a_model_from_the_venv(installed, tmp_path):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert so.stat().st_size > 0
+
+
+# Each job's command, what it imports that its extra brings, and the extra: a Python without
+# them gets a one-line error naming the pip command that fixes it (run here with the modules
+# blocked, as a Python that lacks them sees it).
+MISSING_EXTRAS = [
+    ("relaxc.onnx", ["m.onnx", "-o", "m.so"], "tvm", "onnx"),
+    ("relaxc.llm", ["build", "m.gguf", "-o", "m.so"], "tvm", "llm"),
+    ("relaxc.serve", ["m.so"], "ray", "serve"),
+]
+
+
+@pytest.mark.parametrize("module, args, blocked, extra", MISSING_EXTRAS)
+def test_a_missing_extra_is_named_with_its_fix(tmp_path, module, args, blocked, extra):
+    run = (
+        f"import runpy, sys; sys.modules[{blocked!r}] = None; sys.argv = [{module!r}, *{args!r}]; "
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    )
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    out = subprocess.run([sys.executable, "-c", run], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stderr.startswith("error: python -m " + module), out.stderr
+    assert f"pip install 'relaxc[{extra}]'" in out.stderr and "Traceback" not in out.stderr, out.stderr

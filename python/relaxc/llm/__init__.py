@@ -19,9 +19,18 @@ import tempfile
 import time
 
 from .. import find_relaxc
-from .gguf_file import GGUFError, read_config
 
 __all__ = ["GGUFError", "build", "export", "read_config"]
+
+
+def __getattr__(name):
+    # The GGUF reader needs TVM (the model's configuration lives beside its nn module), so it is
+    # imported on first use: `python -m relaxc.llm` can then say which extra is missing.
+    if name in ("GGUFError", "read_config"):
+        from . import gguf_file
+
+        return getattr(gguf_file, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def export(gguf_path, tar, target=None, log=print):
@@ -31,6 +40,7 @@ def export(gguf_path, tar, target=None, log=print):
 
     import relaxc.tvm
 
+    from .gguf_file import GGUFError, read_config
     from .model import LlamaFamily
 
     config = read_config(gguf_path)

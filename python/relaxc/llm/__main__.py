@@ -3,8 +3,7 @@
 import argparse
 import sys
 
-from .. import book_page, require_extra
-from . import GGUFError, build
+from .. import MissingExtra, book_page, require_extra
 
 
 def main(argv=None):
@@ -33,6 +32,12 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         require_extra("llm", "python -m relaxc.llm build", ["tvm", "gguf"])
+    except MissingExtra as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    from . import GGUFError, build
+
+    try:
         build(args.gguf, args.output, exec_mode=args.exec_mode, target=args.target)
     except (GGUFError, RuntimeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
