@@ -28,7 +28,9 @@ ORT's own profiler).
 
 Needs TVM 0.27, onnx, onnxsim, onnxruntime and numpy.
 
-usage: python3 bench/zoo.py [--models det,rec,...] [--rounds 5] [--calls 20] [--profile]
+usage: python3 bench/zoo.py [--models det,rec,...] [--rounds 5] [--calls 20] [--profile] [--publish]
+
+--publish writes the run into the book (docs/src/benchmarks/zoo.md, its plot and JSON; bench/report.py).
 """
 
 import argparse
@@ -236,6 +238,7 @@ def main():
     parser.add_argument("--profile", action="store_true", help="also the top operators of each runtime")
     parser.add_argument("--relaxc", default=os.path.join(ROOT, "target", "release", "relaxc"))
     parser.add_argument("--work", default="/tmp/relaxc-zoo")
+    parser.add_argument("--publish", action="store_true", help="write this run into the book's page for it")
     args = parser.parse_args()
     os.environ["RELAXC"] = args.relaxc
     import onnxruntime as ort
@@ -299,19 +302,48 @@ def main():
                 flush=True,
             )
         rows.append(row)
-    print("\n| model | family | relaxc / ORT, " + " | ".join(f"{t} thread(s)" for t in threads) + " | max difference |")
-    print("| --- | --- | " + " | ".join("---" for _ in threads) + " | --- |")
+    table = [
+        f"Medians of {args.rounds} rounds of {args.calls} calls, relaxc and ORT alternating within each round; "
+        "relaxc / ORT is a ratio of times (below 1: relaxc is faster); max difference is the outputs' largest "
+        "difference from ORT's relative to max(1, the largest |ORT output|).",
+        "",
+        "| model | family | relaxc / ORT, " + " | ".join(f"{t} thread(s)" for t in threads) + " | max difference |",
+        "| --- | --- | " + " | ".join("---" for _ in threads) + " | --- |",
+    ]
+    bars = {}
     for row in rows:
         if "error" in row:
-            print(f"| {row['model']} | {row['family']} | " + " | ".join("-" for _ in threads) + f" | {row['error']} |")
+            table.append(
+                f"| {row['model']} | {row['family']} | " + " | ".join("-" for _ in threads) + f" | {row['error']} |"
+            )
             continue
         ratios = " | ".join(
             f"{row[t][0] / row[t][1]:.2f} ({row[t][0] / 1000:.2f} / {row[t][1] / 1000:.2f} ms)" for t in threads
         )
-        print(f"| {row['model']} | {row['family']} | {ratios} | {row['worst']:.1e} |")
+        table.append(f"| {row['model']} | {row['family']} | {ratios} | {row['worst']:.1e} |")
+        bars[row["model"]] = {f"{t} thread{'s' if t > 1 else ''}": row[t][1] / row[t][0] for t in threads}
+    means = []
     for t in threads:
         ratios = [row[t][0] / row[t][1] for row in rows if "error" not in row]
-        print(f"geometric mean at {t} thread(s): {float(np.exp(np.mean(np.log(ratios)))):.2f}")
+        mean = float(np.exp(np.mean(np.log(ratios))))
+        means.append(f"{mean:.2f} at {t} thread{'s' if t > 1 else ''}")
+        bars.setdefault("geometric mean", {})[f"{t} thread{'s' if t > 1 else ''}"] = 1 / mean
+    table += ["", f"Geometric mean of relaxc / ORT: {', '.join(means)}."]
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import report
+
+    print(report.machine())
+    print("\n".join(table))
+    if args.publish:
+        report.publish(
+            "zoo",
+            "Real ONNX models: ONNX Runtime's time / relaxc's (above 1: relaxc is faster)",
+            [table],
+            bars,
+            "ORT time / relaxc time",
+            packages=("onnxruntime", "apache-tvm", "onnx", "onnxsim", "numpy"),
+            extra={"rows": [{k: (v if not isinstance(k, int) else list(v)) for k, v in r.items()} for r in rows]},
+        )
 
 
 if __name__ == "__main__":
