@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 
 import numpy as np
@@ -252,9 +253,11 @@ def main():
         so = os.path.join(args.work, f"{name}.so")
         print(f"== {name}: {family}, {filename} ({os.path.getsize(path) / 1e6:.1f} MB)", flush=True)
         try:
+            started = time.perf_counter()
             relaxc.onnx.build(
                 path, so, shapes=shapes_only(shapes), exec_mode="compiled", log=lambda m: print("  " + m, flush=True)
             )
+            build_s = time.perf_counter() - started
         except relaxc.onnx.OnnxError as e:
             print(f"  does not build: {e}", flush=True)
             rows.append({"model": name, "family": family, "error": str(e)})
@@ -264,7 +267,10 @@ def main():
         np.savez(npz, **feeds)
         # Inputs by position for relaxc run (argN), in the model's order.
         np.savez(npz + ".args.npz", **{f"arg{i}": v for i, v in enumerate(feeds.values())})
-        want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
+        started = time.perf_counter()
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        session_s = time.perf_counter() - started
+        want = session.run(None, feeds)
         with tempfile.TemporaryDirectory() as tmp:
             out = os.path.join(tmp, "out.npz")
             subprocess.run(
@@ -282,7 +288,7 @@ def main():
             for t in threads:
                 times[("relaxc", t)].append(relaxc_time(args.relaxc, so, npz + ".args.npz", t, args.calls))
                 times[("ort", t)].append(ort_time(path, npz, t, args.calls)["median_us"])
-        row = {"model": name, "family": family, "worst": worst}
+        row = {"model": name, "family": family, "worst": worst, "build_s": build_s, "session_s": session_s}
         for t in threads:
             r, o = statistics.median(times[("relaxc", t)]), statistics.median(times[("ort", t)])
             row[t] = (r, o)
@@ -305,22 +311,28 @@ def main():
     table = [
         f"Medians of {args.rounds} rounds of {args.calls} calls, relaxc and ORT alternating within each round; "
         "relaxc / ORT is a ratio of times (below 1: relaxc is faster); max difference is the outputs' largest "
-        "difference from ORT's relative to max(1, the largest |ORT output|).",
+        "difference from ORT's relative to max(1, the largest |ORT output|); build is `python -m relaxc.onnx`'s whole "
+        "build (onnxsim, TVM's import and kernels, relaxc compile), beside the creation of ORT's session.",
         "",
-        "| model | family | relaxc / ORT, " + " | ".join(f"{t} thread(s)" for t in threads) + " | max difference |",
-        "| --- | --- | " + " | ".join("---" for _ in threads) + " | --- |",
+        "| model | family | relaxc / ORT, "
+        + " | ".join(f"{t} thread(s)" for t in threads)
+        + " | max difference | relaxc build (s) | ORT session (s) |",
+        "| --- | --- | " + " | ".join("---" for _ in threads) + " | --- | --- | --- |",
     ]
     bars = {}
     for row in rows:
         if "error" in row:
             table.append(
-                f"| {row['model']} | {row['family']} | " + " | ".join("-" for _ in threads) + f" | {row['error']} |"
+                f"| {row['model']} | {row['family']} | " + " | ".join("-" for _ in threads) + f" | {row['error']} | | |"
             )
             continue
         ratios = " | ".join(
             f"{row[t][0] / row[t][1]:.2f} ({row[t][0] / 1000:.2f} / {row[t][1] / 1000:.2f} ms)" for t in threads
         )
-        table.append(f"| {row['model']} | {row['family']} | {ratios} | {row['worst']:.1e} |")
+        table.append(
+            f"| {row['model']} | {row['family']} | {ratios} | {row['worst']:.1e} | {row['build_s']:.1f} | "
+            f"{row['session_s']:.2f} |"
+        )
         bars[row["model"]] = {f"{t} thread{'s' if t > 1 else ''}": row[t][1] / row[t][0] for t in threads}
     means = []
     for t in threads:
