@@ -24,16 +24,19 @@ def unpinned_env(**changes):
     return env
 
 
+def build_kernel_library(path):
+    """Builds the kernel library at path, with its {global name: export} table beside it as
+    path + ".tsv" (what tests that call it from a process of their own read); returns the table."""
+    out = subprocess.run([relaxc_binary(), "kernel-library", "-o", path], capture_output=True, text=True, check=True)
+    with open(path + ".tsv", "w") as table:
+        table.write(out.stdout)
+    return dict(line.split("\t") for line in out.stdout.splitlines())
+
+
 @pytest.fixture(scope="session")
 def library(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("kernels") / "librelaxc_kernels.so")
-    out = subprocess.run(
-        [relaxc_binary(), "kernel-library", "-o", path],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    names = dict(line.split("\t") for line in out.stdout.splitlines())
+    names = build_kernel_library(path)
     module = tvm_ffi.load_module(path)
     return {name: module[export] for name, export in names.items()}
 

@@ -26,10 +26,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import assert_each_raises, unpinned_env
+from conftest import assert_each_raises, build_kernel_library, unpinned_env
 from test_attention import page_table
 from test_kernels import t
-from test_tvm_ffi import relaxc_binary
 
 F32, U32 = np.float32, np.uint32
 # ggml's exp constants (Arm's expf), as float32.
@@ -362,8 +361,7 @@ def form_of(isa):
 def runner(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("swiglu")
     path = str(tmp / "lib.so")
-    out = subprocess.run([relaxc_binary(), "kernel-library", "-o", path], capture_output=True, text=True, check=True)
-    (tmp / "lib.so.tsv").write_text(out.stdout)
+    build_kernel_library(path)
     (tmp / "run.py").write_text(SCRIPT)
     inputs = cases()
 

@@ -21,10 +21,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import unpinned_env
+from conftest import build_kernel_library, unpinned_env
 from test_kernels import t
 from test_quant import REGROUPINGS, random_k_blocks
-from test_tvm_ffi import relaxc_binary
 
 if platform.machine() not in ("x86_64", "AMD64"):
     pytest.skip("llama.cpp's x86 kernels are the reference; this is not x86-64", allow_module_level=True)
@@ -183,8 +182,7 @@ def swiglu_as_llama_cpp_runs_it(tmp_path_factory):
     libggml-cpu was built for AVX-512 (a native build on such a CPU), else the 256-bit one."""
     tmp = tmp_path_factory.mktemp("swiglu")
     path = str(tmp / "lib.so")
-    out = subprocess.run([relaxc_binary(), "kernel-library", "-o", path], capture_output=True, text=True, check=True)
-    (tmp / "lib.so.tsv").write_text(out.stdout)
+    build_kernel_library(path)
     (tmp / "run.py").write_text(SWIGLU)
     env = unpinned_env()
     if not ggml_cpu_has_avx512():
