@@ -175,7 +175,7 @@ def run(args, relaxc, models, work):
             data = rows[(label, threads)]
             ratio = statistics.median(d[2] for d in data)
             ratios[threads].append(ratio)
-            bars.setdefault(label, {})[f"{threads} thread{'s' if threads > 1 else ''}"] = 1 / ratio
+            bars.setdefault(label, {})[report.threads(threads)] = 1 / ratio
             cells += [
                 f"{statistics.median(d[0] for d in data):.0f}",
                 f"{statistics.median(d[1] for d in data):.0f}",
@@ -184,7 +184,7 @@ def run(args, relaxc, models, work):
         table.append(f"| {label} | " + " | ".join(cells) + " |")
     geo = {t: math.exp(sum(map(math.log, v)) / len(v)) for t, v in ratios.items()}
     table.append(f"| geometric mean | | | {geo[1]:.2f}x | | | {geo[2]:.2f}x |")
-    bars["geometric mean"] = {f"{t} thread{'s' if t > 1 else ''}": 1 / g for t, g in geo.items()}
+    bars["geometric mean"] = {report.threads(t): 1 / g for t, g in geo.items()}
     print(report.machine())
     print("\n".join(table))
     if args.publish:

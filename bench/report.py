@@ -24,6 +24,11 @@ BEGIN, END = "<!-- run -->", "<!-- /run -->"
 ISA_FLAGS = ["avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_bf16", "amx_int8", "asimddp"]
 
 
+def threads(n):
+    """A plot series' name for a thread count: "1 thread", "2 threads"."""
+    return f"{n} thread{'s' if n > 1 else ''}"
+
+
 def machine():
     """This machine in one line: the CPU's model name (and family/model on x86), its cores and
     the extensions that decide the kernels, and whether it is a VM."""
@@ -117,7 +122,7 @@ def render(name, run):
     for table in run["tables"]:
         lines += table + [""]
     lines.append(END)
-    return "\n".join(line for line in lines)
+    return "\n".join(lines)
 
 
 def write_page(name, run):

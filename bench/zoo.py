@@ -48,6 +48,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import report  # bench/report.py, through the path above
 
 # name: (requirement, file inside the wheel, {input: shape, or (shape, integers' bound)}, family)
 MODELS = {
@@ -333,17 +335,14 @@ def main():
             f"| {row['model']} | {row['family']} | {ratios} | {row['worst']:.1e} | {row['build_s']:.1f} | "
             f"{row['session_s']:.2f} |"
         )
-        bars[row["model"]] = {f"{t} thread{'s' if t > 1 else ''}": row[t][1] / row[t][0] for t in threads}
+        bars[row["model"]] = {report.threads(t): row[t][1] / row[t][0] for t in threads}
     means = []
     for t in threads:
         ratios = [row[t][0] / row[t][1] for row in rows if "error" not in row]
         mean = float(np.exp(np.mean(np.log(ratios))))
-        means.append(f"{mean:.2f} at {t} thread{'s' if t > 1 else ''}")
-        bars.setdefault("geometric mean", {})[f"{t} thread{'s' if t > 1 else ''}"] = 1 / mean
+        means.append(f"{mean:.2f} at {report.threads(t)}")
+        bars.setdefault("geometric mean", {})[report.threads(t)] = 1 / mean
     table += ["", f"Geometric mean of relaxc / ORT: {', '.join(means)}."]
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    import report
-
     print(report.machine())
     print("\n".join(table))
     if args.publish:
@@ -354,7 +353,7 @@ def main():
             bars,
             "ORT time / relaxc time",
             packages=("onnxruntime", "apache-tvm", "onnx", "onnxsim", "numpy"),
-            extra={"rows": [{k: (v if not isinstance(k, int) else list(v)) for k, v in r.items()} for r in rows]},
+            extra={"rows": rows},
         )
 
 
