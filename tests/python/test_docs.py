@@ -2,6 +2,7 @@
 outside the repository, every page of the book in its table of contents, and a README that stays
 a front page. CI also builds the book with mdBook (.ci/run); this test needs only Python."""
 
+import functools
 import os
 import re
 import shutil
@@ -49,6 +50,7 @@ def slug(heading):
     return text.replace(" ", "-")
 
 
+@functools.cache
 def anchors(path):
     found = set()
     for _, line in markdown_lines(path):
