@@ -19,9 +19,10 @@ need Apache TVM, ``relaxc.serve`` Ray.
 import importlib.util
 import os
 import shutil
+import sys
 import sysconfig
 
-__all__ = ["MissingExtra", "RelaxcNotFound", "book_page", "find_relaxc", "require_extra"]
+__all__ = ["MissingExtra", "RelaxcNotFound", "book_page", "exit_without_extra", "find_relaxc", "require_extra"]
 
 # The Python packages behind the import names the commands need, for the fix an error names.
 _DISTRIBUTIONS = {"tvm": "apache-tvm", "tvm_ffi": "apache-tvm-ffi", "ray": "ray[serve]"}
@@ -43,7 +44,7 @@ class MissingExtra(RuntimeError):
 def _importable(module):
     try:
         return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError, AttributeError):  # a module blocked or half-installed
+    except (ImportError, ValueError):  # a parent package missing, or a module blocked
         return False
 
 
@@ -56,6 +57,15 @@ def require_extra(extra, command, modules):
             f"{command} needs {names}, which this Python lacks: pip install 'relaxc[{extra}]' "
             f"(from a checkout: pip install './python[{extra}]')"
         )
+
+
+def exit_without_extra(extra, command, modules):
+    """For a command line: require_extra's message as a one-line error, and exit 1."""
+    try:
+        require_extra(extra, command, modules)
+    except MissingExtra as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 def _executable(path):

@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from .. import MissingExtra, book_page, require_extra
+from .. import book_page, exit_without_extra
 
 
 def main(argv=None):
@@ -30,11 +30,7 @@ def main(argv=None):
     )
     b.add_argument("--target", help="a target triple for a board (as relaxc compile's --target)")
     args = parser.parse_args(argv)
-    try:
-        require_extra("llm", "python -m relaxc.llm build", ["tvm", "gguf"])
-    except MissingExtra as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    exit_without_extra("llm", "python -m relaxc.llm build", ["tvm", "gguf"])
     from . import GGUFError, build
 
     try:

@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from .. import MissingExtra, book_page, require_extra
+from .. import book_page, exit_without_extra
 from . import OnnxError, build, parse_shape
 
 
@@ -34,8 +34,8 @@ def main(argv=None):
         help="build for `relaxc run --profile` (time per kernel), as relaxc compile's",
     )
     args = parser.parse_args(argv)
+    exit_without_extra("onnx", "python -m relaxc.onnx", ["tvm", "onnx", "onnxsim"])
     try:
-        require_extra("onnx", "python -m relaxc.onnx", ["tvm", "onnx", "onnxsim"])
         shapes = dict(parse_shape(s) for s in args.shape)
         build(
             args.model,
@@ -45,7 +45,7 @@ def main(argv=None):
             target=args.target,
             instrument=args.instrument,
         )
-    except (OnnxError, MissingExtra, RuntimeError, FileNotFoundError) as e:
+    except (OnnxError, RuntimeError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -2,15 +2,11 @@
 
 import sys
 
-from .. import MissingExtra, require_extra
+from .. import exit_without_extra
 
 if __name__ == "__main__":
     # relaxc.serve.cli imports Ray: check for it first, so a missing extra is a one-line error.
-    try:
-        require_extra("serve", "python -m relaxc.serve", ["ray", "tvm_ffi"])
-    except MissingExtra as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(1)
+    exit_without_extra("serve", "python -m relaxc.serve", ["ray", "tvm_ffi"])
     from .cli import main
 
     sys.exit(main())
