@@ -49,3 +49,27 @@ def pack_conv_columns(w: np.ndarray, groups: int) -> np.ndarray:
 def _conv_rows(w: np.ndarray, groups: int) -> np.ndarray:
     """Weights [oc, c / groups, kh, kw] as [groups, oc / groups, k], k ordered (channel, row, column)."""
     return w.reshape(groups, w.shape[0] // groups, int(np.prod(w.shape[1:])))
+
+
+GROUP = 4  # reduction steps per packed group of relaxc.matmul_int8 (runtime-kernels/src/matmul_int8.c)
+
+
+def pack_int8_columns(c: np.ndarray) -> tuple:
+    """An integer matrix c [k, n] (weights less their zero point, each column spanning at most
+    255) as relaxc.matmul_int8 reads it: signed bytes b = c - d, d per column, packed
+    [ceil(n / 16), ceil(k / 4), 16, 4] (zero past k and n), and [d, column sums of c] as int32
+    [2, n]. None when a column spans more than a byte can hold."""
+    c = np.asarray(c, np.int64)
+    k, n = c.shape
+    lo, hi = c.min(axis=0, initial=0), c.max(axis=0, initial=0)
+    if np.any(hi - lo > 255):
+        return None
+    # A column inside [-128, 127] keeps d = 0 (symmetric int8 weights, the usual case).
+    d = np.where((lo >= -128) & (hi <= 127), 0, lo + 128)
+    b = c - d
+    panels, groups = -(-n // PANEL), -(-k // GROUP)
+    padded = np.zeros((groups * GROUP, panels * PANEL), np.int8)
+    padded[:k, :n] = b
+    packed = padded.reshape(groups, GROUP, panels, PANEL).transpose(2, 0, 3, 1)
+    comp = np.stack([d, c.sum(axis=0)]).astype(np.int32)
+    return np.ascontiguousarray(packed), comp

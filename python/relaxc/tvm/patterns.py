@@ -30,8 +30,19 @@ def _type(expr):
 
 
 def _is_f32_tensor(expr):
+    return _is_tensor(expr, F32)
+
+
+def _is_tensor(expr, dtype):
+    """expr is a tensor of the dtype named (a string: "int32")."""
     t = _type(expr)
-    return isinstance(t, relax.TensorType) and t.dtype == F32
+    return isinstance(t, relax.TensorType) and str(t.dtype) == str(dtype)
+
+
+def _dtype(expr):
+    """The dtype of a tensor as a string ("uint8"); None for anything else."""
+    t = _type(expr)
+    return str(t.dtype) if isinstance(t, relax.TensorType) else None
 
 
 def _dims(expr):
@@ -139,7 +150,8 @@ class _Bindings:
         return users[0] if len(users) == 1 else None
 
     def const(self, expr):
-        """expr's value as a numpy array when it is a constant, or a reshape or transpose of one."""
+        """expr's value as a numpy array when it is a constant, or a reshape, transpose, cast or
+        element-wise function of constants."""
         if isinstance(expr, tvm.ir.expr.GenericConst):
             return expr.value.numpy()
         bound = self.bound(expr)
@@ -157,6 +169,15 @@ class _Bindings:
                 return None
             axes = _attr(bound, "axes")
             return np.transpose(inner, None if axes is None else _ints(axes))
+        if name == "relax.astype":
+            inner = self.const(bound.args[0])
+            return None if inner is None else inner.astype(str(_attr(bound, "dtype")))
+        if name == "relax.expand_dims":
+            inner = self.const(bound.args[0])
+            if inner is None:
+                return None
+            dims = _dims(expr)
+            return None if dims is None or not all(isinstance(d, int) for d in dims) else inner.reshape(dims)
         if name in _ELEMENTWISE:
             operands = [self.const(a) for a in bound.args]
             if any(o is None for o in operands):

@@ -18,7 +18,7 @@ from tvm import relax
 
 from .attention import use_library_attention
 from .conv import ConvolutionAnchors
-from .pack import pack_columns
+from .pack import pack_columns, pack_int8_columns
 from .patterns import (
     _ACTIVATIONS,
     _ELEMENTWISE,
@@ -26,10 +26,12 @@ from .patterns import (
     _attr,
     _Bindings,
     _dims,
+    _dtype,
     _Epilogue,
     _identify,
     _ints,
     _is_f32_tensor,
+    _is_tensor,
     _op_name,
     _same_dims,
     _scalar,
@@ -283,6 +285,9 @@ class _Planner(ConvolutionAnchors):
     def matmul(self, var, call):
         a, b = call.args[0], call.args[1]
         out_dtype = _attr(call, "out_dtype")
+        if str(out_dtype) == "int32":
+            self.matmul_integer(var, call)
+            return
         if not (_is_f32_tensor(a) and _is_f32_tensor(b) and _is_f32_tensor(var)):
             return
         if out_dtype not in (None, "", F32) and str(out_dtype) not in ("", F32, "void"):
@@ -316,6 +321,53 @@ class _Planner(ConvolutionAnchors):
             ep.scalars(),
         ]
         self._finish(tail, "relaxc.matmul", args)
+
+    def _integer_operand(self, expr):
+        """(x, zero point or None) when expr is astype(x, int32) less a zero point, or without
+        one, with x of 8 bits (how TVM imports MatMulInteger's operands); else None."""
+        bound = self.b.bound(expr)
+        zero_point = None
+        if _op_name(bound) == "relax.subtract":
+            expr, zero_point = bound.args[0], bound.args[1]
+            bound = self.b.bound(expr)
+        if _op_name(bound) != "relax.astype" or _dtype(bound.args[0]) not in ("uint8", "int8"):
+            return None
+        return bound.args[0], zero_point
+
+    def _zero_point_arg(self, zero_point):
+        """relaxc.matmul_int8's a_zero_point for one integer (None: null), the 8-bit value before
+        TVM's cast to int32 where there is one; None when it is not one integer (per-row zero
+        points stay on TVM's kernels)."""
+        if zero_point is None:
+            return relax.op.null_value()
+        dims = _dims(zero_point)
+        if dims is None or not all(isinstance(d, int) for d in dims) or int(np.prod(dims)) != 1:
+            return None
+        value = self.b.const(zero_point)
+        if value is not None:
+            return relax.const(np.asarray(value, np.int32).reshape(()))
+        bound = self.b.bound(zero_point)
+        if _op_name(bound) == "relax.astype" and _dtype(bound.args[0]) in ("uint8", "int8", "int32"):
+            return bound.args[0]
+        return zero_point if _dtype(zero_point) == "int32" else None
+
+    def matmul_integer(self, var, call):
+        """ONNX's MatMulInteger as TVM imports it (int32 casts of 8-bit operands less their zero
+        points, an int32 matmul) against constant weights: relaxc.matmul_int8 on the 8-bit
+        activations, the weights less their zero points packed once here. Exact, so the
+        integers are ONNX Runtime's; the scaling after it stays with TVM (an element-wise kernel)."""
+        operand = self._integer_operand(call.args[0])
+        c = self.b.const(call.args[1])
+        if operand is None or c is None or c.ndim != 2 or c.dtype.kind not in "iu":
+            return
+        x, zero_point = operand
+        dims = _dims(x)
+        zp_arg = self._zero_point_arg(zero_point)
+        packed = pack_int8_columns(c)
+        if zp_arg is None or packed is None or not dims or dims[-1] != c.shape[0] or not _is_tensor(var, "int32"):
+            return
+        self.taken.add(var)
+        self._finish(var, "relaxc.matmul_int8", [x, relax.const(packed[0]), relax.const(packed[1]), zp_arg])
 
     def _quantized(self, var, x, weight):
         """With build(quantize=FMT): a dense layer whose weight [k, n] has rows of whole blocks

@@ -1,0 +1,334 @@
+/*
+ * matmul_int8.c: relaxc.matmul_int8, ONNX's MatMulInteger (and the integer core of QLinearMatMul
+ * and of QDQ matmuls) against constant weights: out[r][n] = sum over k of (a[r][k] - a_zp) *
+ * c[k][n], exactly in int32, where c = B - b_zero_point is what relaxc.tvm read from the model.
+ *
+ * The products run as unsigned-by-signed bytes, the form of x86's VPDPBUSD: relaxc.tvm stores
+ * each column of c as signed bytes b[k][n] = c[k][n] - d[n] (d[n] chosen per column so that they
+ * fit) and the kernel adds the rest back: sum (a - a_zp) c = sum a b + d[n] sum a - a_zp sum c.
+ * Signed activations are read as unsigned by flipping their top bit (a + 128, and a_zp + 128).
+ * Every sum is exact, so every instruction set gives the same integers (ONNX Runtime's), at any
+ * thread count.
+ *
+ * Weights come packed as [ceil(n/16)][ceil(k/4)][16][4]: for each panel of 16 columns, four
+ * consecutive reduction steps of every column side by side, zero past k and n. One 64-byte
+ * group is one 512-bit VPDPBUSD operand (AVX-512 VNNI: 4 rows by 4 panels of accumulators); AVX2
+ * widens it to 16-bit pairs for VPMADDWD (no 8-bit pair sum that could saturate); the portable
+ * loop (also aarch64's for now) reads the same layout.
+ */
+#include <string.h>
+
+#include "rk.h"
+
+enum {
+  PANEL = 16,         /* columns per packed panel */
+  GROUP = 4,          /* reduction steps per packed group */
+  ROWS_PER_UNIT = 32, /* rows of one unit of parallel work */
+  PANELS_PER_UNIT = 4 /* panels of one unit of parallel work */
+};
+
+/* One call's operands, seen as a [rows][k] by [k][n] product. */
+typedef struct int8_job {
+  const uint8_t *a;        /* rows of k bytes (signed ones read with `flip`) */
+  uint32_t flip;           /* 0x80808080 for signed activations, else 0 */
+  int64_t rows, k, n;      /* the product's sizes */
+  const int8_t *b;         /* packed weights */
+  int64_t panel_bytes;     /* bytes of one packed panel: ceil(k/4) * 64 */
+  const int32_t *d, *csum; /* per column: the offset taken out of c, and the sum of c over k */
+  int32_t a_zp;            /* the activations' zero point, as unsigned (flipped) bytes */
+  const int32_t *row_sums; /* per row: the sum of its (flipped) bytes */
+  int32_t *out;            /* [rows][n] */
+} int8_job;
+
+/* Bytes k0..k0+3 of a row as one word, flipped; past k, zeros (the weights are zero there too). */
+static inline uint32_t group_word(const int8_job *j, const uint8_t *row, int64_t g) {
+  uint32_t w = 0;
+  int64_t k0 = g * GROUP, have = j->k - k0 < GROUP ? j->k - k0 : GROUP;
+  memcpy(&w, row + k0, (size_t)have);
+  return w ^ j->flip;
+}
+
+/* The sums of a tile written out: acc + d * row_sum - a_zp * csum, columns n0..n0+count. */
+static inline void finish(const int8_job *j, int64_t r, int64_t n0, int64_t count, const int32_t *acc) {
+  int32_t *out = j->out + r * j->n + n0;
+  int32_t rs = j->row_sums[r];
+  for (int64_t c = 0; c < count; c++) out[c] = acc[c] + j->d[n0 + c] * rs - j->a_zp * j->csum[n0 + c];
+}
+
+/* ---- portable ------------------------------------------------------------------------------ */
+
+static void tile_portable(const int8_job *j, int64_t r0, int64_t mr, int64_t p0, int64_t np) {
+  int64_t groups = (j->k + GROUP - 1) / GROUP;
+  for (int64_t r = r0; r < r0 + mr; r++) {
+    const uint8_t *row = j->a + r * j->k;
+    for (int64_t p = p0; p < p0 + np; p++) {
+      int32_t acc[PANEL] = {0};
+      const int8_t *panel = j->b + p * j->panel_bytes;
+      for (int64_t g = 0; g < groups; g++) {
+        uint32_t w = group_word(j, row, g);
+        const int8_t *bg = panel + g * PANEL * GROUP;
+        for (int c = 0; c < PANEL; c++)
+          for (int i = 0; i < GROUP; i++) acc[c] += (int32_t)((w >> (8 * i)) & 0xff) * bg[c * GROUP + i];
+      }
+      int64_t n0 = p * PANEL, count = j->n - n0 < PANEL ? j->n - n0 : PANEL;
+      finish(j, r, n0, count, acc);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* ---- AVX2: 16-bit pairs -------------------------------------------------------------------- */
+
+/* Four rows by half a panel (8 columns): each group's 32 bytes widened to two registers of
+ * 16-bit values (columns 0-3 and 4-7, four steps each), a row's four bytes broadcast as 16-bit
+ * values, VPMADDWD summing pairs of steps; the pairs are added at the end. */
+static inline __attribute__((always_inline, target("avx2"))) void tile_avx2_body(const int8_job *j, int64_t r0,
+                                                                                   int mr, int64_t p, int half) {
+  __m256i acc[4][2];
+  for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
+  const uint8_t *rows[4];
+  for (int r = 0; r < 4; r++) rows[r] = j->a + (r0 + (r < mr ? r : 0)) * j->k;
+  const int8_t *panel = j->b + p * j->panel_bytes + half * 32;
+  int64_t whole = j->k / GROUP, groups = (j->k + GROUP - 1) / GROUP;
+  for (int64_t g = 0; g < groups; g++) {
+    __m256i bytes = _mm256_loadu_si256((const __m256i *)(panel + g * PANEL * GROUP));
+    __m256i b0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(bytes));
+    __m256i b1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(bytes, 1));
+    for (int r = 0; r < mr; r++) {
+      uint32_t w;
+      if (g < whole) {
+        memcpy(&w, rows[r] + g * GROUP, sizeof w);
+        w ^= j->flip;
+      } else {
+        w = group_word(j, rows[r], g);
+      }
+      __m256i av = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128((int)w)));
+      acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(av, b0));
+      acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(av, b1));
+    }
+  }
+  int64_t n0 = p * PANEL + half * 8, count = j->n - n0 < 8 ? j->n - n0 : 8;
+  for (int r = 0; r < mr; r++) {
+    /* lane sums: [c0 c1 c4 c5 | c2 c3 c6 c7], reordered to c0..c7 */
+    __m256i sums = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[r][0], acc[r][1]), 0xd8);
+    int32_t tile[8];
+    _mm256_storeu_si256((__m256i *)tile, sums);
+    finish(j, r0 + r, n0, count, tile);
+  }
+}
+
+__attribute__((target("avx2"))) static void tile_avx2(const int8_job *j, int64_t r0, int64_t mr, int64_t p0,
+                                                     int64_t np) {
+  for (int64_t p = p0; p < p0 + np; p++)
+    for (int half = 0; half < 2 && p * PANEL + half * 8 < j->n; half++)
+      for (int64_t r = r0; r < r0 + mr; r += 4) {
+        int64_t left = r0 + mr - r;
+        switch (left >= 4 ? 4 : left) {
+          case 4: tile_avx2_body(j, r, 4, p, half); break;
+          case 3: tile_avx2_body(j, r, 3, p, half); break;
+          case 2: tile_avx2_body(j, r, 2, p, half); break;
+          default: tile_avx2_body(j, r, 1, p, half); break;
+        }
+      }
+}
+
+/* ---- AVX-512 VNNI: VPDPBUSD ---------------------------------------------------------------- */
+
+#define VNNI_TARGET "avx2,avx512f,avx512bw,avx512vl,avx512vnni"
+
+/* Up to four rows by up to four panels: sixteen 512-bit accumulators, each group one load per
+ * panel and one broadcast per row. */
+static inline __attribute__((always_inline, target(VNNI_TARGET))) void tile_vnni_body(const int8_job *j, int64_t r0,
+                                                                                      int mr, int64_t p0, int np) {
+  __m512i acc[4][4];
+  for (int r = 0; r < 4; r++)
+    for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_si512();
+  const uint8_t *rows[4];
+  for (int r = 0; r < 4; r++) rows[r] = j->a + (r0 + (r < mr ? r : 0)) * j->k;
+  const int8_t *panel = j->b + p0 * j->panel_bytes;
+  int64_t whole = j->k / GROUP, groups = (j->k + GROUP - 1) / GROUP;
+  for (int64_t g = 0; g < groups; g++) {
+    __m512i bv[4];
+    for (int q = 0; q < np; q++) bv[q] = _mm512_loadu_si512(panel + q * j->panel_bytes + g * PANEL * GROUP);
+    for (int r = 0; r < mr; r++) {
+      uint32_t w;
+      if (g < whole) {
+        memcpy(&w, rows[r] + g * GROUP, sizeof w);
+        w ^= j->flip;
+      } else {
+        w = group_word(j, rows[r], g);
+      }
+      __m512i av = _mm512_set1_epi32((int)w);
+      for (int q = 0; q < np; q++) acc[r][q] = _mm512_dpbusd_epi32(acc[r][q], av, bv[q]);
+    }
+  }
+  for (int r = 0; r < mr; r++) {
+    __m512i rs = _mm512_set1_epi32(j->row_sums[r0 + r]), zp = _mm512_set1_epi32(j->a_zp);
+    for (int q = 0; q < np; q++) {
+      int64_t n0 = (p0 + q) * PANEL, count = j->n - n0 < PANEL ? j->n - n0 : PANEL;
+      __mmask16 m = (__mmask16)((1u << count) - 1);
+      __m512i d = _mm512_maskz_loadu_epi32(m, j->d + n0), cs = _mm512_maskz_loadu_epi32(m, j->csum + n0);
+      __m512i v = _mm512_sub_epi32(_mm512_add_epi32(acc[r][q], _mm512_mullo_epi32(d, rs)), _mm512_mullo_epi32(zp, cs));
+      _mm512_mask_storeu_epi32(j->out + (r0 + r) * j->n + n0, m, v);
+    }
+  }
+}
+
+#define VNNI_ROWS(R)                                    \
+  case R:                                               \
+    switch (cols) {                                     \
+      case 4: tile_vnni_body(j, r, R, p, 4); break;     \
+      case 3: tile_vnni_body(j, r, R, p, 3); break;     \
+      case 2: tile_vnni_body(j, r, R, p, 2); break;     \
+      default: tile_vnni_body(j, r, R, p, 1); break;    \
+    }                                                   \
+    break;
+
+__attribute__((target(VNNI_TARGET))) static void tile_vnni(const int8_job *j, int64_t r0, int64_t mr, int64_t p0,
+                                                           int64_t np) {
+  for (int64_t p = p0; p < p0 + np; p += 4) {
+    int cols = (int)(p0 + np - p < 4 ? p0 + np - p : 4);
+    for (int64_t r = r0; r < r0 + mr; r += 4) {
+      switch (r0 + mr - r < 4 ? r0 + mr - r : 4) {
+        VNNI_ROWS(4)
+        VNNI_ROWS(3)
+        VNNI_ROWS(2)
+        VNNI_ROWS(1)
+      }
+    }
+  }
+}
+#undef VNNI_ROWS
+#endif
+
+/* ---- the choice and the call ----------------------------------------------------------------- */
+
+typedef void (*tile_fn)(const int8_job *j, int64_t r0, int64_t mr, int64_t p0, int64_t np);
+
+/* VNNI where the CPU has it, else AVX2, else the portable loop; RELAXC_QUANT_ISA=portable|avx2
+ * picks a lesser one (the same integers), so that tests run every path on one CPU. */
+static tile_fn chosen_tile(void) {
+#if defined(__x86_64__)
+  if (rk_cpu_isa() == RK_ISA_AVX2 && !rk_quant_isa_forced("portable")) {
+    __builtin_cpu_init();
+    bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && rk_use_avx512();
+    return vnni && !rk_quant_isa_forced("avx2") ? tile_vnni : tile_avx2;
+  }
+#endif
+  return tile_portable;
+}
+
+typedef struct int8_work {
+  const int8_job *job;
+  tile_fn tile;
+  int64_t row_units, units;
+} int8_work;
+
+/* Units are column blocks (outer) by row blocks (inner), so a task's consecutive units share the
+ * weights they read. */
+static int int8_task(int task, int num_tasks, void *ctx) {
+  const int8_work *w = ctx;
+  const int8_job *j = w->job;
+  int64_t begin, end, panels = (j->n + PANEL - 1) / PANEL;
+  rk_split(w->units, task, num_tasks, &begin, &end);
+  for (int64_t u = begin; u < end; u++) {
+    int64_t pb = u / w->row_units, rb = u % w->row_units;
+    int64_t p0 = pb * PANELS_PER_UNIT, r0 = rb * ROWS_PER_UNIT;
+    int64_t np = panels - p0 < PANELS_PER_UNIT ? panels - p0 : PANELS_PER_UNIT;
+    int64_t mr = j->rows - r0 < ROWS_PER_UNIT ? j->rows - r0 : ROWS_PER_UNIT;
+    w->tile(j, r0, mr, p0, np);
+  }
+  return 0;
+}
+
+/* Multiply-adds worth a task of their own: below this a wake-up costs more than it saves. */
+enum { MACS_PER_TASK = 1 << 20 };
+
+static bool is_byte_tensor(const DLTensor *t) {
+  return t->device.device_type == kDLCPU && (t->dtype.code == kDLInt || t->dtype.code == kDLUInt) &&
+         t->dtype.bits == 8 && t->dtype.lanes == 1 && rk_compact(t);
+}
+
+/* The activations' zero point: None (0), or one integer of 8 or 32 bits. */
+static int zero_point(const char *kernel, const TVMFFIAny *arg, int32_t *out) {
+  if (arg->type_index == kTVMFFINone) {
+    *out = 0;
+    return 0;
+  }
+  DLTensor *t = rvm_as_dltensor(arg);
+  if (!t || t->device.device_type != kDLCPU || rk_numel(t) != 1 || t->dtype.lanes != 1 ||
+      (t->dtype.code != kDLInt && t->dtype.code != kDLUInt) || (t->dtype.bits != 8 && t->dtype.bits != 32))
+    return rvm_raise("TypeError", "%s: argument 3 (a_zero_point) must be None or one 8- or 32-bit integer, got %s",
+                     kernel, t ? "another tensor" : rvm_type_name(arg));
+  const void *p = (const char *)t->data + t->byte_offset;
+  if (t->dtype.bits == 32) *out = *(const int32_t *)p;
+  else *out = t->dtype.code == kDLInt ? *(const int8_t *)p : *(const uint8_t *)p;
+  return 0;
+}
+
+/* (a, b_packed, b_comp, a_zero_point?, out): a uint8/int8 [..., k], b_packed int8
+ * [ceil(n/16), ceil(k/4), 16, 4], b_comp int32 [2, n] (d, then the sums of c), out int32 [..., n]
+ * with a's leading dims. */
+int rvm_builtin_kl_matmul_int8(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  static const char kernel[] = "relaxc.matmul_int8";
+  int rc = rk_check_count(kernel, num_args, 5);
+  if (rc) return rc;
+  DLTensor *a = rvm_as_dltensor(&args[0]), *b = rvm_as_dltensor(&args[1]), *comp, *out;
+  if (!a || !is_byte_tensor(a))
+    return rvm_raise("TypeError", "%s: argument 0 (a) must be a compact uint8 or int8 CPU tensor, got %s", kernel,
+                     a ? "another tensor" : rvm_type_name(&args[0]));
+  if (!b || !is_byte_tensor(b) || b->dtype.code != kDLInt)
+    return rvm_raise("TypeError", "%s: argument 1 (b_packed) must be a compact int8 CPU tensor, got %s", kernel,
+                     b ? "another tensor" : rvm_type_name(&args[1]));
+  rc = rk_arg_i32(kernel, args, num_args, 2, "b_comp", &comp);
+  int32_t a_zp = 0;
+  if (!rc) rc = zero_point(kernel, &args[3], &a_zp);
+  if (!rc) rc = rk_arg_i32(kernel, args, num_args, 4, "out", &out);
+  if (rc) return rc;
+  if (a->ndim < 1) return rk_shape_error(kernel, "a must have at least one axis", a);
+  int64_t k = a->shape[a->ndim - 1];
+  if (out->ndim != a->ndim) return rk_shape_error(kernel, "out must have a's rank", out);
+  for (int32_t d = 0; d + 1 < a->ndim; d++)
+    if (out->shape[d] != a->shape[d]) return rk_shape_error(kernel, "out's leading dims must be a's", out);
+  int64_t n = out->shape[out->ndim - 1];
+  int64_t panels = (n + PANEL - 1) / PANEL, groups = (k + GROUP - 1) / GROUP;
+  if (b->ndim != 4 || b->shape[0] != panels || b->shape[1] != groups || b->shape[2] != PANEL || b->shape[3] != GROUP)
+    return rk_shape_error(kernel, "b_packed must be [ceil(n/16), ceil(k/4), 16, 4] for a's k and out's n", b);
+  if (comp->ndim != 2 || comp->shape[0] != 2 || comp->shape[1] != n)
+    return rk_shape_error(kernel, "b_comp must be [2, n] for out's n", comp);
+  int64_t rows = k ? rk_numel(a) / k : rk_numel(out) / (n ? n : 1);
+  if (rows == 0 || n == 0) return 0;
+  bool is_signed = a->dtype.code == kDLInt;
+  int32_t *row_sums = rk_scratch(RK_SLOT_INPUT, (size_t)rows * sizeof(int32_t));
+  if (!row_sums) return rk_out_of_memory(kernel);
+  const uint8_t *ad = (const uint8_t *)a->data + a->byte_offset;
+  for (int64_t r = 0; r < rows; r++) {
+    int32_t s = 0;
+    const uint8_t *row = ad + r * k;
+    for (int64_t i = 0; i < k; i++) s += (uint8_t)(row[i] ^ (is_signed ? 0x80 : 0));
+    row_sums[r] = s;
+  }
+  const int32_t *cd = (const int32_t *)((const char *)comp->data + comp->byte_offset);
+  int8_job j = {
+      .a = ad,
+      .flip = is_signed ? 0x80808080u : 0,
+      .rows = rows,
+      .k = k,
+      .n = n,
+      .b = (const int8_t *)b->data + b->byte_offset,
+      .panel_bytes = groups * PANEL * GROUP,
+      .d = cd,
+      .csum = cd + n,
+      .a_zp = is_signed ? a_zp + 128 : a_zp,
+      .row_sums = row_sums,
+      .out = (int32_t *)((char *)out->data + out->byte_offset),
+  };
+  int64_t row_units = (rows + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
+  int8_work w = {&j, chosen_tile(), row_units, row_units * ((panels + PANELS_PER_UNIT - 1) / PANELS_PER_UNIT)};
+  int64_t by_work = rows * n * k / MACS_PER_TASK + 1;
+  return rk_parallel(w.units < by_work ? w.units : by_work, int8_task, &w);
+}
