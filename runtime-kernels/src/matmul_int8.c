@@ -29,8 +29,8 @@ enum {
 
 /* One call's operands, seen as a [rows][k] by [k][n] product. */
 typedef struct int8_job {
-  const uint8_t *a;        /* rows of k bytes (signed ones read with `flip`) */
-  uint32_t flip;           /* 0x80808080 for signed activations, else 0 */
+  const uint8_t *a;        /* rows of `stride` bytes: a's (flipped if signed), zero past k */
+  int64_t stride;          /* ceil(k/4) * 4 */
   int64_t rows, k, n;      /* the product's sizes */
   const int8_t *b;         /* packed weights */
   int64_t panel_bytes;     /* bytes of one packed panel: ceil(k/4) * 64 */
@@ -40,12 +40,11 @@ typedef struct int8_job {
   int32_t *out;            /* [rows][n] */
 } int8_job;
 
-/* Bytes k0..k0+3 of a row as one word, flipped; past k, zeros (the weights are zero there too). */
-static inline uint32_t group_word(const int8_job *j, const uint8_t *row, int64_t g) {
-  uint32_t w = 0;
-  int64_t k0 = g * GROUP, have = j->k - k0 < GROUP ? j->k - k0 : GROUP;
-  memcpy(&w, row + k0, (size_t)have);
-  return w ^ j->flip;
+/* Bytes 4g..4g+3 of a row as one word. */
+static inline uint32_t group_word(const uint8_t *row, int64_t g) {
+  uint32_t w;
+  memcpy(&w, row + g * GROUP, sizeof w);
+  return w;
 }
 
 /* The sums of a tile written out: acc + d * row_sum - a_zp * csum, columns n0..n0+count. */
@@ -60,12 +59,12 @@ static inline void finish(const int8_job *j, int64_t r, int64_t n0, int64_t coun
 static void tile_portable(const int8_job *j, int64_t r0, int64_t mr, int64_t p0, int64_t np) {
   int64_t groups = (j->k + GROUP - 1) / GROUP;
   for (int64_t r = r0; r < r0 + mr; r++) {
-    const uint8_t *row = j->a + r * j->k;
+    const uint8_t *row = j->a + r * j->stride;
     for (int64_t p = p0; p < p0 + np; p++) {
       int32_t acc[PANEL] = {0};
       const int8_t *panel = j->b + p * j->panel_bytes;
       for (int64_t g = 0; g < groups; g++) {
-        uint32_t w = group_word(j, row, g);
+        uint32_t w = group_word(row, g);
         const int8_t *bg = panel + g * PANEL * GROUP;
         for (int c = 0; c < PANEL; c++)
           for (int i = 0; i < GROUP; i++) acc[c] += (int32_t)((w >> (8 * i)) & 0xff) * bg[c * GROUP + i];
@@ -89,21 +88,15 @@ static inline __attribute__((always_inline, target("avx2"))) void tile_avx2_body
   __m256i acc[4][2];
   for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
   const uint8_t *rows[4];
-  for (int r = 0; r < 4; r++) rows[r] = j->a + (r0 + (r < mr ? r : 0)) * j->k;
+  for (int r = 0; r < 4; r++) rows[r] = j->a + (r0 + (r < mr ? r : 0)) * j->stride;
   const int8_t *panel = j->b + p * j->panel_bytes + half * 32;
-  int64_t whole = j->k / GROUP, groups = (j->k + GROUP - 1) / GROUP;
+  int64_t groups = j->stride / GROUP;
   for (int64_t g = 0; g < groups; g++) {
     __m256i bytes = _mm256_loadu_si256((const __m256i *)(panel + g * PANEL * GROUP));
     __m256i b0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(bytes));
     __m256i b1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(bytes, 1));
     for (int r = 0; r < mr; r++) {
-      uint32_t w;
-      if (g < whole) {
-        memcpy(&w, rows[r] + g * GROUP, sizeof w);
-        w ^= j->flip;
-      } else {
-        w = group_word(j, rows[r], g);
-      }
+      uint32_t w = group_word(rows[r], g);
       __m256i av = _mm256_broadcastq_epi64(_mm_cvtepu8_epi16(_mm_cvtsi32_si128((int)w)));
       acc[r][0] = _mm256_add_epi32(acc[r][0], _mm256_madd_epi16(av, b0));
       acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(av, b1));
@@ -138,6 +131,14 @@ __attribute__((target("avx2"))) static void tile_avx2(const int8_job *j, int64_t
 
 #define VNNI_TARGET "avx2,avx512f,avx512bw,avx512vl,avx512vnni"
 
+/* acc + the 4-byte dot products of a (unsigned) and b (signed), lane by lane. Written as the
+ * instruction: GCC 12 keeps _mm512_dpbusd_epi32's accumulators in other registers than its
+ * result and copies them around every step (half the kernel's speed). */
+static inline __attribute__((always_inline, target(VNNI_TARGET))) __m512i dpbusd(__m512i acc, __m512i a, __m512i b) {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+  return acc;
+}
+
 /* Up to four rows by up to four panels: sixteen 512-bit accumulators, each group one load per
  * panel and one broadcast per row. */
 static inline __attribute__((always_inline, target(VNNI_TARGET))) void tile_vnni_body(const int8_job *j, int64_t r0,
@@ -146,22 +147,15 @@ static inline __attribute__((always_inline, target(VNNI_TARGET))) void tile_vnni
   for (int r = 0; r < 4; r++)
     for (int q = 0; q < 4; q++) acc[r][q] = _mm512_setzero_si512();
   const uint8_t *rows[4];
-  for (int r = 0; r < 4; r++) rows[r] = j->a + (r0 + (r < mr ? r : 0)) * j->k;
+  for (int r = 0; r < 4; r++) rows[r] = j->a + (r0 + (r < mr ? r : 0)) * j->stride;
   const int8_t *panel = j->b + p0 * j->panel_bytes;
-  int64_t whole = j->k / GROUP, groups = (j->k + GROUP - 1) / GROUP;
+  int64_t groups = j->stride / GROUP;
   for (int64_t g = 0; g < groups; g++) {
     __m512i bv[4];
     for (int q = 0; q < np; q++) bv[q] = _mm512_loadu_si512(panel + q * j->panel_bytes + g * PANEL * GROUP);
     for (int r = 0; r < mr; r++) {
-      uint32_t w;
-      if (g < whole) {
-        memcpy(&w, rows[r] + g * GROUP, sizeof w);
-        w ^= j->flip;
-      } else {
-        w = group_word(j, rows[r], g);
-      }
-      __m512i av = _mm512_set1_epi32((int)w);
-      for (int q = 0; q < np; q++) acc[r][q] = _mm512_dpbusd_epi32(acc[r][q], av, bv[q]);
+      __m512i av = _mm512_set1_epi32((int)group_word(rows[r], g));
+      for (int q = 0; q < np; q++) acc[r][q] = dpbusd(acc[r][q], av, bv[q]);
     }
   }
   for (int r = 0; r < mr; r++) {
@@ -302,20 +296,30 @@ int rvm_builtin_kl_matmul_int8(void *self, const TVMFFIAny *args, int32_t num_ar
     return rk_shape_error(kernel, "b_comp must be [2, n] for out's n", comp);
   int64_t rows = k ? rk_numel(a) / k : rk_numel(out) / (n ? n : 1);
   if (rows == 0 || n == 0) return 0;
+  /* A copy of a with rows padded to whole groups and signed bytes flipped, so that the inner
+   * loops read every group as one word; each row's sum on the way. */
   bool is_signed = a->dtype.code == kDLInt;
+  int64_t stride = groups * GROUP;
+  uint8_t *copy = rk_scratch(RK_SLOT_A_WHOLE, (size_t)(rows * stride));
   int32_t *row_sums = rk_scratch(RK_SLOT_INPUT, (size_t)rows * sizeof(int32_t));
-  if (!row_sums) return rk_out_of_memory(kernel);
+  if (!copy || !row_sums) return rk_out_of_memory(kernel);
   const uint8_t *ad = (const uint8_t *)a->data + a->byte_offset;
+  uint8_t flip = is_signed ? 0x80 : 0;
   for (int64_t r = 0; r < rows; r++) {
     int32_t s = 0;
     const uint8_t *row = ad + r * k;
-    for (int64_t i = 0; i < k; i++) s += (uint8_t)(row[i] ^ (is_signed ? 0x80 : 0));
+    uint8_t *to = copy + r * stride;
+    for (int64_t i = 0; i < k; i++) {
+      to[i] = row[i] ^ flip;
+      s += to[i];
+    }
+    memset(to + k, 0, (size_t)(stride - k));
     row_sums[r] = s;
   }
   const int32_t *cd = (const int32_t *)((const char *)comp->data + comp->byte_offset);
   int8_job j = {
-      .a = ad,
-      .flip = is_signed ? 0x80808080u : 0,
+      .a = copy,
+      .stride = stride,
       .rows = rows,
       .k = k,
       .n = n,

@@ -206,12 +206,15 @@ def _import(model, shape_dict):
     """TVM's import, an error in a node's conversion naming that node and its type."""
     from tvm.relax.frontend.onnx import from_onnx, onnx_frontend
 
+    from .converters import convert as relaxc_convert
+
     importer = onnx_frontend.ONNXGraphImporter
     original = importer._convert_operator
 
     def convert(self, op_name, inputs, attrs, opset):
         try:
-            return original(self, op_name, inputs, attrs, opset)
+            ours = relaxc_convert(self.bb, op_name, inputs, attrs)
+            return ours if ours is not None else original(self, op_name, inputs, attrs, opset)
         except OnnxError:
             raise
         except Exception as e:
