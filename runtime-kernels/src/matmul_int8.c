@@ -16,6 +16,7 @@
  * widens it to 16-bit pairs for VPMADDWD (no 8-bit pair sum that could saturate); the portable
  * loop (also aarch64's for now) reads the same layout.
  */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "rk.h"
@@ -201,18 +202,24 @@ __attribute__((target(VNNI_TARGET))) static void tile_vnni(const int8_job *j, in
 
 typedef void (*tile_fn)(const int8_job *j, int64_t r0, int64_t mr, int64_t p0, int64_t np);
 
-/* VNNI where the CPU has it, else AVX2, else the portable loop; RELAXC_QUANT_ISA=portable|avx2
- * picks a lesser one (the same integers), so that tests run every path on one CPU. */
+/* VNNI where the CPU has it (and the OS keeps its registers: GCC's check includes that), else
+ * AVX2, else the portable loop, decided once per process; RELAXC_QUANT_ISA=portable|avx2 picks a
+ * lesser one (the same integers), so that tests run every path on one CPU. */
 static tile_fn chosen_tile(void) {
+  static tile_fn _Atomic chosen;
+  tile_fn c = atomic_load_explicit(&chosen, memory_order_relaxed);
+  if (c) return c;
+  c = tile_portable;
 #if defined(__x86_64__)
   if (rk_cpu_isa() == RK_ISA_AVX2 && !rk_quant_isa_forced("portable")) {
     __builtin_cpu_init();
     bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && rk_use_avx512();
-    return vnni && !rk_quant_isa_forced("avx2") ? tile_vnni : tile_avx2;
+                __builtin_cpu_supports("avx512vl");
+    c = vnni && !rk_quant_isa_forced("avx2") ? tile_vnni : tile_avx2;
   }
 #endif
-  return tile_portable;
+  atomic_store_explicit(&chosen, c, memory_order_relaxed);
+  return c;
 }
 
 typedef struct int8_work {

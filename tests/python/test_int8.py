@@ -1,0 +1,336 @@
+"""int8 models as ONNX Runtime's quantizer writes them: relaxc.matmul_int8 (MatMulInteger against
+constant weights) gives numpy's exact integers on every instruction set the CPU has, at 1 and 2
+threads; relaxc.dynamic_quantize_linear gives the bytes, scale and zero point of ONNX's definition
+(ties rounded to even) and of ONNX Runtime; bad arguments are clear errors. Through
+`python -m relaxc.onnx`: a DynamicQuantizeLinear -> MatMulInteger graph gives ONNX Runtime's
+integers exactly, and a model quantized by ORT's own quantize_dynamic runs on the library's int8
+kernels with its outputs within 1e-4 of ORT's.
+
+The kernel tests need numpy and apache-tvm-ffi; the ONNX ones also TVM, onnx, onnxsim and
+onnxruntime (skipped without them, as the summary says)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tvm_ffi
+from conftest import assert_each_raises, build_kernel_library, unpinned_env
+from test_kernel_bits import cpu_has_avx512
+from test_kernels import ROOT, t
+
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from relaxc.tvm.pack import pack_int8_columns
+
+# (rows, k, n, activation dtype, weight dtype): tails of every tile (k % 4, n % 16, rows % 4),
+# both signs of both sides, a single value, a batch of rows, and sizes the pool splits.
+CASES = [
+    (1, 1, 1, "uint8", "int8"),
+    (7, 13, 37, "uint8", "int8"),
+    (5, 9, 70, "int8", "uint8"),
+    (33, 100, 17, "int8", "int8"),
+    (64, 515, 130, "uint8", "uint8"),
+    (130, 384, 96, "uint8", "int8"),
+]
+
+
+def int8_case(i, rows, k, n, adt, bdt):
+    """Seeded operands of one case: a, weights, a's zero point, the weights' per-column zero points."""
+    rng = np.random.default_rng(100 + i)
+    ai, bi = np.iinfo(adt), np.iinfo(bdt)
+    a = rng.integers(ai.min, ai.max + 1, (rows, k)).astype(adt)
+    w = rng.integers(bi.min, bi.max + 1, (k, n)).astype(bdt)
+    a_zp = np.array(rng.integers(ai.min, ai.max + 1), adt)
+    w_zp = rng.integers(bi.min, bi.max + 1, n).astype(bdt)
+    return a, w, a_zp, w_zp
+
+
+ISA_SCRIPT = r"""
+import json, sys, numpy as np, tvm_ffi
+sys.path.insert(0, sys.argv[3]); sys.path.insert(0, sys.argv[4])
+from relaxc.tvm.pack import pack_int8_columns
+from test_int8 import CASES, int8_case
+path, out = sys.argv[1], sys.argv[2]
+names = dict(l.split("\t") for l in open(path + ".tsv").read().splitlines())
+f = tvm_ffi.load_module(path)[names["relaxc.matmul_int8"]]
+t = lambda a: tvm_ffi.from_dlpack(np.ascontiguousarray(a))
+results = {}
+for i, case in enumerate(CASES):
+    a, w, a_zp, w_zp = int8_case(i, *case)
+    packed, comp = pack_int8_columns(w.astype(np.int64) - w_zp)
+    got = np.zeros((a.shape[0], w.shape[1]), np.int32)
+    f(t(a), t(packed), t(comp), t(a_zp), t(got))
+    results[f"case{i}"] = got
+np.savez(out, **results)
+"""
+
+
+def isa_paths():
+    """The instruction-set paths this CPU can take, as (name, RELAXC_QUANT_ISA or None)."""
+    paths = [("portable", "portable")]
+    if os.uname().machine == "x86_64":
+        paths.append(("AVX2", "avx2"))
+        if cpu_has_avx512() and "avx512_vnni" in open("/proc/cpuinfo").read():
+            paths.append(("AVX-512 VNNI", None))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def int8_results(tmp_path_factory):
+    """Each path's results of CASES at 1 and 2 threads, each in a process of its own."""
+    tmp = tmp_path_factory.mktemp("int8")
+    path = str(tmp / "lib.so")
+    build_kernel_library(path)
+    script = tmp / "isa.py"
+    script.write_text(ISA_SCRIPT)
+    results = {}
+    for name, isa in isa_paths():
+        for threads in (1, 2):
+            env = unpinned_env(TVM_NUM_THREADS=str(threads))
+            if isa:
+                env["RELAXC_QUANT_ISA"] = isa
+            out = str(tmp / f"{name}-{threads}.npz")
+            here = os.path.dirname(os.path.abspath(__file__))
+            done = subprocess.run(
+                [sys.executable, str(script), path, out, os.path.join(ROOT, "python"), here],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            assert done.returncode == 0, done.stderr[-2000:]
+            results[f"{name}, {threads} thread(s)"] = dict(np.load(out))
+    return results
+
+
+def test_every_instruction_set_gives_the_exact_integers(int8_results):
+    """sum over k of (a - a_zp) (w - w_zp) in int64 by numpy, against each path at 1 and 2 threads."""
+    print("paths:", ", ".join(int8_results))
+    if not any("VNNI" in p for p in int8_results):
+        print("skipped path: AVX-512 VNNI (this CPU has no AVX512_VNNI)")
+    for i, case in enumerate(CASES):
+        a, w, a_zp, w_zp = int8_case(i, *case)
+        want = (a.astype(np.int64) - a_zp) @ (w.astype(np.int64) - w_zp)
+        for path, got in int8_results.items():
+            assert np.array_equal(got[f"case{i}"], want), f"{case} on {path}"
+
+
+def test_weights_a_byte_cannot_hold_are_not_packed():
+    """A column spanning more than 255 (not a weight less its zero point) is refused, so relaxc.tvm
+    leaves such a matmul to TVM's kernels rather than computing it wrong."""
+    assert pack_int8_columns(np.array([[-200], [100]])) is None
+    packed, comp = pack_int8_columns(np.array([[-200], [55]]))
+    assert comp[0, 0] == -200 + 128 and packed.shape == (1, 1, 16, 4)
+
+
+def onnx_dynamic_quantize(x):
+    """ONNX's DynamicQuantizeLinear, as its reference defines it, in float32 numpy."""
+    lo, hi = np.float32(min(0.0, x.min())), np.float32(max(0.0, x.max()))
+    scale = np.float32(1.0) if hi == lo else np.float32(hi - lo) / np.float32(255)
+    zp = np.float32(np.rint(np.clip(np.float32(0) - lo / scale, 0, 255)))
+    y = np.clip(np.rint(x / scale) + zp, 0, 255).astype(np.uint8)
+    return y, scale, np.uint8(zp)
+
+
+def dynamic_quantize(library, x):
+    y, scale, zp = np.zeros(x.shape, np.uint8), np.zeros((), np.float32), np.zeros((), np.uint8)
+    library["relaxc.dynamic_quantize_linear"](t(x), t(y), t(scale), t(zp))
+    return y, scale, zp
+
+
+DQL_INPUTS = {
+    # scale 1, zero point 0: halves are ties, rounded to the even neighbour
+    "ties": np.array([0.5, 1.5, 2.5, 3.5, 254.5, 255.0, 0.0, 100.5], np.float32),
+    # scale 1, zero point 1: -0.5 rounds to -0 then + 1
+    "negative ties": np.array([-1.0, -0.5, 0.5, 254.0, 1.5], np.float32),
+    "all zero": np.zeros(37, np.float32),
+    "all positive": np.linspace(0.25, 3.0, 50, dtype=np.float32),
+    "all negative": -np.linspace(0.25, 3.0, 50, dtype=np.float32),
+    "random, many rows": np.random.default_rng(5).standard_normal((300, 517)).astype(np.float32),
+    "one value": np.array([[-3.0]], np.float32),
+}
+
+
+@pytest.mark.parametrize("name", list(DQL_INPUTS))
+def test_dynamic_quantize_linear_is_onnxs(library, name):
+    x = DQL_INPUTS[name]
+    y, scale, zp = dynamic_quantize(library, x)
+    want_y, want_scale, want_zp = onnx_dynamic_quantize(x)
+    assert scale == want_scale and zp == want_zp, (scale, want_scale, zp, want_zp)
+    assert np.array_equal(y, want_y), np.argwhere(y != want_y)[:5]
+
+
+def test_dynamic_quantize_linear_is_onnx_runtimes(library):
+    """The same inputs through ORT's own DynamicQuantizeLinear."""
+    ort = pytest.importorskip("onnxruntime", reason="pip install onnxruntime (the peer compared with)")
+    pytest.importorskip("onnx", reason="pip install onnx")
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])
+    graph = helper.make_graph(
+        [node],
+        "dql",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+        [
+            helper.make_tensor_value_info("y", TensorProto.UINT8, None),
+            helper.make_tensor_value_info("s", TensorProto.FLOAT, None),
+            helper.make_tensor_value_info("z", TensorProto.UINT8, None),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for name, x in DQL_INPUTS.items():
+        want_y, want_s, want_z = session.run(None, {"x": x})
+        y, s, z = dynamic_quantize(library, x)
+        assert s == want_s and z == want_z and np.array_equal(y, want_y), name
+
+
+def test_bad_arguments_are_clear_errors(library):
+    mm, dql = library["relaxc.matmul_int8"], library["relaxc.dynamic_quantize_linear"]
+    a = np.zeros((4, 8), np.uint8)
+    packed, comp = pack_int8_columns(np.ones((8, 5), np.int64))
+    out = np.zeros((4, 5), np.int32)
+    assert_each_raises(
+        [
+            (lambda: mm(t(a.astype(np.float32)), t(packed), t(comp), None, t(out)), TypeError, "argument 0 (a)"),
+            (lambda: mm(t(a), t(packed.astype(np.uint8)), t(comp), None, t(out)), TypeError, "argument 1 (b_packed)"),
+            (lambda: mm(t(a[:, :4]), t(packed), t(comp), None, t(out)), ValueError, "b_packed must be"),
+            (lambda: mm(t(a), t(packed), t(comp[:, :3]), None, t(out)), ValueError, "b_comp must be [2, n]"),
+            (lambda: mm(t(a), t(packed), t(comp), t(np.zeros(2, np.uint8)), t(out)), TypeError, "a_zero_point"),
+            (lambda: mm(t(a), t(packed), t(comp), None, t(out[:3])), ValueError, "out's leading dims"),
+            (lambda: mm(t(a), t(packed), t(comp), None), TypeError, "expects 5 arguments"),
+            (
+                lambda: dql(
+                    t(np.zeros(3, np.float32)),
+                    t(np.zeros(4, np.uint8)),
+                    t(np.zeros((), np.float32)),
+                    t(np.zeros((), np.uint8)),
+                ),
+                ValueError,
+                "y must have x's shape",
+            ),
+            (
+                lambda: dql(
+                    t(np.zeros(3, np.float32)),
+                    t(np.zeros(3, np.int8)),
+                    t(np.zeros((), np.float32)),
+                    t(np.zeros((), np.uint8)),
+                ),
+                TypeError,
+                "argument 1 (y)",
+            ),
+        ]
+    )
+
+
+# ---- through python -m relaxc.onnx ---------------------------------------------------------------
+
+
+def onnx_tools():
+    pytest.importorskip("tvm", reason="TVM 0.27 imports ONNX models (pip install apache-tvm==0.27.0.post1)")
+    pytest.importorskip("onnxsim", reason="pip install onnxsim (folds the shape arithmetic)")
+    ort = pytest.importorskip("onnxruntime", reason="pip install onnxruntime (the peer compared with)")
+    onnx = pytest.importorskip("onnx", reason="pip install onnx")
+    return onnx, ort
+
+
+def build_onnx(tmp_path, model, *args):
+    from test_onnx_command import build
+
+    done, path, so = build(tmp_path, model, *args)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done, path, so
+
+
+def run_all(so, inputs):
+    lib = tvm_ffi.load_module(so)
+    outs = lib["main"](*[tvm_ffi.from_dlpack(np.ascontiguousarray(x)) for x in inputs])
+    outs = outs if isinstance(outs, (list, tuple)) or hasattr(outs, "__len__") else [outs]
+    return [np.from_dlpack(o).copy() for o in outs]
+
+
+def test_matmul_integer_gives_onnx_runtimes_integers(tmp_path):
+    """x -> DynamicQuantizeLinear -> MatMulInteger (int8 weights with a per-column zero point):
+    the int32 products, the bytes, the scale and the zero point all equal ORT's, and the build
+    puts both on the kernel library."""
+    onnx, ort = onnx_tools()
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    k, n = 70, 33
+    w = rng.integers(-128, 128, (k, n)).astype(np.int8)
+    w_zp = rng.integers(-5, 6, n).astype(np.int8)
+    graph = helper.make_graph(
+        [
+            helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"], name="quantize_x"),
+            helper.make_node("MatMulInteger", ["xq", "w", "xz", "w_zp"], ["y"], name="matmul_integer"),
+        ],
+        "int8",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 9, k])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.INT32, [2, 9, n]),
+            helper.make_tensor_value_info("xq", TensorProto.UINT8, [2, 9, k]),
+            helper.make_tensor_value_info("xs", TensorProto.FLOAT, []),
+            helper.make_tensor_value_info("xz", TensorProto.UINT8, []),
+        ],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w_zp, "w_zp")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    done, path, so = build_onnx(tmp_path, model)
+    assert "matmul_integer" not in done.stderr
+    x = rng.standard_normal((2, 9, k)).astype(np.float32) * 3
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    got = run_all(so, [x])
+    for g, w_, name in zip(got, want, ["y", "xq", "xs", "xz"]):
+        assert g.dtype == w_.dtype and np.array_equal(g, w_), name
+    report = done.stdout + done.stderr
+    assert "2 operators on relaxc's kernel library" in report, report
+
+
+def test_a_model_quantized_by_onnx_runtime_runs_on_int8_kernels(tmp_path):
+    """An MLP (MatMul + Add + Relu, twice) through ORT's quantize_dynamic (int8 weights, the
+    files Hugging Face Optimum ships): its MatMulIntegers and DynamicQuantizeLinears run on the
+    kernel library, and its outputs are within 1e-4 of ORT's on the same file."""
+    onnx, ort = onnx_tools()
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(4)
+    dims = [48, 96, 40]
+    inits, nodes, x = [], [], "x"
+    for i in range(2):
+        inits += [
+            numpy_helper.from_array(rng.standard_normal((dims[i], dims[i + 1])).astype(np.float32) * 0.2, f"w{i}"),
+            numpy_helper.from_array(rng.standard_normal(dims[i + 1]).astype(np.float32) * 0.1, f"b{i}"),
+        ]
+        nodes += [
+            helper.make_node("MatMul", [x, f"w{i}"], [f"m{i}"], name=f"fc{i}"),
+            helper.make_node("Add", [f"m{i}", f"b{i}"], [f"a{i}"], name=f"bias{i}"),
+            helper.make_node("Relu", [f"a{i}"], [f"h{i}"], name=f"relu{i}"),
+        ]
+        x = f"h{i}"
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", dims[0]])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", dims[-1]])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    f32, q8 = str(tmp_path / "f32.onnx"), str(tmp_path / "q8.onnx")
+    onnx.save(model, f32)
+    quantize_dynamic(f32, q8, weight_type=QuantType.QInt8)
+    ops = {n.op_type for n in onnx.load(q8).graph.node}
+    assert {"MatMulInteger", "DynamicQuantizeLinear"} <= ops, ops
+    done, path, so = build_onnx(tmp_path, onnx.load(q8), "--shape", "x=5,48")
+    report = done.stdout + done.stderr
+    assert "4 operators on relaxc's kernel library" in report, report
+    inp = rng.standard_normal((5, dims[0])).astype(np.float32)
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": inp})[0]
+    got = run_all(so, [inp])[0]
+    err = float(np.abs(got - want).max()) / max(1.0, float(np.abs(want).max()))
+    print(json.dumps({"max difference relative to max(1, |ORT|)": err}))
+    assert err <= 1e-4, err
