@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import find_relaxc
 from .expand import expand_recurrent
+from .quantized import expand_quantized
 
 __all__ = ["OnnxError", "build", "parse_shape", "placement"]
 
@@ -206,6 +207,8 @@ def _import(model, shape_dict):
     """TVM's import, an error in a node's conversion naming that node and its type."""
     from tvm.relax.frontend.onnx import from_onnx, onnx_frontend
 
+    from tvm import relax
+
     from .converters import convert as relaxc_convert
 
     importer = onnx_frontend.ONNXGraphImporter
@@ -214,7 +217,14 @@ def _import(model, shape_dict):
     def convert(self, op_name, inputs, attrs, opset):
         try:
             ours = relaxc_convert(self.bb, op_name, inputs, attrs)
-            return ours if ours is not None else original(self, op_name, inputs, attrs, opset)
+            if ours is not None:
+                return ours
+            converted = original(self, op_name, inputs, attrs, opset)
+            # Some converters (DequantizeLinear's, Add's of a constant) return calls whose type
+            # is not inferred yet, which the next node's converter may read (Softmax's does).
+            if isinstance(converted, relax.Call):
+                converted = self.bb.normalize(converted)
+            return converted
         except OnnxError:
             raise
         except Exception as e:
@@ -350,6 +360,7 @@ def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, lo
     if symbolic:
         folded = _pin_reshapes(folded)
     folded = expand_recurrent(folded, log)
+    folded = expand_quantized(folded, log)
     _check_operators(folded)
     # TVM reads the others from the file, a symbolic dimension as a variable of its name.
     shape_dict = {n: shapes[n] for n in _graph_inputs(folded) if n in shapes}
