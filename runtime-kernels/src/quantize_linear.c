@@ -160,3 +160,67 @@ int rvm_builtin_kl_dynamic_quantize_linear(void *self, const TVMFFIAny *args, in
   *((uint8_t *)zp->data + zp->byte_offset) = (uint8_t)j.zp;
   return rk_parallel(tasks, bytes_task, &j);
 }
+
+/* ---- relaxc.fake_quantize -------------------------------------------------------------------- */
+
+typedef struct fake_job {
+  const float *x;
+  float *y;
+  int64_t n;
+  float scale, zp, lo, hi; /* lo, hi: the 8-bit type's range less the zero point */
+} fake_job;
+
+/* QuantizeLinear then DequantizeLinear with the same scale and zero point, as one pass:
+ * (saturate(round_even(x / scale) + zp) - zp) * scale, each step as ONNX writes it. */
+static inline __attribute__((always_inline)) void fake_of(const float *restrict x, float *restrict y, int64_t n,
+                                                          float scale, float lo, float hi) {
+  for (int64_t i = 0; i < n; i++) {
+    float v = x[i] / scale;
+    v = v < lo ? lo : v;
+    v = v > hi ? hi : v;
+    y[i] = round_even(v) * scale;
+  }
+}
+
+static void fake_portable(const float *x, float *y, int64_t n, float scale, float lo, float hi) {
+  fake_of(x, y, n, scale, lo, hi);
+}
+#if defined(__x86_64__)
+RK_AVX2_TARGET static void fake_avx2(const float *x, float *y, int64_t n, float scale, float lo, float hi) {
+  fake_of(x, y, n, scale, lo, hi);
+}
+#endif
+
+static int fake_task(int task, int num_tasks, void *ctx) {
+  const fake_job *j = ctx;
+  int64_t begin, end;
+  rk_split(j->n, task, num_tasks, &begin, &end);
+#if defined(__x86_64__)
+  if (rk_cpu_isa() == RK_ISA_AVX2) {
+    fake_avx2(j->x + begin, j->y + begin, end - begin, j->scale, j->lo, j->hi);
+    return 0;
+  }
+#endif
+  fake_portable(j->x + begin, j->y + begin, end - begin, j->scale, j->lo, j->hi);
+  return 0;
+}
+
+/* (x, [scale, zero_point, qmin, qmax], y): x and y float32 of one shape. */
+int rvm_builtin_kl_fake_quantize(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  static const char kernel[] = "relaxc.fake_quantize";
+  DLTensor *x = NULL, *y = NULL;
+  float p[4];
+  int rc = rk_check_count(kernel, num_args, 3);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
+  if (!rc) rc = rk_arg_scalars(kernel, args, num_args, 1, "params", 4, p);
+  if (!rc) rc = rk_arg_f32(kernel, args, num_args, 2, "y", &y);
+  if (rc) return rc;
+  if (!rk_same_shape(y, x)) return rk_shape_error(kernel, "y must have x's shape", y);
+  if (!(p[0] > 0.0f) || p[2] > p[3])
+    return rvm_raise("ValueError", "%s: params must be [scale > 0, zero_point, qmin <= qmax], got [%g, %g, %g, %g]", kernel,
+                     (double)p[0], (double)p[1], (double)p[2], (double)p[3]);
+  /* The zero point is added and taken away again: only the clamp depends on it. */
+  fake_job j = {rk_data(x), rk_data(y), rk_numel(x), p[0], p[1], p[2] - p[1], p[3] - p[1]};
+  return rk_parallel(j.n / UNIT + 1, fake_task, &j);
+}

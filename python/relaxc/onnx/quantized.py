@@ -11,7 +11,8 @@ rewrite). Its static forms are rewritten here, before the import:
 - ConvInteger (dynamic quantization of a convolution) becomes a float convolution of the
   operands less their zero points, cast to int32: the same integers while the sums stay below
   2^24, within one part in 2^24 beyond;
-- DequantizeLinear of constants (the weights of the QDQ form) is folded into float constants,
+- QuantizeLinear and DequantizeLinear of constants (the weights of the QDQ form) are folded
+  into constants (float in the end),
   so that each convolution and matmul meets float weights and runs on the library's float
   kernels, between its activations' QuantizeLinear and DequantizeLinear.
 
@@ -37,6 +38,21 @@ def _dequantize(x, scale, zero_point, axis):
         shape[axis % x.ndim] = scale.size
         scale, zero_point = scale.reshape(shape), zero_point.reshape(shape) if zero_point.ndim == 1 else zero_point
     return ((x.astype(np.int64) - zero_point.astype(np.int64)).astype(np.float32) * scale).astype(np.float32)
+
+
+def _quantize(x, scale, zero_point, axis):
+    """ONNX QuantizeLinear in numpy: x / scale rounded half to even, plus the zero point,
+    saturated to its 8-bit type (uint8 without one)."""
+    x = np.asarray(x, np.float32)
+    scale = np.asarray(scale, np.float32)
+    zero_point = np.zeros((), np.uint8) if zero_point is None else np.asarray(zero_point)
+    if scale.ndim == 1 and x.ndim > 0:
+        shape = [1] * x.ndim
+        shape[axis % x.ndim] = scale.size
+        scale, zero_point = scale.reshape(shape), zero_point.reshape(shape) if zero_point.ndim == 1 else zero_point
+    info = np.iinfo(zero_point.dtype)
+    q = np.rint(x / scale).astype(np.float64) + zero_point.astype(np.float64)
+    return np.clip(q, info.min, info.max).astype(zero_point.dtype)
 
 
 class _Rewriter:
@@ -92,7 +108,7 @@ def _attrs(node):
 
 
 def _qlinear_conv(r, node):
-    get = lambda i: r.input(node, i)  # noqa: E731
+    get = lambda i: r.input(node, i)
     hint = node.name or node.output[0]
     x = r.dequantize(get(0), get(1), get(2), hint + "_x")
     w = r.dequantize(get(3), get(4), get(5), hint + "_w", axis=0)
@@ -110,7 +126,7 @@ def _qlinear_conv(r, node):
 
 
 def _qlinear_matmul(r, node):
-    get = lambda i: r.input(node, i)  # noqa: E731
+    get = lambda i: r.input(node, i)
     hint = node.name or node.output[0]
     a = r.dequantize(get(0), get(1), get(2), hint + "_a")
     b_rank = np.ndim(r.values[get(3)]) if get(3) in r.values else 2
@@ -119,7 +135,7 @@ def _qlinear_matmul(r, node):
 
 
 def _conv_integer(r, node):
-    get = lambda i: r.input(node, i)  # noqa: E731
+    get = lambda i: r.input(node, i)
     hint = node.name or node.output[0]
     one = r.constant(np.array(1.0, np.float32), hint + "_one")
     x = r.dequantize(get(0), one, get(2), hint + "_x")
@@ -135,7 +151,7 @@ def _conv_integer(r, node):
 
 def _elementwise(op_type):
     def expand(r, node):
-        get = lambda i: r.input(node, i)  # noqa: E731
+        get = lambda i: r.input(node, i)
         hint = node.name or node.output[0]
         a = r.dequantize(get(0), get(1), get(2), hint + "_a")
         b = r.dequantize(get(3), get(4), get(5), hint + "_b")
@@ -148,7 +164,7 @@ def _unary(op_type, keep=()):
     """X, X_scale, X_zp, Y_scale, Y_zp -> op (attributes in `keep` passed on)."""
 
     def expand(r, node):
-        get = lambda i: r.input(node, i)  # noqa: E731
+        get = lambda i: r.input(node, i)
         hint = node.name or node.output[0]
         attrs = {k: v for k, v in _attrs(node).items() if k in keep}
         x = r.dequantize(get(0), get(1), get(2), hint + "_x")
@@ -164,17 +180,15 @@ def _global_average_pool(r, node):
 
 
 def _concat(r, node):
-    get = lambda i: r.input(node, i)  # noqa: E731
+    get = lambda i: r.input(node, i)
     hint = node.name or node.output[0]
-    parts = [
-        r.dequantize(get(i), get(i + 1), get(i + 2), f"{hint}_{i}") for i in range(2, len(node.input) - 2, 3)
-    ]
+    parts = [r.dequantize(get(i), get(i + 1), get(i + 2), f"{hint}_{i}") for i in range(2, len(node.input) - 2, 3)]
     y = r.op("Concat", parts, hint + "_concat", axis=_attrs(node).get("axis", 0))
     r.quantize(y, get(0), get(1), hint, node.output[0])
 
 
 def _qgemm(r, node):
-    get = lambda i: r.input(node, i)  # noqa: E731
+    get = lambda i: r.input(node, i)
     hint = node.name or node.output[0]
     attrs = {k: v for k, v in _attrs(node).items() if k in ("alpha", "transA", "transB")}
     a = r.dequantize(get(0), get(1), get(2), hint + "_a")
@@ -227,8 +241,11 @@ def _foldable(r, node):
 def expand_quantized(model, log=print):
     """The model with its QOperator and ConvInteger nodes in QDQ form and its constant
     DequantizeLinears folded (the model itself when it has none)."""
-    domain = lambda n: "" if n.domain in ("", "ai.onnx") else n.domain  # noqa: E731
-    if not any((domain(n), n.op_type) in EXPANSIONS or n.op_type == "DequantizeLinear" for n in model.graph.node):
+    domain = lambda n: "" if n.domain in ("", "ai.onnx") else n.domain
+    if not any(
+        (domain(n), n.op_type) in EXPANSIONS or n.op_type in ("DequantizeLinear", "QuantizeLinear")
+        for n in model.graph.node
+    ):
         return model
     r = _Rewriter(model)
     expanded = folded = 0
@@ -237,17 +254,24 @@ def expand_quantized(model, log=print):
         if expand is not None:
             expand(r, node)
             expanded += 1
-        elif node.op_type == "DequantizeLinear" and domain(node) == "" and _foldable(r, node):
-            get = lambda i, node=node: r.input(node, i)  # noqa: E731
-            constant = r.dequantize(get(0), get(1), get(2), node.name or node.output[0], _attrs(node).get("axis", 1))
-            r.op("Identity", [constant], "fold", output=node.output[0])
+        elif node.op_type in ("DequantizeLinear", "QuantizeLinear") and domain(node) == "" and _foldable(r, node):
+            # Weights quantized or dequantized in the graph: computed here, once.
+            get = lambda i, node=node: r.input(node, i)
+            zp = r.values[get(2)] if get(2) else None
+            axis = _attrs(node).get("axis", 1)
+            fold = _dequantize if node.op_type == "DequantizeLinear" else _quantize
+            value = fold(r.values[get(0)], r.values[get(1)], zp, axis)
+            r.op("Identity", [r.constant(value, node.name or node.output[0])], "fold", output=node.output[0])
+            r.values[node.output[0]] = value
             folded += 1
         else:
             r.nodes.append(node)
     del model.graph.node[:]
     model.graph.node.extend(r.nodes)
     if expanded:
-        log(f"{expanded} quantized operator(s) (QOperator form, ConvInteger) written as DequantizeLinear, the float operator, QuantizeLinear")
+        log(
+            f"{expanded} quantized operator(s) (QOperator form, ConvInteger) written as DequantizeLinear, the float operator, QuantizeLinear"
+        )
     if folded:
-        log(f"{folded} constant DequantizeLinear(s) folded into float weights")
+        log(f"{folded} QuantizeLinear/DequantizeLinear(s) of constants folded (weights)")
     return model
