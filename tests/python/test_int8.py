@@ -11,6 +11,7 @@ onnxruntime (skipped without them, as the summary says)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -334,3 +335,113 @@ def test_a_model_quantized_by_onnx_runtime_runs_on_int8_kernels(tmp_path):
     err = float(np.abs(got - want).max()) / max(1.0, float(np.abs(want).max()))
     print(json.dumps({"max difference relative to max(1, |ORT|)": err}))
     assert err <= 1e-4, err
+
+
+def test_fake_quantize_is_quantize_then_dequantize(library):
+    """relaxc.fake_quantize against QuantizeLinear then DequantizeLinear in numpy: ties to even,
+    both saturations, int8 and uint8 ranges."""
+    x = np.concatenate(
+        [
+            np.array([0.25, 0.75, -0.25, -0.75, 1.25, 100.0, -100.0, 0.0], np.float32),
+            np.linspace(-40, 40, 999, dtype=np.float32),
+        ]
+    )
+    for scale, zp, lo, hi in [(0.5, 3.0, 0.0, 255.0), (0.5, -6.0, -128.0, 127.0), (0.1, 0.0, -128.0, 127.0)]:
+        got = np.zeros_like(x)
+        library["relaxc.fake_quantize"](t(x), t(np.array([scale, zp, lo, hi], np.float32)), t(got))
+        q = np.clip(np.rint(x / np.float32(scale)) + zp, lo, hi)
+        want = ((q - zp) * np.float32(scale)).astype(np.float32)
+        assert np.array_equal(got, want), (scale, zp, np.argwhere(got != want)[:5])
+
+
+def small_cnn():
+    """Conv, Relu, a strided Conv, Relu, GlobalAveragePool, Flatten, Gemm: float32, batch 1."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(6)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3, "w0"),
+        numpy_helper.from_array(rng.standard_normal(8).astype(np.float32) * 0.1, "b0"),
+        numpy_helper.from_array(rng.standard_normal((12, 8, 3, 3)).astype(np.float32) * 0.2, "w1"),
+        numpy_helper.from_array(rng.standard_normal(12).astype(np.float32) * 0.1, "b1"),
+        numpy_helper.from_array(rng.standard_normal((5, 12)).astype(np.float32) * 0.3, "fc"),
+        numpy_helper.from_array(rng.standard_normal(5).astype(np.float32) * 0.1, "fcb"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+        helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("GlobalAveragePool", ["r1"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 20, 20])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("form", ["QDQ", "QOperator", "dynamic"])
+def test_onnx_runtimes_int8_forms_of_a_cnn_build_and_match_it(tmp_path, form):
+    """A CNN through ORT's quantize_static (QDQ and QOperator forms) and quantize_dynamic
+    (ConvInteger): each builds, and its outputs are ORT's on the same file up to one step of the
+    output's quantization (the static forms: relaxc computes each layer in float between its
+    quantizations, ORT in integers, and a value on a rounding boundary may land one step over)
+    or 1e-4 (the dynamic form, whose convolution sums are exact in float at these sizes)."""
+    onnx, ort = onnx_tools()
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    rng = np.random.default_rng(7)
+    samples = [rng.uniform(-1, 1, (1, 3, 20, 20)).astype(np.float32) for _ in range(4)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter({"x": s} for s in samples)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    f32, q8 = str(tmp_path / "f32.onnx"), str(tmp_path / "q8.onnx")
+    onnx.save(small_cnn(), f32)
+    if form == "dynamic":
+        quantize_dynamic(f32, q8, weight_type=QuantType.QInt8, op_types_to_quantize=["Conv"])
+    else:
+        quantize_static(f32, q8, Reader(), quant_format=getattr(QuantFormat, form))
+    model = onnx.load(q8)
+    ops = {n.op_type for n in model.graph.node}
+    expected = {"QDQ": "QuantizeLinear", "QOperator": "QLinearConv", "dynamic": "ConvInteger"}[form]
+    assert expected in ops, ops
+    done, path, so = build_onnx(tmp_path, model)
+    inp = samples[0]
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": inp})[0]
+    got = run_all(so, [inp])[0]
+    err = float(np.abs(got - want).max())
+    scale = max(1.0, float(np.abs(want).max()))
+    out = model.graph.output[0].name
+    producer = next(n for n in model.graph.node if out in n.output)
+    step = 0.0
+    if producer.op_type == "DequantizeLinear" and form != "dynamic":
+        from onnx import numpy_helper
+
+        scales = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+        step = float(np.max(scales[producer.input[1]]))
+    print(json.dumps({"form": form, "max difference": err, "output step": step}))
+    assert err <= max(1e-4 * scale, step * 1.0001), (err, step)
+    # Both convolutions, the Gemm and (static forms) each activation's quantize-dequantize pair
+    # run on the kernel library.
+    report = done.stdout + done.stderr
+    on_library = int(re.search(r"(\d+) operators on relaxc's kernel library", report).group(1))
+    assert on_library >= (3 if form == "dynamic" else 6), report
