@@ -23,7 +23,41 @@ def _dynamic_quantize_linear(bb, inputs, attrs):
     return relax.Tuple([bb.emit(relax.TupleGetItem(call, i)) for i in range(len(outputs))])
 
 
-CONVERTERS = {"DynamicQuantizeLinear": _dynamic_quantize_linear}
+def _optional(value):
+    return relax.op.null_value() if value is None else value
+
+
+def _sequence(kernel, bb, inputs, attrs, extra, finals):
+    """relaxc.lstm_sequence / gru_sequence over xw [T, B, gates * H]: y [T, B, H] and `finals`
+    last states [B, H], each a tuple item."""
+    xw = inputs[0]
+    steps, batch, _ = xw.ty.shape.values
+    hidden = int(attrs["hidden"])
+    outputs = [relax.TensorType([steps, batch, hidden], "float32")]
+    outputs += [relax.TensorType([batch, hidden], "float32")] * finals
+    args = [xw, inputs[1]] + [_optional(v) for v in inputs[2:]] + extra
+    call = bb.emit(relax.call_dps_packed(kernel, args, outputs))
+    return relax.Tuple([bb.emit(relax.TupleGetItem(call, i)) for i in range(len(outputs))])
+
+
+def _lstm_sequence(bb, inputs, attrs):
+    """relaxc.onnx's LSTM direction (expand.py): (xw, rt, peephole, h0, c0) -> (y, h, c)."""
+    inputs = list(inputs) + [None] * (5 - len(inputs))
+    return _sequence("relaxc.lstm_sequence", bb, inputs, attrs, [relax.prim_value(int(attrs.get("reverse", 0)))], 2)
+
+
+def _gru_sequence(bb, inputs, attrs):
+    """relaxc.onnx's GRU direction (expand.py): (xw, rt, rb_h, h0) -> (y, h)."""
+    inputs = list(inputs) + [None] * (4 - len(inputs))
+    extra = [relax.prim_value(int(attrs.get("reverse", 0))), relax.prim_value(int(attrs.get("linear_before_reset", 0)))]
+    return _sequence("relaxc.gru_sequence", bb, inputs, attrs, extra, 1)
+
+
+CONVERTERS = {
+    "DynamicQuantizeLinear": _dynamic_quantize_linear,
+    "LSTMSequence": _lstm_sequence,
+    "GRUSequence": _gru_sequence,
+}
 
 
 def convert(bb, op_name, inputs, attrs):

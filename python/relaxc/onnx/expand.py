@@ -1,12 +1,13 @@
-"""Recurrent ONNX operators TVM's front end has no converter for (LSTM, GRU), written out as the
-operators it has, once the input shapes are fixed.
+"""Recurrent ONNX operators TVM's front end has no converter for (LSTM, GRU), as the input
+projection TVM imports and one library call per direction for the recurrence.
 
-A recurrent layer over a sequence of known length T becomes T steps of plain operators: the input
-projection for every step at once (one MatMul), then per step the recurrent MatMul, the gates and
-the state update, and the outputs concatenated in time order. The weights must be constants (as
-exporters write them); the sequence length must be known (fix it with --shape). Anything the
-expansion does not cover (other activations, clip, sequence_lens that differ from T) is an error
-naming the node.
+Each direction of a layer becomes a MatMul of the whole sequence by W^T plus the biases that can
+go with it (one GEMM on the kernel library), then one relaxc.lstm_sequence or relaxc.gru_sequence
+call (a node of relaxc's own domain, converted in converters.py) that runs the steps in order, and
+the outputs reshaped and concatenated into ONNX's layout. The build and the model are the same
+size whatever the sequence's length, which may stay symbolic. The weights must be constants (as
+exporters write them); anything else the kernels do not cover (other activations, clip, layout=1,
+input_forget, sequence_lens that differ from the sequence length) is an error naming the node.
 """
 
 import numpy as np
@@ -38,11 +39,6 @@ class _Builder:
         output = output or self.name(hint or op_type.lower())
         self.nodes.append(self.helper.make_node(op_type, inputs, [output], name=self.name(op_type), **attrs))
         return output
-
-    def columns(self, x, begin, end):
-        """x[..., begin:end]."""
-        starts, ends, axes = (self.constant(np.array([v], np.int64)) for v in (begin, end, -1))
-        return self.op("Slice", [x, starts, ends, axes])
 
     def reshape(self, x, shape):
         return self.op("Reshape", [x, self.constant(np.array(shape, np.int64), "shape")])
@@ -77,10 +73,11 @@ def _constant_inputs(node, values, count, states=()):
     return out
 
 
-def _initial_state(b, given, d, batch, hidden, hint):
-    """Direction d's initial state [B, H]: zeros, the constant given, or its slice of a graph value."""
+def _initial_state(b, given, d, hint):
+    """Direction d's initial state [B, H]: "" (zeros, the kernel's default), the constant given,
+    or its slice of a graph value."""
     if given is None:
-        return b.constant(np.zeros((batch, hidden), np.float32), hint)
+        return ""
     if isinstance(given, str):
         return b.op("Gather", [given, b.constant(np.array(d, np.int64), "d")], axis=0)
     return b.constant(given[d].astype(np.float32), hint)
@@ -97,130 +94,115 @@ def _directions(node, attrs):
 
 
 def _prepare(node, values, shapes, activations, count, states):
-    """What both expansions start from, checked: (attributes, sequence length, batch, the inputs
-    after X as _constant_inputs gives them, hidden size, each direction's reverse flag, a builder);
-    anything the expansion does not cover is an error naming the node."""
+    """What both expansions start from, checked: (attributes, the inputs after X as
+    _constant_inputs gives them, hidden size, each direction's reverse flag, a builder); anything
+    the kernels do not cover is an error naming the node."""
     attrs = _attrs(node)
     dims = shapes.get(node.input[0]) or []
-    steps, batch = (dims[0], dims[1]) if len(dims) == 3 else (None, None)
+    steps = dims[0] if len(dims) == 3 else None
     directions = _directions(node, attrs)
     acts = [a.decode() if isinstance(a, bytes) else a for a in attrs.get("activations", [])]
     if acts and [a.lower() for a in acts] != [a.lower() for a in activations * len(directions)]:
         raise _refuse(node, f"activations {acts} are not expanded (only the default {activations})")
     if "clip" in attrs:
-        raise _refuse(node, "the clip attribute is not expanded")
+        raise _refuse(node, "the clip attribute is not covered")
     if attrs.get("layout", 0) != 0:
-        raise _refuse(node, "layout=1 (batch first) is not expanded")
-    if not isinstance(steps, int) or not isinstance(batch, int):
-        raise _refuse(node, "its sequence length and batch must be known: fix the input shapes with --shape")
+        raise _refuse(node, "layout=1 (batch first) is not covered")
     inputs = _constant_inputs(node, values, count, states)
     w, r, lens = inputs[0], inputs[1], inputs[3]
     if w is None or r is None:
         raise _refuse(node, "W and R must be given")
-    if lens is not None and not np.all(lens == steps):
-        raise _refuse(node, f"sequence_lens {lens.tolist()} differ from the sequence length {steps}")
+    if lens is not None and not (isinstance(steps, int) and np.all(lens == steps)):
+        known = steps if isinstance(steps, int) else "not known here (fix it with --shape)"
+        raise _refuse(node, f"sequence_lens {lens.tolist()} must all be the sequence length, which is {known}")
     hidden = int(attrs.get("hidden_size", r.shape[-1]))  # optional in the spec: R is [D, gates * H, H]
-    return attrs, steps, batch, inputs, hidden, directions, _Builder(node.name or node.output[0])
+    return attrs, inputs, hidden, directions, _Builder(node.name or node.output[0])
 
 
-def _finish(b, node, per_direction, finals, batch, hidden):
-    """The node's outputs from each direction's states in time order and its final states (one
-    list per output after Y, a value per direction): Y [T, D, B, H], then each [D, B, H]."""
+DOMAIN = "relaxc"  # the domain of the sequence nodes converters.py converts
+
+
+def _sequence(b, op, inputs, hidden, outputs, **attrs):
+    """A relaxc-domain node with `outputs` outputs: y [T, B, H], then the last states [B, H]."""
+    names = [b.name(f"{op.lower()}_out") for _ in range(outputs)]
+    b.nodes.append(b.helper.make_node(op, inputs, names, name=b.name(op), domain=DOMAIN, hidden=hidden, **attrs))
+    return names
+
+
+def _finish(b, node, ys, finals, hidden):
+    """The node's outputs from each direction's y [T, B, H] and last states (a list per output
+    after Y, a value [B, H] per direction): Y [T, D, B, H], then each [D, B, H]."""
 
     def directions(values, axis):
         return values[0] if len(values) == 1 else b.op("Concat", values, axis=axis)
 
-    y = directions(
-        [b.op("Concat", [b.reshape(s, [1, 1, batch, hidden]) for s in states], axis=0) for states in per_direction],
-        1,
-    )
-    outputs = [y] + [directions([b.reshape(v, [1, batch, hidden]) for v in last], 0) for last in finals]
+    y = directions([b.reshape(v, [0, 1, -1, hidden]) for v in ys], 1)
+    outputs = [y] + [directions([b.reshape(v, [1, -1, hidden]) for v in last], 0) for last in finals]
     for i, value in enumerate(outputs):
         if i < len(node.output) and node.output[i]:
             b.op("Identity", [value], output=node.output[i])
     return b
 
 
+def _projection(b, x, w, bias):
+    """x [T, B, I] times w^T plus bias, every step at once."""
+    return b.op("Add", [b.op("MatMul", [x, b.constant(w.T.astype(np.float32), "w")]), b.constant(bias)])
+
+
 def _lstm(node, values, shapes):
-    attrs, steps, batch, inputs, hidden, directions, b = _prepare(
-        node, values, shapes, ["Sigmoid", "Tanh", "Tanh"], 8, states=(5, 6)
-    )
+    attrs, inputs, hidden, directions, b = _prepare(node, values, shapes, ["Sigmoid", "Tanh", "Tanh"], 8, states=(5, 6))
     if attrs.get("input_forget", 0):
-        raise _refuse(node, "input_forget=1 is not expanded")
+        raise _refuse(node, "input_forget=1 is not covered")
     w, r, bias, _, h0, c0, peep = inputs
-    x = node.input[0]
-    per_h, finals_h, finals_c = [], [], []
+    ys, finals_h, finals_c = [], [], []
     for d, reverse in enumerate(directions):
         gates_bias = np.zeros(4 * hidden, np.float32) if bias is None else bias[d, : 4 * hidden] + bias[d, 4 * hidden :]
-        xw = b.op("Add", [b.op("MatMul", [x, b.constant(w[d].T.astype(np.float32), "w")]), b.constant(gates_bias)])
-        r_t = b.constant(r[d].T.astype(np.float32), "r")
-        h = _initial_state(b, h0, d, batch, hidden, "h")
-        c = _initial_state(b, c0, d, batch, hidden, "c")
-        p = None if peep is None else [b.constant(peep[d, k * hidden : (k + 1) * hidden]) for k in range(3)]
-        hs = []
-        for t in reversed(range(steps)) if reverse else range(steps):
-            step = b.op("Gather", [xw, b.constant(np.array(t, np.int64), "t")], axis=0)
-            gates = b.op("Add", [step, b.op("MatMul", [h, r_t])])
-            i, o, f, g = (b.columns(gates, k * hidden, (k + 1) * hidden) for k in range(4))
-            if p is not None:
-                i = b.op("Add", [i, b.op("Mul", [p[0], c])])
-                f = b.op("Add", [f, b.op("Mul", [p[2], c])])
-            i, f, g = b.op("Sigmoid", [i]), b.op("Sigmoid", [f]), b.op("Tanh", [g])
-            c = b.op("Add", [b.op("Mul", [f, c]), b.op("Mul", [i, g])])
-            if p is not None:
-                o = b.op("Add", [o, b.op("Mul", [p[1], c])])
-            h = b.op("Mul", [b.op("Sigmoid", [o]), b.op("Tanh", [c])])
-            hs.append(h)
-        per_h.append(hs[::-1] if reverse else hs)
-        finals_h.append(h)
-        finals_c.append(c)
-    return _finish(b, node, per_h, [finals_h, finals_c], batch, hidden)
+        xw = _projection(b, node.input[0], w[d], gates_bias.astype(np.float32))
+        rt = b.constant(np.ascontiguousarray(r[d].T.astype(np.float32)), "rt")
+        p = "" if peep is None else b.constant(peep[d].astype(np.float32), "p")
+        h, c = _initial_state(b, h0, d, "h"), _initial_state(b, c0, d, "c")
+        y, h_last, c_last = _sequence(b, "LSTMSequence", [xw, rt, p, h, c], hidden, 3, reverse=int(reverse))
+        ys.append(y)
+        finals_h.append(h_last)
+        finals_c.append(c_last)
+    return _finish(b, node, ys, [finals_h, finals_c], hidden)
 
 
 def _gru(node, values, shapes):
-    attrs, steps, batch, inputs, hidden, directions, b = _prepare(
-        node, values, shapes, ["Sigmoid", "Tanh"], 6, states=(5,)
-    )
+    attrs, inputs, hidden, directions, b = _prepare(node, values, shapes, ["Sigmoid", "Tanh"], 6, states=(5,))
     w, r, bias, _, h0 = inputs
-    x = node.input[0]
-    linear_before_reset = attrs.get("linear_before_reset", 0)
-    per_h, finals = [], []
+    linear_before_reset = int(attrs.get("linear_before_reset", 0))
+    ys, finals = [], []
     for d, reverse in enumerate(directions):
         wb = np.zeros(3 * hidden, np.float32) if bias is None else bias[d, : 3 * hidden]
         rb = np.zeros(3 * hidden, np.float32) if bias is None else bias[d, 3 * hidden :]
         # Gates z, r, h: the input's bias and, for z and r, the recurrence's go in with the input
-        # projection; h's recurrent bias stays with its recurrent product (inside r * (...) when
-        # linear_before_reset).
+        # projection; h's recurrent bias stays with its recurrent product (the kernel's rb_h).
         in_bias = np.concatenate([wb[: 2 * hidden] + rb[: 2 * hidden], wb[2 * hidden :]]).astype(np.float32)
-        xw = b.op("Add", [b.op("MatMul", [x, b.constant(w[d].T.astype(np.float32), "w")]), b.constant(in_bias)])
-        r_zr = b.constant(r[d, : 2 * hidden].T.astype(np.float32), "rzr")
-        r_h = b.constant(r[d, 2 * hidden :].T.astype(np.float32), "rh")
+        xw = _projection(b, node.input[0], w[d], in_bias)
+        rt = b.constant(np.ascontiguousarray(r[d].T.astype(np.float32)), "rt")
         rb_h = b.constant(rb[2 * hidden :].astype(np.float32), "rbh")
-        h = _initial_state(b, h0, d, batch, hidden, "h")
-        one = b.constant(np.array(1.0, np.float32), "one")
-        hs = []
-        for t in reversed(range(steps)) if reverse else range(steps):
-            step = b.op("Gather", [xw, b.constant(np.array(t, np.int64), "t")], axis=0)
-            zr = b.op("Add", [b.columns(step, 0, 2 * hidden), b.op("MatMul", [h, r_zr])])
-            z = b.op("Sigmoid", [b.columns(zr, 0, hidden)])
-            reset = b.op("Sigmoid", [b.columns(zr, hidden, 2 * hidden)])
-            if linear_before_reset:
-                recur = b.op("Mul", [reset, b.op("Add", [b.op("MatMul", [h, r_h]), rb_h])])
-            else:
-                recur = b.op("Add", [b.op("MatMul", [b.op("Mul", [reset, h]), r_h]), rb_h])
-            cand = b.op("Tanh", [b.op("Add", [b.columns(step, 2 * hidden, 3 * hidden), recur])])
-            h = b.op("Add", [b.op("Mul", [b.op("Sub", [one, z]), cand]), b.op("Mul", [z, h])])
-            hs.append(h)
-        per_h.append(hs[::-1] if reverse else hs)
-        finals.append(h)
-    return _finish(b, node, per_h, [finals], batch, hidden)
+        h = _initial_state(b, h0, d, "h")
+        y, h_last = _sequence(
+            b,
+            "GRUSequence",
+            [xw, rt, rb_h, h],
+            hidden,
+            2,
+            reverse=int(reverse),
+            linear_before_reset=linear_before_reset,
+        )
+        ys.append(y)
+        finals.append(h_last)
+    return _finish(b, node, ys, [finals], hidden)
 
 
 EXPANSIONS = {"LSTM": _lstm, "GRU": _gru}
 
 
 def expand_recurrent(model, log=print):
-    """The model with every LSTM and GRU node written out (the model itself when it has none)."""
+    """The model with every LSTM and GRU node as its input projection and relaxc-domain sequence
+    nodes (the model itself when it has none)."""
     import onnx
     from onnx import numpy_helper
 
@@ -248,5 +230,7 @@ def expand_recurrent(model, log=print):
         expanded += 1
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    log(f"{expanded} recurrent layer(s) (LSTM, GRU) written out step by step")
+    if not any(o.domain == DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(DOMAIN, 1))
+    log(f"{expanded} recurrent layer(s) (LSTM, GRU): one relaxc.lstm_sequence / gru_sequence call per direction")
     return model
