@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from .. import find_relaxc
+from .contrib import expand_contrib
 from .expand import expand_recurrent
 from .quantized import expand_quantized
 
@@ -372,6 +373,7 @@ def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, lo
     step("folded the shape arithmetic (onnxsim)")
     if symbolic:
         folded = _pin_reshapes(folded)
+    folded = expand_contrib(folded, log)
     folded = expand_recurrent(folded, log)
     folded = expand_quantized(folded, log)
     _check_operators(folded)
