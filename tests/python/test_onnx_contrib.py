@@ -81,6 +81,21 @@ def case(name):
         inputs = ["x", "W", "R", "B", "", "", "", "", "W_scale", "W_zp", "R_scale", "R_zp"]
         nodes = [node("DynamicQuantizeLSTM", inputs, ["y", "y_h"], hidden_size=hidden)]
         return model_of(nodes, [("x", [7, 1, features])], ["y", "y_h"], inits), {"x": r(7, 1, features)}
+    if name == "Attention":
+        hidden, heads = 16, 4
+        nodes = [node("Attention", ["x", "w", "b", "mask"], ["y"], num_heads=heads)]
+        inits = {"w": r(hidden, 3 * hidden) * 0.3, "b": r(3 * hidden) * 0.1}
+        model = model_of(nodes, [("x", [2, 5, hidden])], ["y"], inits)
+        model.graph.input.append(helper.make_tensor_value_info("mask", 6, [2, 5]))
+        mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]], np.int32)
+        return model, {"x": r(2, 5, hidden), "mask": mask}
+    if name == "MultiHeadAttention":
+        hidden, heads = 16, 2
+        nodes = [node("MultiHeadAttention", ["q", "k", "v", "bias"], ["y"], num_heads=heads)]
+        model = model_of(
+            nodes, [("q", [1, 3, hidden]), ("k", [1, 6, hidden]), ("v", [1, 6, hidden])], ["y"], {"bias": r(3 * hidden)}
+        )
+        return model, {"q": r(1, 3, hidden), "k": r(1, 6, hidden), "v": r(1, 6, hidden)}
     raise AssertionError(name)
 
 
@@ -90,7 +105,17 @@ TOLERANCE = {"DynamicQuantizeLSTM": 2e-2}
 
 
 @pytest.mark.parametrize(
-    "name", ["FusedConv", "FusedGemm", "FusedMatMul", "GELUs", "SkipLayerNormalization", "DynamicQuantizeLSTM"]
+    "name",
+    [
+        "FusedConv",
+        "FusedGemm",
+        "FusedMatMul",
+        "GELUs",
+        "SkipLayerNormalization",
+        "Attention",
+        "MultiHeadAttention",
+        "DynamicQuantizeLSTM",
+    ],
 )
 def test_onnx_runtime_operators_build_and_match_it(tmp_path, name):
     onnx, ort = onnx_tools()

@@ -229,7 +229,101 @@ def _dynamic_quantize_lstm(w, node, attrs):
     w.nodes.append(w.helper.make_node("LSTM", inputs, list(node.output), name=w.name("LSTM"), **keep))
 
 
+def _slice_last(w, x, begin, end):
+    """x[..., begin:end]."""
+    starts, ends, axes = (w.constant(np.array([v], np.int64), "i") for v in (begin, end, -1))
+    return w.op("Slice", [x, starts, ends, axes])
+
+
+def _attend(w, node, q, k, v, heads, scale, mask, mask_filter, output):
+    """Multi-head attention of q [B, S, heads * d], k [B, L, heads * d], v [B, L, heads * dv]
+    into output [B, S, heads * dv]: softmax(q k^T * scale + mask) v per head, mask from a
+    [B, L] tensor of ones (attend) and zeros (do not)."""
+
+    def heads_first(x, perm):
+        split = w.op("Reshape", [x, w.constant(np.array([0, 0, heads, -1], np.int64), "shape")])
+        return w.op("Transpose", [split], perm=perm)
+
+    qh, kt, vh = heads_first(q, [0, 2, 1, 3]), heads_first(k, [0, 2, 3, 1]), heads_first(v, [0, 2, 1, 3])
+    scores = w.op("Mul", [w.op("MatMul", [qh, kt]), w.scalar(scale)])
+    if mask:
+        keep = w.op("Cast", [mask], to=1)
+        penalty = w.op("Mul", [w.op("Sub", [w.scalar(1.0), keep]), w.scalar(mask_filter)])
+        scores = w.op("Add", [scores, w.op("Reshape", [penalty, w.constant(np.array([0, 1, 1, -1], np.int64), "m")])])
+    context = w.op("Transpose", [w.op("MatMul", [w.op("Softmax", [scores], axis=-1), vh])], perm=[0, 2, 1, 3])
+    w.op("Reshape", [context, w.constant(np.array([0, 0, -1], np.int64), "shape")], output=output)
+
+
+def _mask_2d(w, node, name):
+    """A key padding mask [B, L] (ones and zeros), the only form written out; "" for none."""
+    if not name:
+        return ""
+    rank = w.ranks.get(name)
+    if rank != 2:
+        raise _refuse(
+            node, f"its mask {name!r} has rank {rank}: only a [batch, keys] mask of ones and zeros is written out"
+        )
+    return name
+
+
+def _attention(w, node, attrs):
+    """ORT's Attention: one packed projection to q, k and v, then multi-head attention."""
+    for i, what in [(4, "past"), (5, "attention bias"), (6, "past_sequence_length")]:
+        if _get(node, i):
+            raise _refuse(node, f"its {what} input is not written out")
+    if attrs.get("unidirectional", 0):
+        raise _refuse(node, "unidirectional=1 is not written out")
+    if len(node.output) > 1 and any(node.output[1:]):
+        raise _refuse(node, "its present output is not written out")
+    heads = int(attrs["num_heads"])
+    weights = w.values.get(node.input[1])
+    if weights is None:
+        raise _refuse(node, "its weights must be constants")
+    sizes = list(attrs.get("qkv_hidden_sizes", [])) or [weights.shape[1] // 3] * 3
+    projected = w.op("MatMul", [node.input[0], node.input[1]])
+    if _get(node, 2):
+        projected = w.op("Add", [projected, node.input[2]])
+    bounds = np.cumsum([0] + sizes)
+    q, k, v = (_slice_last(w, projected, int(bounds[i]), int(bounds[i + 1])) for i in range(3))
+    scale = float(attrs.get("scale", 0.0)) or 1.0 / math.sqrt(sizes[0] // heads)
+    mask = _mask_2d(w, node, _get(node, 3))
+    _attend(w, node, q, k, v, heads, scale, mask, float(attrs.get("mask_filter_value", -10000.0)), node.output[0])
+
+
+def _multi_head_attention(w, node, attrs):
+    """ORT's MultiHeadAttention with separate query, key and value [B, S, D] (and an optional
+    bias for the three), the common form."""
+    for i, what in [(5, "attention bias"), (6, "past key"), (7, "past value")]:
+        if _get(node, i):
+            raise _refuse(node, f"its {what} input is not written out")
+    if attrs.get("unidirectional", 0):
+        raise _refuse(node, "unidirectional=1 is not written out")
+    if len(node.output) > 1 and any(node.output[1:]):
+        raise _refuse(node, "its present outputs are not written out")
+    q, k, v = (_get(node, i) for i in range(3))
+    if not (k and v) or any(w.ranks.get(x) not in (None, 3) for x in (q, k, v)):
+        raise _refuse(node, "only separate query, key and value of rank 3 are written out (not packed ones)")
+    heads = int(attrs["num_heads"])
+    if _get(node, 3):
+        bias = w.values.get(node.input[3])
+        if bias is None:
+            raise _refuse(node, "its bias must be a constant")
+        d = bias.shape[0] // 3
+        q, k, v = (w.op("Add", [x, w.constant(bias[i * d : (i + 1) * d], "bias")]) for i, x in enumerate((q, k, v)))
+        head_size = d // heads
+    else:
+        dims = w.dims.get(_get(node, 0)) or []
+        if not dims or not isinstance(dims[-1], int):
+            raise _refuse(node, "its query's last dimension must be known")
+        head_size = dims[-1] // heads
+    scale = float(attrs.get("scale", 0.0)) or 1.0 / math.sqrt(head_size)
+    mask = _mask_2d(w, node, _get(node, 4))
+    _attend(w, node, q, k, v, heads, scale, mask, float(attrs.get("mask_filter_value", -10000.0)), node.output[0])
+
+
 EXPANSIONS = {
+    "Attention": _attention,
+    "MultiHeadAttention": _multi_head_attention,
     "FusedConv": _fused_conv,
     "FusedGemm": _fused_gemm,
     "FusedMatMul": _fused_matmul,
@@ -254,16 +348,19 @@ def expand_contrib(model, log=print):
     if not any(n.domain == _MS and n.op_type in EXPANSIONS for n in model.graph.node):
         return model
     values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    ranks = {}
+    ranks, dims = {}, {}
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
         for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]:
             if v.type.tensor_type.HasField("shape"):
-                ranks[v.name] = len(v.type.tensor_type.shape.dim)
+                shape = v.type.tensor_type.shape.dim
+                ranks[v.name] = len(shape)
+                dims[v.name] = [d.dim_value if d.HasField("dim_value") else None for d in shape]
     except Exception:
         pass
     for t in model.graph.initializer:
         ranks[t.name] = len(t.dims)
+        dims[t.name] = list(t.dims)
     nodes, written = [], {}
     for node in model.graph.node:
         expand = EXPANSIONS.get(node.op_type) if node.domain == _MS else None
@@ -271,7 +368,7 @@ def expand_contrib(model, log=print):
             nodes.append(node)
             continue
         w = _Writer(model, node)
-        w.values, w.ranks = values, ranks
+        w.values, w.ranks, w.dims = values, ranks, dims
         expand(w, node, _attrs(node))
         nodes.extend(w.nodes)
         written[node.op_type] = written.get(node.op_type, 0) + 1
