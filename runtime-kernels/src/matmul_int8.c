@@ -278,14 +278,12 @@ int rvm_builtin_kl_matmul_int8(void *self, const TVMFFIAny *args, int32_t num_ar
   static const char kernel[] = "relaxc.matmul_int8";
   int rc = rk_check_count(kernel, num_args, 5);
   if (rc) return rc;
-  DLTensor *a = rvm_as_dltensor(&args[0]), *b = rvm_as_dltensor(&args[1]), *comp, *out;
+  DLTensor *a = rvm_as_dltensor(&args[0]), *b = NULL, *comp = NULL, *out = NULL;
   if (!a || !is_byte_tensor(a))
     return rvm_raise("TypeError", "%s: argument 0 (a) must be a compact uint8 or int8 CPU tensor, got %s", kernel,
                      a ? "another tensor" : rvm_type_name(&args[0]));
-  if (!b || !is_byte_tensor(b) || b->dtype.code != kDLInt)
-    return rvm_raise("TypeError", "%s: argument 1 (b_packed) must be a compact int8 CPU tensor, got %s", kernel,
-                     b ? "another tensor" : rvm_type_name(&args[1]));
-  rc = rk_arg_i32(kernel, args, num_args, 2, "b_comp", &comp);
+  rc = rk_arg_typed(kernel, args, num_args, 1, "b_packed", kDLInt, 8, "int8", &b);
+  if (!rc) rc = rk_arg_i32(kernel, args, num_args, 2, "b_comp", &comp);
   int32_t a_zp = 0;
   if (!rc) rc = zero_point(kernel, &args[3], &a_zp);
   if (!rc) rc = rk_arg_i32(kernel, args, num_args, 4, "out", &out);

@@ -111,13 +111,7 @@ static int bytes_task(int task, int num_tasks, void *ctx) {
 
 static int arg_u8(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
                   DLTensor **out) {
-  DLTensor *t = i < num_args ? rvm_as_dltensor(&args[i]) : NULL;
-  if (!t || t->device.device_type != kDLCPU || t->dtype.code != kDLUInt || t->dtype.bits != 8 || t->dtype.lanes != 1 ||
-      !rk_compact(t))
-    return rvm_raise("TypeError", "%s: argument %d (%s) must be a compact uint8 CPU tensor, got %s", kernel, i, name,
-                     t ? "another tensor" : (i < num_args ? rvm_type_name(&args[i]) : "nothing"));
-  *out = t;
-  return 0;
+  return rk_arg_typed(kernel, args, num_args, i, name, kDLUInt, 8, "uint8", out);
 }
 
 /* (x, y, y_scale, y_zero_point): x float32 of any shape, y uint8 of x's shape, y_scale float32

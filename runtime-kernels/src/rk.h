@@ -302,6 +302,10 @@ RVM_HIDDEN int rk_arg_f32(const char *kernel, const TVMFFIAny *args, int32_t num
 /* The same, or NULL for a None argument. */
 RVM_HIDDEN int rk_arg_f32_or_none(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i,
                                   const char *name, DLTensor **out);
+/* A compact CPU tensor argument of one dtype (code kDLInt, kDLUInt or kDLFloat, and bits), or a
+ * TypeError naming it and `dtype` (the dtype's name, for the message). */
+RVM_HIDDEN int rk_arg_typed(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
+                            int code, int bits, const char *dtype, DLTensor **out);
 /* A compact int32 CPU tensor argument (ids, positions), or a TypeError naming it. */
 RVM_HIDDEN int rk_arg_i32(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
                           DLTensor **out);

@@ -159,15 +159,20 @@ int rk_arg_f32(const char *kernel, const TVMFFIAny *args, int32_t num_args, int3
   return 0;
 }
 
-int rk_arg_i32(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
-               DLTensor **out) {
+int rk_arg_typed(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name, int code,
+                 int bits, const char *dtype, DLTensor **out) {
   DLTensor *t = i < num_args ? rvm_as_dltensor(&args[i]) : NULL;
-  if (!t || t->device.device_type != kDLCPU || t->dtype.code != kDLInt || t->dtype.bits != 32 || t->dtype.lanes != 1 ||
+  if (!t || t->device.device_type != kDLCPU || t->dtype.code != code || t->dtype.bits != bits || t->dtype.lanes != 1 ||
       !rk_compact(t))
-    return rvm_raise("TypeError", "%s: argument %d (%s) must be a compact int32 CPU tensor, got %s", kernel, i, name,
+    return rvm_raise("TypeError", "%s: argument %d (%s) must be a compact %s CPU tensor, got %s", kernel, i, name, dtype,
                      t ? "another tensor" : (i < num_args ? rvm_type_name(&args[i]) : "nothing"));
   *out = t;
   return 0;
+}
+
+int rk_arg_i32(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
+               DLTensor **out) {
+  return rk_arg_typed(kernel, args, num_args, i, name, kDLInt, 32, "int32", out);
 }
 
 int rk_arg_int(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,

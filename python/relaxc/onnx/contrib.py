@@ -266,15 +266,21 @@ def _mask_2d(w, node, name):
     return name
 
 
-def _attention(w, node, attrs):
-    """ORT's Attention: one packed projection to q, k and v, then multi-head attention."""
-    for i, what in [(4, "past"), (5, "attention bias"), (6, "past_sequence_length")]:
+def _only_the_common_form(node, attrs, inputs):
+    """An error naming what the attention node uses beyond the form written out: one of
+    `inputs` ((index, what)), causal masking, or the present (cache) outputs."""
+    for i, what in inputs:
         if _get(node, i):
             raise _refuse(node, f"its {what} input is not written out")
     if attrs.get("unidirectional", 0):
         raise _refuse(node, "unidirectional=1 is not written out")
     if len(node.output) > 1 and any(node.output[1:]):
-        raise _refuse(node, "its present output is not written out")
+        raise _refuse(node, "its present outputs are not written out")
+
+
+def _attention(w, node, attrs):
+    """ORT's Attention: one packed projection to q, k and v, then multi-head attention."""
+    _only_the_common_form(node, attrs, [(4, "past"), (5, "attention bias"), (6, "past_sequence_length")])
     heads = int(attrs["num_heads"])
     weights = w.values.get(node.input[1])
     if weights is None:
@@ -293,13 +299,7 @@ def _attention(w, node, attrs):
 def _multi_head_attention(w, node, attrs):
     """ORT's MultiHeadAttention with separate query, key and value [B, S, D] (and an optional
     bias for the three), the common form."""
-    for i, what in [(5, "attention bias"), (6, "past key"), (7, "past value")]:
-        if _get(node, i):
-            raise _refuse(node, f"its {what} input is not written out")
-    if attrs.get("unidirectional", 0):
-        raise _refuse(node, "unidirectional=1 is not written out")
-    if len(node.output) > 1 and any(node.output[1:]):
-        raise _refuse(node, "its present outputs are not written out")
+    _only_the_common_form(node, attrs, [(5, "attention bias"), (6, "past key"), (7, "past value")])
     q, k, v = (_get(node, i) for i in range(3))
     if not (k and v) or any(w.ranks.get(x) not in (None, 3) for x in (q, k, v)):
         raise _refuse(node, "only separate query, key and value of rank 3 are written out (not packed ones)")

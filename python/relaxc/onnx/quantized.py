@@ -28,15 +28,22 @@ __all__ = ["expand_quantized"]
 _MS = "com.microsoft"
 
 
-def _dequantize(x, scale, zero_point, axis):
-    """ONNX DequantizeLinear in numpy (float32), per tensor or along `axis`."""
-    x = np.asarray(x)
+def _along_axis(x, scale, zero_point, axis):
+    """scale (float32) and zero point shaped to broadcast against x: one value, or one per index
+    of x's `axis` (ONNX's per-axis quantization)."""
     scale = np.asarray(scale, np.float32)
-    zero_point = np.zeros((), x.dtype) if zero_point is None else np.asarray(zero_point)
     if scale.ndim == 1 and x.ndim > 0:
         shape = [1] * x.ndim
         shape[axis % x.ndim] = scale.size
         scale, zero_point = scale.reshape(shape), zero_point.reshape(shape) if zero_point.ndim == 1 else zero_point
+    return scale, zero_point
+
+
+def _dequantize(x, scale, zero_point, axis):
+    """ONNX DequantizeLinear in numpy (float32), per tensor or along `axis`."""
+    x = np.asarray(x)
+    zero_point = np.zeros((), x.dtype) if zero_point is None else np.asarray(zero_point)
+    scale, zero_point = _along_axis(x, scale, zero_point, axis)
     return ((x.astype(np.int64) - zero_point.astype(np.int64)).astype(np.float32) * scale).astype(np.float32)
 
 
@@ -44,12 +51,8 @@ def _quantize(x, scale, zero_point, axis):
     """ONNX QuantizeLinear in numpy: x / scale rounded half to even, plus the zero point,
     saturated to its 8-bit type (uint8 without one)."""
     x = np.asarray(x, np.float32)
-    scale = np.asarray(scale, np.float32)
     zero_point = np.zeros((), np.uint8) if zero_point is None else np.asarray(zero_point)
-    if scale.ndim == 1 and x.ndim > 0:
-        shape = [1] * x.ndim
-        shape[axis % x.ndim] = scale.size
-        scale, zero_point = scale.reshape(shape), zero_point.reshape(shape) if zero_point.ndim == 1 else zero_point
+    scale, zero_point = _along_axis(x, scale, zero_point, axis)
     info = np.iinfo(zero_point.dtype)
     q = np.rint(x / scale).astype(np.float64) + zero_point.astype(np.float64)
     return np.clip(q, info.min, info.max).astype(zero_point.dtype)
