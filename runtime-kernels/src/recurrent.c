@@ -8,7 +8,7 @@
  * One call for the whole sequence keeps the build and the model the same size whatever the
  * sequence's length (a symbolic one included), where writing each step out grew both with it.
  *
- * A step's hidden units are split between threads (when the step is large enough to pay for
+ * A step's hidden units (panels of 16) are split between threads (when the step is large enough to pay for
  * it), which meet at a barrier before the next step; each unit's recurrent product is summed in
  * order of k on whichever thread, so the bits are the same at any thread count. The
  * activations are ONNX's defaults (sigmoid, tanh), as rk_math.h computes them.
@@ -20,7 +20,7 @@
 
 typedef struct rnn_job {
   const float *xw;              /* [steps][batch][gates * hidden]: the input projection */
-  const float *rt;              /* [hidden][gates * hidden]: R transposed */
+  const float *rt;              /* [gates][panels][hidden][16]: R transposed, packed (see below) */
   const float *peephole;        /* LSTM: [3][hidden] (i, o, f) or NULL */
   const float *rb_h;            /* GRU: the recurrent bias of the candidate gate, [hidden] */
   const float *h0, *c0;         /* [batch][hidden] or NULL (zeros) */
@@ -30,38 +30,83 @@ typedef struct rnn_job {
   bool reverse, linear_before_reset;
 } rnn_job;
 
-/* dst[j] = init[j] + sum over k of v[k] rt[k][col0 + j], for j < n, k in order. Written once and
- * compiled for the baseline and for AVX2 (the same operations, no fused multiply-add: the same
- * bits). */
-static inline __attribute__((always_inline)) void gemv_body(float *restrict dst, const float *restrict init,
-                                                            const float *restrict v, const float *restrict rt,
-                                                            int64_t stride, int64_t col0, int64_t n, int64_t k) {
-  for (int64_t j = 0; j < n; j++) dst[j] = init ? init[j] : 0.0f;
-  for (int64_t i = 0; i < k; i++) {
-    const float vi = v[i], *row = rt + i * stride + col0;
-    for (int64_t j = 0; j < n; j++) dst[j] += vi * row[j];
+/* The recurrent weights come packed per gate as panels of 16 hidden units: rt[q][p][k][j] =
+ * R[q * hidden + 16 p + j][k] (zero past hidden), so that one unit panel's sums for several gates
+ * stream their weights contiguously. */
+enum { UNITS = 16 };
+
+/* For unit panel p and the `nq` gates from q0: dst[q][j] = init[q][j] + sum over k of v[k]
+ * rt[q][p][k][j] (init NULL: 0), k in order; 16 values per gate, kept in registers over all of k.
+ * Written once and compiled for the baseline and for AVX2 (the same operations, no fused
+ * multiply-add: the same bits). */
+static inline __attribute__((always_inline)) void panel_body(float *const *dst, const float *const *init,
+                                                             const float *restrict v, const float *restrict rt,
+                                                             int64_t panels, int64_t k, int64_t p, int q0, int nq) {
+  rk_f8 acc[4][2];
+  const float *w[4];
+  for (int q = 0; q < nq; q++) {
+    for (int h = 0; h < 2; h++) acc[q][h] = init[q] ? rk_f8_load(init[q] + 8 * h) : (rk_f8){0};
+    w[q] = rt + ((int64_t)(q0 + q) * panels + p) * k * UNITS;
   }
+  for (int64_t i = 0; i < k; i++) {
+    rk_f8 vi = (rk_f8){0} + v[i];
+    for (int q = 0; q < nq; q++)
+      for (int h = 0; h < 2; h++) acc[q][h] += vi * rk_f8_load(w[q] + i * UNITS + 8 * h);
+  }
+  for (int q = 0; q < nq; q++)
+    for (int h = 0; h < 2; h++) RK_F8_STORE(dst[q] + 8 * h, acc[q][h]);
 }
 
-typedef void (*gemv_fn)(float *dst, const float *init, const float *v, const float *rt, int64_t stride, int64_t col0,
-                        int64_t n, int64_t k);
+typedef void (*panel_fn)(float *const *dst, const float *const *init, const float *v, const float *rt, int64_t panels,
+                         int64_t k, int64_t p, int q0, int nq);
 
-static void gemv_portable(float *dst, const float *init, const float *v, const float *rt, int64_t stride, int64_t col0,
-                          int64_t n, int64_t k) {
-  gemv_body(dst, init, v, rt, stride, col0, n, k);
-}
+#define PANEL_FN(name, attr)                                                                                      \
+  attr static void name(float *const *dst, const float *const *init, const float *v, const float *rt, int64_t panels, \
+                        int64_t k, int64_t p, int q0, int nq) {                                                   \
+    switch (nq) {                                                                                                 \
+      case 4: panel_body(dst, init, v, rt, panels, k, p, q0, 4); break;                                           \
+      case 3: panel_body(dst, init, v, rt, panels, k, p, q0, 3); break;                                           \
+      case 2: panel_body(dst, init, v, rt, panels, k, p, q0, 2); break;                                           \
+      default: panel_body(dst, init, v, rt, panels, k, p, q0, 1); break;                                          \
+    }                                                                                                             \
+  }
+PANEL_FN(panel_portable, )
 #if defined(__x86_64__)
-RK_AVX2_TARGET static void gemv_avx2(float *dst, const float *init, const float *v, const float *rt, int64_t stride,
-                                     int64_t col0, int64_t n, int64_t k) {
-  gemv_body(dst, init, v, rt, stride, col0, n, k);
-}
+PANEL_FN(panel_avx2, RK_AVX2_TARGET)
 #endif
+#undef PANEL_FN
 
-static gemv_fn chosen_gemv(void) {
+static panel_fn chosen_panel(void) {
 #if defined(__x86_64__)
-  if (rk_cpu_isa() == RK_ISA_AVX2) return gemv_avx2;
+  if (rk_cpu_isa() == RK_ISA_AVX2) return panel_avx2;
 #endif
-  return gemv_portable;
+  return panel_portable;
+}
+
+/* Gates [q0, q0 + nq) of unit panel p for one row into g (a row's [gates][hidden] sums), from
+ * init rows (NULL: 0) laid out as g is; the panel's units past hidden go to a scratch tile. */
+static void gate_sums(const rnn_job *j, panel_fn panel, float *g, const float *init_row, const float *v, int64_t p,
+                      int q0, int nq) {
+  const int64_t H = j->hidden, panels = (H + UNITS - 1) / UNITS, u = p * UNITS;
+  float tiles[4][UNITS], init_tiles[4][UNITS];
+  float *dst[4];
+  const float *init[4];
+  bool whole = u + UNITS <= H;
+  for (int q = 0; q < nq; q++) {
+    const float *from = init_row ? init_row + (int64_t)(q0 + q) * H + u : NULL;
+    if (whole) {
+      dst[q] = g + (int64_t)(q0 + q) * H + u;
+      init[q] = from;
+    } else {
+      for (int64_t x = 0; x < UNITS; x++) init_tiles[q][x] = from && u + x < H ? from[x] : 0.0f;
+      dst[q] = tiles[q];
+      init[q] = from ? init_tiles[q] : NULL;
+    }
+  }
+  panel(dst, init, v, j->rt, panels, H, p, q0, nq);
+  if (!whole)
+    for (int q = 0; q < nq; q++)
+      for (int64_t x = 0; u + x < H; x++) g[(int64_t)(q0 + q) * H + u + x] = tiles[q][x];
 }
 
 /* What the tasks of one call share: the state double-buffered (every task reads all of h while
@@ -100,15 +145,16 @@ static void barrier(rnn_shared *sh, int num_tasks) {
   }
 }
 
-/* One LSTM step of units [u0, u1) of every batch row: gate sums, then the states. */
-static void lstm_step(const rnn_job *j, rnn_shared *sh, int64_t t, int cur, int64_t u0, int64_t u1, gemv_fn gemv) {
-  const int64_t H = j->hidden, G = 4 * H, n = u1 - u0;
+/* One LSTM step of unit panels [p0, p1) of every batch row: gate sums, then the states. */
+static void lstm_step(const rnn_job *j, rnn_shared *sh, int64_t t, int cur, int64_t p0, int64_t p1, panel_fn panel) {
+  const int64_t H = j->hidden, G = 4 * H;
+  const int64_t u0 = p0 * UNITS, u1 = p1 * UNITS < H ? p1 * UNITS : H;
   const float *pi = j->peephole, *po = pi ? pi + H : NULL, *pf = pi ? pi + 2 * H : NULL;
   for (int64_t b = 0; b < j->batch; b++) {
     const float *h = sh->h[cur] + b * H, *xw = j->xw + (t * j->batch + b) * G;
     float *g = sh->g + b * G, *c = sh->c + b * H, *next = sh->h[1 - cur] + b * H;
     float *out = j->y + (t * j->batch + b) * H;
-    for (int q = 0; q < 4; q++) gemv(g + q * H + u0, xw + q * H + u0, h, j->rt, G, q * H + u0, n, H);
+    for (int64_t p = p0; p < p1; p++) gate_sums(j, panel, g, xw, h, p, 0, 4);
     for (int64_t u = u0; u < u1; u++) {
       float gi = g[u], go = g[H + u], gf = g[2 * H + u], gc = g[3 * H + u];
       if (pi) {
@@ -123,56 +169,70 @@ static void lstm_step(const rnn_job *j, rnn_shared *sh, int64_t t, int cur, int6
   }
 }
 
-/* One GRU step of units [u0, u1): z and r, then (after every task's r * h is there, unless
- * linear_before_reset) the candidate and the state. */
-static void gru_step(const rnn_job *j, rnn_shared *sh, int64_t t, int cur, int64_t u0, int64_t u1, gemv_fn gemv,
+/* One GRU step of unit panels [p0, p1): z and r, then (after every task's r * h is there,
+ * unless linear_before_reset) the candidate and the state. g holds a row's gate sums: z, r,
+ * then the candidate's recurrent product with its bias. */
+static void gru_step(const rnn_job *j, rnn_shared *sh, int64_t t, int cur, int64_t p0, int64_t p1, panel_fn panel,
                      int num_tasks) {
-  const int64_t H = j->hidden, G = 3 * H, n = u1 - u0;
+  const int64_t H = j->hidden, G = 3 * H;
+  const int64_t u0 = p0 * UNITS, u1 = p1 * UNITS < H ? p1 * UNITS : H;
+  const bool lbr = j->linear_before_reset;
   for (int64_t b = 0; b < j->batch; b++) {
     const float *h = sh->h[cur] + b * H, *xw = j->xw + (t * j->batch + b) * G;
     float *g = sh->g + b * G;
-    for (int q = 0; q < 2; q++) gemv(g + q * H + u0, xw + q * H + u0, h, j->rt, G, q * H + u0, n, H);
+    /* linear_before_reset: the candidate's product is of h too, so all three gates at once */
+    for (int64_t p = p0; p < p1; p++) {
+      gate_sums(j, panel, g, xw, h, p, 0, 2);
+      if (lbr) {
+        float *cand = g + 2 * H;
+        gate_sums(j, panel, g, NULL, h, p, 2, 1);
+        for (int64_t u = p * UNITS; u < (p + 1) * UNITS && u < H; u++) cand[u] += j->rb_h[u];
+      }
+    }
     for (int64_t u = u0; u < u1; u++) {
       g[u] = rk_sigmoid(g[u]);         /* z */
       g[H + u] = rk_sigmoid(g[H + u]); /* r */
-      if (!j->linear_before_reset) sh->rh[b * H + u] = g[H + u] * h[u];
+      if (!lbr) sh->rh[b * H + u] = g[H + u] * h[u];
     }
   }
-  if (!j->linear_before_reset) barrier(sh, num_tasks);
+  if (!lbr) barrier(sh, num_tasks);
   for (int64_t b = 0; b < j->batch; b++) {
     const float *h = sh->h[cur] + b * H, *xw = j->xw + (t * j->batch + b) * G;
     float *g = sh->g + b * G, *cand = g + 2 * H, *next = sh->h[1 - cur] + b * H;
     float *out = j->y + (t * j->batch + b) * H;
-    const float *v = j->linear_before_reset ? h : sh->rh + b * H;
-    gemv(cand + u0, j->rb_h + u0, v, j->rt, G, 2 * H + u0, n, H);
+    if (!lbr) {
+      for (int64_t p = p0; p < p1; p++) gate_sums(j, panel, g, NULL, sh->rh + b * H, p, 2, 1);
+      for (int64_t u = u0; u < u1; u++) cand[u] += j->rb_h[u];
+    }
     for (int64_t u = u0; u < u1; u++) {
-      float inner = j->linear_before_reset ? g[H + u] * cand[u] : cand[u];
+      float inner = lbr ? g[H + u] * cand[u] : cand[u];
       float hh = rk_tanh(xw[2 * H + u] + inner);
       next[u] = out[u] = (1.0f - g[u]) * hh + g[u] * h[u];
     }
   }
 }
 
-/* Task `task` takes hidden units [u0, u1) of every row through every step. */
+/* Task `task` takes unit panels [p0, p1) of every row through every step. */
 static int rnn_task(int task, int num_tasks, void *ctx) {
   const rnn_work *w = ctx;
   const rnn_job *j = w->job;
   rnn_shared *sh = w->shared;
   const int64_t H = j->hidden;
-  int64_t u0, u1;
-  rk_split(H, task, num_tasks, &u0, &u1);
+  int64_t p0, p1;
+  rk_split((H + UNITS - 1) / UNITS, task, num_tasks, &p0, &p1);
+  const int64_t u0 = p0 * UNITS, u1 = p1 * UNITS < H ? p1 * UNITS : H;
   for (int64_t b = 0; b < j->batch; b++)
     for (int64_t u = u0; u < u1; u++) {
       sh->h[0][b * H + u] = j->h0 ? j->h0[b * H + u] : 0.0f;
       if (sh->c) sh->c[b * H + u] = j->c0 ? j->c0[b * H + u] : 0.0f;
     }
   barrier(sh, num_tasks);
-  gemv_fn gemv = chosen_gemv();
+  panel_fn panel = chosen_panel();
   int cur = 0;
   for (int64_t s = 0; s < j->steps; s++) {
     int64_t t = j->reverse ? j->steps - 1 - s : s;
-    if (j->gates == 4) lstm_step(j, sh, t, cur, u0, u1, gemv);
-    else gru_step(j, sh, t, cur, u0, u1, gemv, num_tasks);
+    if (j->gates == 4) lstm_step(j, sh, t, cur, p0, p1, panel);
+    else gru_step(j, sh, t, cur, p0, p1, panel, num_tasks);
     barrier(sh, num_tasks);
     cur = 1 - cur;
   }
@@ -199,11 +259,12 @@ static int common_args(const char *kernel, const TVMFFIAny *args, int32_t num_ar
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, y_at, "y", &y);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, y_at + 1, "h_last", &h_last);
   if (rc) return rc;
-  if (rt->ndim != 2 || rt->shape[1] != gates * rt->shape[0])
-    return rk_shape_error(kernel, gates == 4 ? "rt must be [hidden, 4 * hidden]" : "rt must be [hidden, 3 * hidden]", rt);
-  int64_t H = rt->shape[0];
-  if (xw->ndim != 3 || xw->shape[2] != gates * H)
-    return rk_shape_error(kernel, "xw must be [steps, batch, gates * hidden] for rt's hidden", xw);
+  if (xw->ndim != 3 || xw->shape[2] % gates != 0)
+    return rk_shape_error(kernel, "xw must be [steps, batch, gates * hidden]", xw);
+  int64_t H = xw->shape[2] / gates;
+  if (rt->ndim != 4 || rt->shape[0] != gates || rt->shape[1] != (H + UNITS - 1) / UNITS || rt->shape[2] != H ||
+      rt->shape[3] != UNITS)
+    return rk_shape_error(kernel, "rt must be [gates, ceil(hidden / 16), hidden, 16] for xw's hidden", rt);
   int64_t T = xw->shape[0], B = xw->shape[1];
   if (y->ndim != 3 || y->shape[0] != T || y->shape[1] != B || y->shape[2] != H)
     return rk_shape_error(kernel, "y must be [steps, batch, hidden]", y);
@@ -234,8 +295,8 @@ static int run(const char *kernel, rnn_job *j) {
   atomic_init(&sh.arrived, 0);
   atomic_init(&sh.generation, 0);
   rnn_work w = {j, &sh};
-  int64_t step_macs = B * H * H * j->gates, tasks = step_macs / STEP_MACS_PER_TASK;
-  tasks = tasks < 1 ? 1 : tasks > H ? H : tasks;
+  int64_t step_macs = B * H * H * j->gates, tasks = step_macs / STEP_MACS_PER_TASK, panels = (H + UNITS - 1) / UNITS;
+  tasks = tasks < 1 ? 1 : tasks > panels ? panels : tasks;
   return rk_parallel(tasks, rnn_task, &w);
 }
 

@@ -13,7 +13,10 @@ import sys
 import numpy as np
 import pytest
 from conftest import assert_each_raises, build_kernel_library, unpinned_env
-from test_kernels import t
+from test_kernels import ROOT, t
+
+sys.path.insert(0, os.path.join(ROOT, "python"))
+from relaxc.tvm.pack import pack_recurrent
 
 
 def sigmoid(x):
@@ -68,7 +71,8 @@ def call_lstm(library, xw, rt, peep, h0, c0, reverse):
     steps, batch, gates = xw.shape
     hidden = gates // 4
     y, h, c = (np.zeros(s, np.float32) for s in [(steps, batch, hidden), (batch, hidden), (batch, hidden)])
-    library["relaxc.lstm_sequence"](t(xw), t(rt), t(peep), t(h0), t(c0), int(reverse), t(y), t(h), t(c))
+    packed = pack_recurrent(np.ascontiguousarray(rt.T), 4)
+    library["relaxc.lstm_sequence"](t(xw), t(packed), t(peep), t(h0), t(c0), int(reverse), t(y), t(h), t(c))
     return y, h, c
 
 
@@ -76,7 +80,8 @@ def call_gru(library, xw, rt, rb_h, h0, reverse, lbr):
     steps, batch, gates = xw.shape
     hidden = gates // 3
     y, h = np.zeros((steps, batch, hidden), np.float32), np.zeros((batch, hidden), np.float32)
-    library["relaxc.gru_sequence"](t(xw), t(rt), t(rb_h), t(h0), int(reverse), int(lbr), t(y), t(h))
+    packed = pack_recurrent(np.ascontiguousarray(rt.T), 3)
+    library["relaxc.gru_sequence"](t(xw), t(packed), t(rb_h), t(h0), int(reverse), int(lbr), t(y), t(h))
     return y, h
 
 
@@ -106,7 +111,7 @@ def test_gru_sequence_is_onnxs_gru(library, reverse, lbr, states, steps, batch, 
 
 THREAD_SCRIPT = r"""
 import sys, numpy as np, tvm_ffi
-sys.path.insert(0, sys.argv[3])
+sys.path.insert(0, sys.argv[3]); sys.path.insert(0, sys.argv[4])
 from test_recurrent import operands, call_lstm, call_gru
 path, out = sys.argv[1], sys.argv[2]
 names = dict(l.split("\t") for l in open(path + ".tsv").read().splitlines())
@@ -133,7 +138,14 @@ def test_the_same_bits_at_any_thread_count(tmp_path):
         out = str(tmp_path / f"{threads}.npz")
         env = unpinned_env(TVM_NUM_THREADS=str(threads))
         done = subprocess.run(
-            [sys.executable, str(script), path, out, os.path.dirname(os.path.abspath(__file__))],
+            [
+                sys.executable,
+                str(script),
+                path,
+                out,
+                os.path.dirname(os.path.abspath(__file__)),
+                os.path.join(ROOT, "python"),
+            ],
             capture_output=True,
             text=True,
             env=env,
@@ -148,17 +160,19 @@ def test_the_same_bits_at_any_thread_count(tmp_path):
 
 def test_bad_arguments_are_clear_errors(library):
     xw, rt, peep, h0, c0, rb_h = operands("lstm", 3, 2, 4, 5)
+    rt = pack_recurrent(np.ascontiguousarray(rt.T), 4)
     y, h, c = np.zeros((3, 2, 4), np.float32), np.zeros((2, 4), np.float32), np.zeros((2, 4), np.float32)
     lstm, gru = library["relaxc.lstm_sequence"], library["relaxc.gru_sequence"]
+    gru_xw, gru_rt = xw[:, :, :12], pack_recurrent(np.zeros((12, 4), np.float32), 3)
     assert_each_raises(
         [
-            (lambda: lstm(t(xw), t(rt[:, :8]), None, None, None, 0, t(y), t(h), t(c)), ValueError, "rt must be"),
-            (lambda: lstm(t(xw[:, :, :8]), t(rt), None, None, None, 0, t(y), t(h), t(c)), ValueError, "xw must be"),
+            (lambda: lstm(t(xw), t(rt[:3]), None, None, None, 0, t(y), t(h), t(c)), ValueError, "rt must be"),
+            (lambda: lstm(t(xw[:, :, :7]), t(rt), None, None, None, 0, t(y), t(h), t(c)), ValueError, "xw must be"),
             (lambda: lstm(t(xw), t(rt), t(peep[:5]), None, None, 0, t(y), t(h), t(c)), ValueError, "peephole"),
             (lambda: lstm(t(xw), t(rt), None, t(h0[:1]), None, 0, t(y), t(h), t(c)), ValueError, "h0 must be"),
             (lambda: lstm(t(xw), t(rt), None, None, None, 0, t(y[:2]), t(h), t(c)), ValueError, "y must be"),
             (lambda: lstm(t(xw), t(rt), None, None, None, "no", t(y), t(h), t(c)), TypeError, "reverse"),
             (lambda: lstm(t(xw), t(rt), None, None, None, 0, t(y), t(h)), TypeError, "expects 9 arguments"),
-            (lambda: gru(t(xw[:, :, :12]), t(rt[:, :12]), t(rb_h[:3]), None, 0, 0, t(y), t(h)), ValueError, "rb_h"),
+            (lambda: gru(t(gru_xw), t(gru_rt), t(rb_h[:3]), None, 0, 0, t(y), t(h)), ValueError, "rb_h"),
         ]
     )

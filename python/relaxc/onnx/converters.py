@@ -31,7 +31,7 @@ def _sequence(kernel, bb, inputs, attrs, extra, finals):
     """relaxc.lstm_sequence / gru_sequence over xw [T, B, gates * H]: y [T, B, H] and `finals`
     last states [B, H], each a tuple item."""
     xw = inputs[0]
-    steps, batch, _ = xw.ty.shape.values
+    steps, batch, _ = xw.ty.shape.values  # rt is packed (relaxc.tvm.pack.pack_recurrent)
     hidden = int(attrs["hidden"])
     outputs = [relax.TensorType([steps, batch, hidden], "float32")]
     outputs += [relax.TensorType([batch, hidden], "float32")] * finals

@@ -12,6 +12,8 @@ input_forget, sequence_lens that differ from the sequence length) is an error na
 
 import numpy as np
 
+from ..tvm.pack import pack_recurrent
+
 __all__ = ["expand_recurrent"]
 
 
@@ -158,7 +160,7 @@ def _lstm(node, values, shapes):
     for d, reverse in enumerate(directions):
         gates_bias = np.zeros(4 * hidden, np.float32) if bias is None else bias[d, : 4 * hidden] + bias[d, 4 * hidden :]
         xw = _projection(b, node.input[0], w[d], gates_bias.astype(np.float32))
-        rt = b.constant(np.ascontiguousarray(r[d].T.astype(np.float32)), "rt")
+        rt = b.constant(pack_recurrent(r[d], 4), "rt")
         p = "" if peep is None else b.constant(peep[d].astype(np.float32), "p")
         h, c = _initial_state(b, h0, d, "h"), _initial_state(b, c0, d, "c")
         y, h_last, c_last = _sequence(b, "LSTMSequence", [xw, rt, p, h, c], hidden, 3, reverse=int(reverse))
@@ -180,7 +182,7 @@ def _gru(node, values, shapes):
         # projection; h's recurrent bias stays with its recurrent product (the kernel's rb_h).
         in_bias = np.concatenate([wb[: 2 * hidden] + rb[: 2 * hidden], wb[2 * hidden :]]).astype(np.float32)
         xw = _projection(b, node.input[0], w[d], in_bias)
-        rt = b.constant(np.ascontiguousarray(r[d].T.astype(np.float32)), "rt")
+        rt = b.constant(pack_recurrent(r[d], 3), "rt")
         rb_h = b.constant(rb[2 * hidden :].astype(np.float32), "rbh")
         h = _initial_state(b, h0, d, "h")
         y, h_last = _sequence(

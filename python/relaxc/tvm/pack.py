@@ -73,3 +73,15 @@ def pack_int8_columns(c: np.ndarray) -> tuple:
     packed = padded.reshape(groups, GROUP, panels, PANEL).transpose(2, 0, 3, 1)
     comp = np.stack([d, c.sum(axis=0)]).astype(np.int32)
     return np.ascontiguousarray(packed), comp
+
+
+def pack_recurrent(r: np.ndarray, gates: int) -> np.ndarray:
+    """An LSTM's or GRU's recurrent weights R [gates * hidden, hidden] (ONNX's layout, one
+    direction) as relaxc.lstm_sequence / gru_sequence read them: per gate, panels of 16 hidden
+    units, [gates, ceil(hidden / 16), hidden (k), 16], element [q][p][k][j] = R[q * hidden + 16p + j][k],
+    zero past hidden."""
+    hidden = r.shape[1]
+    panels = -(-hidden // PANEL)
+    padded = np.zeros((gates, panels * PANEL, hidden), np.float32)
+    padded[:, :hidden] = r.reshape(gates, hidden, hidden)
+    return np.ascontiguousarray(padded.reshape(gates, panels, PANEL, hidden).transpose(0, 1, 3, 2))
