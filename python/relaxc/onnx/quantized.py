@@ -71,6 +71,12 @@ class _Rewriter:
             if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
                 self.values[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
         self.nodes, self.count = [], 0
+        self.consumers = {}  # value name -> the nodes that read it
+        for n in model.graph.node:
+            for i in n.input:
+                self.consumers.setdefault(i, []).append(n)
+        self.graph_outputs = {o.name for o in model.graph.output}
+        self.skip = set()  # ids of nodes an expansion has made redundant
 
     def fresh(self, hint):
         self.count += 1
@@ -148,6 +154,19 @@ def _conv_integer(r, node):
     zp = r.values[get(3)] if get(3) else None
     ones = np.ones(np.shape(zp) if zp is not None and np.ndim(zp) == 1 else (), np.float32)
     w = r.constant(_dequantize(r.values[w_name], ones, zp, 0), hint + "_w")
+    # ONNX Runtime's quantizer casts the int32 result straight back to float: then the float
+    # convolution's result is that value (the same integers), and the two casts are left out
+    # (TVM's float-to-int32 cast checks every value for infinities and wraps it: most of a
+    # dynamically quantized classifier's time).
+    users = r.consumers.get(node.output[0], [])
+    to_float = [u for u in users if u.op_type == "Cast" and _attrs(u).get("to") == 1]
+    if users and len(to_float) == len(users) and node.output[0] not in r.graph_outputs:
+        y = r.op("Conv", [x, w], hint + "_conv", output=to_float[0].output[0], **_attrs(node))
+        for cast in to_float:
+            r.skip.add(id(cast))
+            if cast is not to_float[0]:
+                r.op("Identity", [y], hint + "_same", output=cast.output[0])
+        return
     y = r.op("Conv", [x, w], hint + "_conv", **_attrs(node))
     r.op("Cast", [y], hint + "_int", output=node.output[0], to=6)
 
@@ -253,6 +272,8 @@ def expand_quantized(model, log=print):
     r = _Rewriter(model)
     expanded = folded = 0
     for node in model.graph.node:
+        if id(node) in r.skip:
+            continue
         expand = EXPANSIONS.get((domain(node), node.op_type))
         if expand is not None:
             expand(r, node)
