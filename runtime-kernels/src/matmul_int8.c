@@ -38,7 +38,11 @@ typedef struct int8_job {
   const int32_t *d, *csum; /* per column: the offset taken out of c, and the sum of c over k */
   int32_t a_zp;            /* the activations' zero point, as unsigned (flipped) bytes */
   const int32_t *row_sums; /* per row: the sum of its (flipped) bytes */
-  int32_t *out;            /* [rows][n] */
+  int32_t *out;            /* [rows][n] int32, or NULL when out_f32 takes the results */
+  float *out_f32;          /* [rows][n]: float(sum) * scale + bias, as ONNX Runtime's quantizer follows it */
+  const float *scale;      /* 1 or n values (scale_step 0 or 1) */
+  int64_t scale_step;
+  const float *bias;       /* n values, or NULL */
 } int8_job;
 
 /* Bytes 4g..4g+3 of a row as one word. */
@@ -50,9 +54,16 @@ static inline uint32_t group_word(const uint8_t *row, int64_t g) {
 
 /* The sums of a tile written out: acc + d * row_sum - a_zp * csum, columns n0..n0+count. */
 static inline void finish(const int8_job *j, int64_t r, int64_t n0, int64_t count, const int32_t *acc) {
-  int32_t *out = j->out + r * j->n + n0;
   int32_t rs = j->row_sums[r];
-  for (int64_t c = 0; c < count; c++) out[c] = acc[c] + j->d[n0 + c] * rs - j->a_zp * j->csum[n0 + c];
+  for (int64_t c = 0; c < count; c++) {
+    int32_t v = acc[c] + j->d[n0 + c] * rs - j->a_zp * j->csum[n0 + c];
+    if (!j->out_f32) {
+      j->out[r * j->n + n0 + c] = v;
+      continue;
+    }
+    float f = (float)v * j->scale[(n0 + c) * j->scale_step];
+    j->out_f32[r * j->n + n0 + c] = j->bias ? f + j->bias[n0 + c] : f;
+  }
 }
 
 /* ---- portable ------------------------------------------------------------------------------ */
@@ -166,7 +177,14 @@ static inline __attribute__((always_inline, target(VNNI_TARGET))) void tile_vnni
       __mmask16 m = (__mmask16)((1u << count) - 1);
       __m512i d = _mm512_maskz_loadu_epi32(m, j->d + n0), cs = _mm512_maskz_loadu_epi32(m, j->csum + n0);
       __m512i v = _mm512_sub_epi32(_mm512_add_epi32(acc[r][q], _mm512_mullo_epi32(d, rs)), _mm512_mullo_epi32(zp, cs));
-      _mm512_mask_storeu_epi32(j->out + (r0 + r) * j->n + n0, m, v);
+      if (!j->out_f32) {
+        _mm512_mask_storeu_epi32(j->out + (r0 + r) * j->n + n0, m, v);
+        continue;
+      }
+      __m512 scale = j->scale_step ? _mm512_maskz_loadu_ps(m, j->scale + n0) : _mm512_set1_ps(j->scale[0]);
+      __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), scale);
+      if (j->bias) f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(m, j->bias + n0));
+      _mm512_mask_storeu_ps(j->out_f32 + (r0 + r) * j->n + n0, m, f);
     }
   }
 }
@@ -270,15 +288,16 @@ static int zero_point(const char *kernel, const TVMFFIAny *arg, int32_t *out) {
   return 0;
 }
 
-/* (a, b_packed, b_comp, a_zero_point?, out): a uint8/int8 [..., k], b_packed int8
- * [ceil(n/16), ceil(k/4), 16, 4], b_comp int32 [2, n] (d, then the sums of c), out int32 [..., n]
- * with a's leading dims. */
+/* (a, b_packed, b_comp, a_zero_point?, scale?, bias?, out): a uint8/int8 [..., k], b_packed int8
+ * [ceil(n/16), ceil(k/4), 16, 4], b_comp int32 [2, n] (d, then the sums of c); out int32 [..., n]
+ * with a's leading dims, or float32 = float(sum) * scale + bias where scale (1 or n float32
+ * values) is given. */
 int rvm_builtin_kl_matmul_int8(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   (void)self, (void)result;
   static const char kernel[] = "relaxc.matmul_int8";
-  int rc = rk_check_count(kernel, num_args, 5);
+  int rc = rk_check_count(kernel, num_args, 7);
   if (rc) return rc;
-  DLTensor *a = rvm_as_dltensor(&args[0]), *b = NULL, *comp = NULL, *out = NULL;
+  DLTensor *a = rvm_as_dltensor(&args[0]), *b = NULL, *comp = NULL, *out = NULL, *scale = NULL, *bias = NULL;
   if (!a || !is_byte_tensor(a))
     return rvm_raise("TypeError", "%s: argument 0 (a) must be a compact uint8 or int8 CPU tensor, got %s", kernel,
                      a ? "another tensor" : rvm_type_name(&args[0]));
@@ -286,8 +305,12 @@ int rvm_builtin_kl_matmul_int8(void *self, const TVMFFIAny *args, int32_t num_ar
   if (!rc) rc = rk_arg_i32(kernel, args, num_args, 2, "b_comp", &comp);
   int32_t a_zp = 0;
   if (!rc) rc = zero_point(kernel, &args[3], &a_zp);
-  if (!rc) rc = rk_arg_i32(kernel, args, num_args, 4, "out", &out);
+  if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 4, "scale", &scale);
+  if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 5, "bias", &bias);
+  if (!rc && scale) rc = rk_arg_f32(kernel, args, num_args, 6, "out", &out);
+  if (!rc && !scale) rc = rk_arg_i32(kernel, args, num_args, 6, "out", &out);
   if (rc) return rc;
+  if (bias && !scale) return rvm_raise("ValueError", "%s: a bias needs a scale (the float result)", kernel);
   if (a->ndim < 1) return rk_shape_error(kernel, "a must have at least one axis", a);
   int64_t k = a->shape[a->ndim - 1];
   if (out->ndim != a->ndim) return rk_shape_error(kernel, "out must have a's rank", out);
@@ -299,6 +322,9 @@ int rvm_builtin_kl_matmul_int8(void *self, const TVMFFIAny *args, int32_t num_ar
     return rk_shape_error(kernel, "b_packed must be [ceil(n/16), ceil(k/4), 16, 4] for a's k and out's n", b);
   if (comp->ndim != 2 || comp->shape[0] != 2 || comp->shape[1] != n)
     return rk_shape_error(kernel, "b_comp must be [2, n] for out's n", comp);
+  if (scale && rk_numel(scale) != 1 && rk_numel(scale) != n)
+    return rk_shape_error(kernel, "scale must hold 1 or n values", scale);
+  if (bias && rk_numel(bias) != n) return rk_shape_error(kernel, "bias must hold n values", bias);
   int64_t rows = k ? rk_numel(a) / k : rk_numel(out) / (n ? n : 1);
   if (rows == 0 || n == 0) return 0;
   /* A copy of a with rows padded to whole groups and signed bytes flipped, so that the inner
@@ -334,7 +360,11 @@ int rvm_builtin_kl_matmul_int8(void *self, const TVMFFIAny *args, int32_t num_ar
       .csum = cd + n,
       .a_zp = is_signed ? a_zp + 128 : a_zp,
       .row_sums = row_sums,
-      .out = (int32_t *)((char *)out->data + out->byte_offset),
+      .out = scale ? NULL : (int32_t *)((char *)out->data + out->byte_offset),
+      .out_f32 = scale ? rk_data(out) : NULL,
+      .scale = scale ? rk_data(scale) : NULL,
+      .scale_step = scale && rk_numel(scale) == n ? 1 : 0,
+      .bias = bias ? rk_data(bias) : NULL,
   };
   int64_t row_units = (rows + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
   int8_work w = {&j, chosen_tile(), row_units, row_units * ((panels + PANELS_PER_UNIT - 1) / PANELS_PER_UNIT)};

@@ -62,8 +62,13 @@ for i, case in enumerate(CASES):
     a, w, a_zp, w_zp = int8_case(i, *case)
     packed, comp = pack_int8_columns(w.astype(np.int64) - w_zp)
     got = np.zeros((a.shape[0], w.shape[1]), np.int32)
-    f(t(a), t(packed), t(comp), t(a_zp), t(got))
+    f(t(a), t(packed), t(comp), t(a_zp), None, None, t(got))
     results[f"case{i}"] = got
+    # the float epilogue: per-column scales and a bias, as ORT's quantizer follows MatMulInteger
+    scale, bias = np.linspace(0.01, 0.02, w.shape[1], dtype=np.float32), np.linspace(-1, 1, w.shape[1], dtype=np.float32)
+    fgot = np.zeros((a.shape[0], w.shape[1]), np.float32)
+    f(t(a), t(packed), t(comp), t(a_zp), t(scale), t(bias), t(fgot))
+    results[f"float{i}"] = fgot
 np.savez(out, **results)
 """
 
@@ -113,8 +118,12 @@ def test_every_instruction_set_gives_the_exact_integers(int8_results):
     for i, case in enumerate(CASES):
         a, w, a_zp, w_zp = int8_case(i, *case)
         want = (a.astype(np.int64) - a_zp) @ (w.astype(np.int64) - w_zp)
+        n = w.shape[1]
+        scale, bias = np.linspace(0.01, 0.02, n, dtype=np.float32), np.linspace(-1, 1, n, dtype=np.float32)
+        want_float = want.astype(np.float32) * scale + bias  # float32 steps, as ORT's Cast, Mul, Add
         for path, got in int8_results.items():
             assert np.array_equal(got[f"case{i}"], want), f"{case} on {path}"
+            assert np.array_equal(got[f"float{i}"], want_float), f"{case}, float epilogue, on {path}"
 
 
 def test_weights_a_byte_cannot_hold_are_not_packed():
@@ -192,16 +201,23 @@ def test_bad_arguments_are_clear_errors(library):
     mm, dql = library["relaxc.matmul_int8"], library["relaxc.dynamic_quantize_linear"]
     a = np.zeros((4, 8), np.uint8)
     packed, comp = pack_int8_columns(np.ones((8, 5), np.int64))
-    out = np.zeros((4, 5), np.int32)
+    out, fout = np.zeros((4, 5), np.int32), np.zeros((4, 5), np.float32)
     assert_each_raises(
         [
-            (lambda: mm(t(a.astype(np.float32)), t(packed), t(comp), None, t(out)), TypeError, "argument 0 (a)"),
-            (lambda: mm(t(a), t(packed.astype(np.uint8)), t(comp), None, t(out)), TypeError, "argument 1 (b_packed)"),
-            (lambda: mm(t(a[:, :4]), t(packed), t(comp), None, t(out)), ValueError, "b_packed must be"),
-            (lambda: mm(t(a), t(packed), t(comp[:, :3]), None, t(out)), ValueError, "b_comp must be [2, n]"),
-            (lambda: mm(t(a), t(packed), t(comp), t(np.zeros(2, np.uint8)), t(out)), TypeError, "a_zero_point"),
-            (lambda: mm(t(a), t(packed), t(comp), None, t(out[:3])), ValueError, "out's leading dims"),
-            (lambda: mm(t(a), t(packed), t(comp), None), TypeError, "expects 5 arguments"),
+            (lambda: mm(t(a.astype(np.float32)), t(packed), t(comp), None, None, None, t(out)), TypeError, "(a)"),
+            (lambda: mm(t(a), t(packed.astype(np.uint8)), t(comp), None, None, None, t(out)), TypeError, "(b_packed)"),
+            (lambda: mm(t(a[:, :4]), t(packed), t(comp), None, None, None, t(out)), ValueError, "b_packed must be"),
+            (lambda: mm(t(a), t(packed), t(comp[:, :3]), None, None, None, t(out)), ValueError, "b_comp must be"),
+            (
+                lambda: mm(t(a), t(packed), t(comp), t(np.zeros(2, np.uint8)), None, None, t(out)),
+                TypeError,
+                "zero_point",
+            ),
+            (lambda: mm(t(a), t(packed), t(comp), None, None, None, t(out[:3])), ValueError, "out's leading dims"),
+            (lambda: mm(t(a), t(packed), t(comp), None, None, None), TypeError, "expects 7 arguments"),
+            (lambda: mm(t(a), t(packed), t(comp), None, t(np.ones(3, np.float32)), None, t(fout)), ValueError, "scale"),
+            (lambda: mm(t(a), t(packed), t(comp), None, None, t(np.ones(5, np.float32)), t(out)), ValueError, "bias"),
+            (lambda: mm(t(a), t(packed), t(comp), None, t(np.ones(1, np.float32)), None, t(out)), TypeError, "(out)"),
             (
                 lambda: dql(
                     t(np.zeros(3, np.float32)),

@@ -367,7 +367,40 @@ class _Planner(ConvolutionAnchors):
         if zp_arg is None or packed is None or not dims or dims[-1] != c.shape[0] or not _is_tensor(var, "int32"):
             return
         self.taken.add(var)
-        self._finish(var, "relaxc.matmul_int8", [x, relax.const(packed[0]), relax.const(packed[1]), zp_arg])
+        tail, scale, bias = self._int8_epilogue(var, c.shape[1])
+        args = [x, relax.const(packed[0]), relax.const(packed[1]), zp_arg, scale, bias]
+        self._finish(tail, "relaxc.matmul_int8", args)
+
+    def _int8_epilogue(self, var, n):
+        """What ORT's quantizer writes after a MatMulInteger, taken into the call: a cast to
+        float32, a multiply by the scales (one value or one per column; computed in the graph
+        from the activations' scale), and a constant bias. (the last binding taken, scale, bias),
+        null for what is not there."""
+        none = relax.op.null_value()
+        cast = self.b.only_user(var)
+        if cast is None or _op_name(self.b.value.get(cast)) != "relax.astype" or not _is_f32_tensor(cast):
+            return var, none, none
+        mul = self.b.only_user(cast)
+        call = self.b.value.get(mul) if mul is not None else None
+        scale = self._other(call, cast) if _op_name(call) == "relax.multiply" and _is_f32_tensor(mul) else None
+        dims = _dims(scale) if scale is not None else None
+        if not (_is_f32_tensor(scale) and dims is not None and all(isinstance(d, int) for d in dims)):
+            return var, none, none
+        count = int(np.prod(dims)) if dims else 1
+        if not (count == 1 or (count == n and dims[-1] == n)) or not _same_dims(_dims(mul), _dims(var)):
+            return var, none, none
+        # The last binding taken is left out of `taken`: an activation after it (a GELU) can
+        # still become a library call of its own.
+        self.taken.add(cast)
+        add = self.b.only_user(mul)
+        call = self.b.value.get(add) if add is not None else None
+        other = self._other(call, mul) if _op_name(call) == "relax.add" else None
+        value = self.b.const(other) if other is not None else None
+        bias = self._bias("dense", value, _dims(mul)) if value is not None else None
+        if bias is None or add in self.taken:
+            return mul, scale, none
+        self.taken.add(mul)
+        return add, scale, relax.const(np.ascontiguousarray(bias, np.float32))
 
     def fake_quantize(self, var, call):
         """dequantize(quantize(x)) with one constant scale and zero point (the QDQ form's
