@@ -340,3 +340,58 @@ fn parallel_kernels_run_from_many_threads_and_models_at_once() {
         }
     });
 }
+
+/// `relaxc run --bench` on `so` with the trials reported; the run's stderr.
+fn bench_reporting_trials(so: &std::path::Path, fixture: &std::path::Path, trials: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_relaxc"))
+        .env("TVM_NUM_THREADS", "2")
+        .env("RELAXC_THREAD_TRIALS", trials)
+        .arg("run")
+        .arg(so)
+        .arg("--inputs")
+        .arg(fixture.join("ok_basic.in.npz"))
+        .arg("--expect")
+        .arg(fixture.join("ok_basic.out.npz"))
+        .args(["--bench", "30"])
+        .output()
+        .expect("relaxc run");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "RELAXC_THREAD_TRIALS={trials}: {stderr}");
+    stderr
+}
+
+#[test]
+fn a_function_chooses_pool_or_alone_once_with_the_same_bits() {
+    let fixture = common::fixtures_dir().join("parallel_matmul");
+    for mode in [ExecMode::Bytecode, ExecMode::Compiled] {
+        let so = common::build("parallel_matmul", &fixture.join("m.tar"), mode).expect("build");
+        // Over 30 calls of one function with one set of shapes, exactly one choice is made.
+        let stderr = bench_reporting_trials(&so, &fixture, "report");
+        let choices: Vec<&str> = stderr.lines().filter(|l| l.starts_with("relaxc runtime: main: ")).collect();
+        assert_eq!(choices.len(), 1, "{mode:?}: one choice for main expected; stderr: {stderr}");
+        let choice = choices[0];
+        assert!(
+            choice.contains(": alone (best of 4 calls:")
+                || choice.contains(": on the pool (best of 4 calls:")
+                || choice.contains(": on the pool (a call took"),
+            "{mode:?}: {choice}"
+        );
+        assert!(bench_reporting_trials(&so, &fixture, "0").trim().is_empty(), "{mode:?}: trials off report nothing");
+        let stderr = bench_reporting_trials(&so, &fixture, "sometimes");
+        assert!(
+            stderr.contains("warning: RELAXC_THREAD_TRIALS=\"sometimes\" is not 0, 1 or report; using 1"),
+            "{mode:?}: {stderr}"
+        );
+
+        // Every call, through the trials (alone and on the pool) and after them, gives TVM's bits.
+        let model = Model::load(&so).expect("load");
+        let mut vm = model.vm().expect("vm");
+        let main = model.find("main").expect("main");
+        let inputs = npz::read_inputs(&fixture.join("ok_basic.in.npz")).expect("inputs");
+        for call in 0..40 {
+            let out = vm.call(main, &inputs).expect("call").to_output().flatten();
+            common::compare_outputs(&out, &fixture.join("ok_basic.out.npz"))
+                .unwrap_or_else(|e| panic!("{mode:?}: call {call}: {e}"));
+        }
+    }
+}

@@ -386,7 +386,13 @@ static int call_with(rvm_vm *vm, const TVMFFIAny *callee, int64_t func, const rv
   }
   *result = rvm_none();
   rvm_vm *previous_vm = vm->cuda ? rvm_set_current_vm(vm) : NULL;
+  /* Only a VM's outermost calls of its functions are timed and may run alone: a nested call
+   * belongs to its caller's choice, and a closure has no function index to keep a choice by. */
+  rvm_thread_call thread_call = {0};
+  if (rc == 0 && !callee && vm->owner_depth == 0 && !vm->cuda)
+    rvm_thread_choice_begin(&vm->thread_choices, func, vm->program->funcs[func].name, conv, num_args, &thread_call);
   if (rc == 0) rc = callee ? rvm_invoke_value(vm, callee, conv, num_args, result) : rvm_invoke(vm, func, conv, num_args, result);
+  rvm_thread_choice_end(&thread_call, rc);
   if (vm->cuda) {
     if (rc == 0) rc = rvm_cuda_synchronize(vm->cuda);
     rvm_set_current_vm(previous_vm);

@@ -366,6 +366,32 @@ struct rvm_module {
 
 typedef struct rvm_frame_chunk rvm_frame_chunk;
 
+/* ---- Pool or alone, by timing (thread_choice.c) ------------------------------------------- */
+
+enum { RVM_THREAD_CHOICE_SLOTS = 64 };
+/* One function's calls with one set of argument shapes: their trials and the choice. */
+typedef struct rvm_thread_trial {
+  uint64_t key; /* 0: a free slot */
+  int calls, calls_since_choice;
+  bool decided, alone;
+  int64_t best_pool_ns, best_alone_ns;
+} rvm_thread_trial;
+typedef struct rvm_thread_choices {
+  rvm_thread_trial slots[RVM_THREAD_CHOICE_SLOTS];
+} rvm_thread_choices;
+/* A call in progress: its trial (or NULL) and how it runs. */
+typedef struct rvm_thread_call {
+  rvm_thread_trial *trial;
+  const char *name; /* the function's, for RELAXC_THREAD_TRIALS=report */
+  bool alone;
+  int64_t start_ns;
+} rvm_thread_call;
+/* Before a top-level call of function `func`: whether it runs alone (it then does, until the end). */
+RVM_HIDDEN bool rvm_thread_choice_begin(rvm_thread_choices *c, int64_t func, const char *name, const TVMFFIAny *args,
+                                        int32_t num_args, rvm_thread_call *call);
+/* After the call begun with `call`, which returned rc: records its time. */
+RVM_HIDDEN void rvm_thread_choice_end(rvm_thread_call *call, int rc);
+
 struct rvm_vm {
   rvm_cuda *cuda; /* the VM's CUDA device when it runs CUDA kernels, else NULL */
   rvm_module *module;
@@ -383,6 +409,7 @@ struct rvm_vm {
    * calling back into its VM) count in owner_depth. */
   _Atomic uintptr_t owner;
   int owner_depth;
+  rvm_thread_choices thread_choices; /* per function and argument shapes: pool or alone */
 };
 
 /* The C API's module and VM functions (api.c), for the other entry points (ffi_module.c). */
@@ -472,8 +499,12 @@ typedef struct {
 typedef int (*FTVMParallelLambda)(int task_id, TVMParallelGroupEnv *penv, void *cdata);
 RVM_HIDDEN int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void *cdata, int num_task);
 RVM_HIDDEN int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv *penv);
-/* The pool's size (the caller and its workers), starting the pool if it is not yet running. */
+/* The pool's size (the caller and its workers), starting the pool if it is not yet running; 1 on
+ * a thread between rvm_parallel_alone_begin and _end. */
 RVM_HIDDEN int rvm_parallel_threads(void);
+/* From here until rvm_parallel_alone_end, this thread's launches run their tasks themselves. */
+RVM_HIDDEN void rvm_parallel_alone_begin(void);
+RVM_HIDDEN void rvm_parallel_alone_end(void);
 
 #define RVM_BUILTIN(suffix, name, properties, doc) \
   RVM_HIDDEN int rvm_builtin_##suffix(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result);

@@ -244,9 +244,40 @@ __attribute__((destructor(102))) static void stop_pool(void) {
   pool_started = false;
 }
 
+/* Threads running alone (thread_choice.c) are marked in a key, not in _Thread_local storage (see
+ * api.c's thread_identity). While no thread is alone, which is the rule, no key is read. */
+static pthread_key_t alone_key;
+static pthread_once_t alone_once = PTHREAD_ONCE_INIT;
+static bool alone_key_made;
+static atomic_int threads_alone;
+
+static void make_alone_key(void) { alone_key_made = pthread_key_create(&alone_key, NULL) == 0; }
+
+static bool this_thread_alone(void) {
+  if (atomic_load_explicit(&threads_alone, memory_order_relaxed) == 0) return false;
+  return alone_key_made && pthread_getspecific(alone_key) != NULL;
+}
+
+void rvm_parallel_alone_begin(void) {
+  pthread_once(&alone_once, make_alone_key);
+  if (!alone_key_made || pthread_setspecific(alone_key, &alone_key) != 0) return;
+  atomic_fetch_add_explicit(&threads_alone, 1, memory_order_relaxed);
+}
+
+void rvm_parallel_alone_end(void) {
+  if (!alone_key_made || !pthread_getspecific(alone_key)) return;
+  pthread_setspecific(alone_key, NULL);
+  atomic_fetch_sub_explicit(&threads_alone, 1, memory_order_relaxed);
+}
+
+__attribute__((destructor(101))) static void delete_alone_key(void) {
+  if (alone_key_made) pthread_key_delete(alone_key);
+  alone_key_made = false;
+}
+
 int rvm_parallel_threads(void) {
   pthread_once(&pool_once, start_pool);
-  return the_pool.num_threads;
+  return this_thread_alone() ? 1 : the_pool.num_threads;
 }
 
 static int run_serially(FTVMParallelLambda f, void *cdata) {
@@ -258,7 +289,7 @@ static int run_serially(FTVMParallelLambda f, void *cdata) {
 RVM_HIDDEN int TVMBackendParallelLaunch(FTVMParallelLambda flambda, void *cdata, int num_task) {
   pool *p = &the_pool;
   pthread_once(&pool_once, start_pool);
-  if (p->num_threads <= 1 || atomic_flag_test_and_set_explicit(&p->busy, memory_order_acquire))
+  if (p->num_threads <= 1 || this_thread_alone() || atomic_flag_test_and_set_explicit(&p->busy, memory_order_acquire))
     return run_serially(flambda, cdata);
   if (num_task <= 0) num_task = p->num_threads;
   if (num_task > p->num_threads) {
