@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Real ONNX models as they ship inside public PyPI wheels, built with `python -m relaxc.onnx`
-(compiled mode) and timed against ONNX Runtime on the same file.
+(compiled mode) and timed against ONNX Runtime and OpenVINO on the same file.
 
 The wheels are fetched with `pip download --no-deps` into --work (nothing is checked in):
   det          rapidocr-onnxruntime 1.4.4: PP-OCRv4 text detector (DBNet: transposed
@@ -19,7 +19,7 @@ The wheels are fetched with `pip download --no-deps` into --work (nothing is che
   magika       magika 1.0.3: file-type classifier (byte one-hot, a convolution, attention-like
                pooling), 2048 bytes
 
---models also takes int8 forms of these (INT8 below: ORT's quantize_dynamic, or quantize_static
+--models (by default all of them, int8 forms too) also takes int8 forms of these (INT8 below: ORT's quantize_dynamic, or quantize_static
 in its QDQ or QOperator form), made here with ORT's own quantizer as int8 files that ship are.
 
 For each: the build's report (operators on the kernel library and on TVM's kernels), the outputs
@@ -29,7 +29,7 @@ run --bench`, in-process) and of ORT (InferenceSession.run on the same inputs), 
 with --profile the top operators of each runtime (relaxc run --profile on an instrumented build,
 ORT's own profiler).
 
-Needs TVM 0.27, onnx, onnxsim, onnxruntime and numpy.
+Needs TVM 0.27, onnx, onnxsim, onnxruntime, openvino (or --openvino none) and numpy.
 
 usage: python3 bench/zoo.py [--models det,rec,...] [--rounds 5] [--calls 20] [--profile] [--publish]
 
@@ -216,6 +216,42 @@ print(json.dumps(result))
 """
 
 
+OPENVINO_TIMER = r"""
+import json, statistics, sys, time
+import numpy as np
+import openvino as ov
+path, inputs, threads, calls, precision = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+feeds = dict(np.load(inputs))
+config = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+if precision != "default":
+    config["INFERENCE_PRECISION_HINT"] = precision
+started = time.perf_counter()
+compiled = ov.Core().compile_model(path, "CPU", config)
+compile_s = time.perf_counter() - started
+request = compiled.create_infer_request()
+request.infer(feeds)
+times = []
+for _ in range(calls):
+    t = time.perf_counter()
+    request.infer(feeds)
+    times.append(time.perf_counter() - t)
+print(json.dumps({"median_us": statistics.median(times) * 1e6, "compile_s": compile_s,
+                  "precision": str(compiled.get_property("INFERENCE_PRECISION_HINT"))}))
+"""
+
+
+def openvino_time(path, npz, threads, calls, precision):
+    """OpenVINO's CPU plugin on the same file: {median_us, compile_s, precision}. precision is
+    "f32" (INFERENCE_PRECISION_HINT=f32) or "default" (unset: bf16 where the CPU has it)."""
+    out = subprocess.run(
+        [sys.executable, "-c", OPENVINO_TIMER, path, npz, str(threads), str(calls), precision],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def ort_time(path, npz, threads, calls, profile=None):
     out = subprocess.run(
         [sys.executable, "-c", ORT_TIMER, path, npz, str(threads), str(calls), profile or "-"],
@@ -277,7 +313,9 @@ def relaxc_top_ops(relaxc_bin, path, shapes, npz, n=5):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)}, and int8 forms: {', '.join(INT8)}"
+        "--models",
+        default=",".join([*MODELS, *INT8]),
+        help=f"of {', '.join(MODELS)}, and int8 forms: {', '.join(INT8)}",
     )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=20)
@@ -285,8 +323,22 @@ def main():
     parser.add_argument("--profile", action="store_true", help="also the top operators of each runtime")
     parser.add_argument("--relaxc", default=os.path.join(ROOT, "target", "release", "relaxc"))
     parser.add_argument("--work", default="/tmp/relaxc-zoo")
+    parser.add_argument(
+        "--openvino",
+        default="f32",
+        help="OpenVINO's precisions to time beside ORT: f32 (INFERENCE_PRECISION_HINT=f32), default (its own "
+        "choice: bf16 on CPUs with AVX512_BF16 or AMX), both as f32,default, or none",
+    )
     parser.add_argument("--publish", action="store_true", help="write this run into the book's page for it")
     args = parser.parse_args()
+    precisions = [] if args.openvino == "none" else args.openvino.split(",")
+    if any(p not in ("f32", "default") for p in precisions):
+        parser.error(f"--openvino: {args.openvino!r} is not f32, default, f32,default or none")
+    if precisions:
+        try:
+            import openvino  # noqa: F401
+        except ImportError:
+            parser.error("--openvino needs the openvino package (pip install openvino), or pass --openvino none")
     os.environ["RELAXC"] = args.relaxc
     import onnxruntime as ort
     import relaxc.onnx
@@ -335,16 +387,34 @@ def main():
         scale = max([1.0] + [float(np.abs(w).max()) for w in want if w.size])
         worst = max(float(np.abs(g.astype(np.float64) - w).max()) for g, w in zip(got, want)) / scale
         print(f"  outputs: largest difference {worst:.2e} of max(1, |ORT|) ({'ok' if worst < 1e-4 else 'OVER 1e-4'})")
-        times = {(rt, t): [] for rt in ("relaxc", "ort") for t in threads}
-        for _ in range(args.rounds):
-            for t in threads:
-                times[("relaxc", t)].append(relaxc_time(args.relaxc, so, npz + ".args.npz", t, args.calls))
-                times[("ort", t)].append(ort_time(path, npz, t, args.calls)["median_us"])
+        peers = ["ort", *(f"openvino-{p}" for p in precisions)]
+        times = {(rt, t): [] for rt in ("relaxc", *peers) for t in threads}
+        compile_s = {p: [] for p in precisions}
+        try:
+            for _ in range(args.rounds):
+                for t in threads:
+                    times[("relaxc", t)].append(relaxc_time(args.relaxc, so, npz + ".args.npz", t, args.calls))
+                    times[("ort", t)].append(ort_time(path, npz, t, args.calls)["median_us"])
+                    for p in precisions:
+                        result = openvino_time(path, npz, t, args.calls, p)
+                        times[(f"openvino-{p}", t)].append(result["median_us"])
+                        compile_s[p].append(result["compile_s"])
+        except subprocess.CalledProcessError as e:
+            print(f"  a runtime failed: {e.stderr.strip().splitlines()[-1:]}", flush=True)
+            rows.append({"model": name, "family": family, "error": f"a runtime failed: {e.cmd[2:4]}"})
+            continue
         row = {"model": name, "family": family, "worst": worst, "build_s": build_s, "session_s": session_s}
+        for p in precisions:
+            row[f"openvino-{p}-compile_s"] = statistics.median(compile_s[p])
         for t in threads:
             r, o = statistics.median(times[("relaxc", t)]), statistics.median(times[("ort", t)])
             row[t] = (r, o)
-            print(f"  {t} thread(s): relaxc {r / 1000:.3f} ms, ORT {o / 1000:.3f} ms, ratio {r / o:.2f}", flush=True)
+            line = f"  {t} thread(s): relaxc {r / 1000:.3f} ms, ORT {o / 1000:.3f} ms, ratio {r / o:.2f}"
+            for p in precisions:
+                v = statistics.median(times[(f"openvino-{p}", t)])
+                row[f"openvino-{p}-{t}"] = v
+                line += f"; OpenVINO ({p}) {v / 1000:.3f} ms, ratio {r / v:.2f}"
+            print(line, flush=True)
         if args.profile:
             with tempfile.TemporaryDirectory() as tmp:
                 result = ort_time(path, npz, 1, 5, profile=os.path.join(tmp, "ort"))
@@ -360,30 +430,51 @@ def main():
                 flush=True,
             )
         rows.append(row)
+    ov_names = {"f32": "OpenVINO f32", "default": "OpenVINO (its default precision)"}
+    ov_note = ""
+    if precisions:
+        ov_note = (
+            " relaxc / OpenVINO is the same ratio against OpenVINO's CPU plugin on the same file (PERFORMANCE_HINT "
+            "LATENCY; f32 sets INFERENCE_PRECISION_HINT=f32, its default precision is bf16 on CPUs with "
+            "AVX512_BF16 or AMX), and OpenVINO's compile is compile_model's time."
+        )
     table = [
-        f"Medians of {args.rounds} rounds of {args.calls} calls, relaxc and ORT alternating within each round; "
+        f"Medians of {args.rounds} rounds of {args.calls} calls, relaxc and its peers alternating within each round; "
         "relaxc / ORT is a ratio of times (below 1: relaxc is faster); max difference is the outputs' largest "
         "difference from ORT's relative to max(1, the largest |ORT output|); build is `python -m relaxc.onnx`'s whole "
-        "build (onnxsim, TVM's import and kernels, relaxc compile), beside the creation of ORT's session.",
+        "build (onnxsim, TVM's import and kernels, relaxc compile), beside the creation of ORT's session." + ov_note,
         "",
         "| model | family | relaxc / ORT, "
         + " | ".join(f"{t} thread(s)" for t in threads)
-        + " | max difference | relaxc build (s) | ORT session (s) |",
-        "| --- | --- | " + " | ".join("---" for _ in threads) + " | --- | --- | --- |",
+        + "".join(f" | relaxc / {ov_names[p]}, " + " | ".join(f"{t} thread(s)" for t in threads) for p in precisions)
+        + " | max difference | relaxc build (s) | ORT session (s) |"
+        + "".join(f" {ov_names[p]} compile (s) |" for p in precisions),
+        "| --- | --- | "
+        + " | ".join("---" for _ in threads)
+        + "".join(" | " + " | ".join("---" for _ in threads) for _ in precisions)
+        + " | --- | --- | --- |"
+        + "".join(" --- |" for _ in precisions),
     ]
     bars = {}
     for row in rows:
         if "error" in row:
+            dashes = " | ".join("-" for _ in range(len(threads) * (1 + len(precisions))))
             table.append(
-                f"| {row['model']} | {row['family']} | " + " | ".join("-" for _ in threads) + f" | {row['error']} | | |"
+                f"| {row['model']} | {row['family']} | {dashes} | {row['error']} | | |" + " |" * len(precisions)
             )
             continue
         ratios = " | ".join(
             f"{row[t][0] / row[t][1]:.2f} ({row[t][0] / 1000:.2f} / {row[t][1] / 1000:.2f} ms)" for t in threads
         )
+        for p in precisions:
+            ratios += " | " + " | ".join(
+                f"{row[t][0] / row[f'openvino-{p}-{t}']:.2f} ({row[t][0] / 1000:.2f} / "
+                f"{row[f'openvino-{p}-{t}'] / 1000:.2f} ms)"
+                for t in threads
+            )
         table.append(
             f"| {row['model']} | {row['family']} | {ratios} | {row['worst']:.1e} | {row['build_s']:.1f} | "
-            f"{row['session_s']:.2f} |"
+            f"{row['session_s']:.2f} |" + "".join(f" {row[f'openvino-{p}-compile_s']:.2f} |" for p in precisions)
         )
         bars[row["model"]] = {report.threads(t): row[t][1] / row[t][0] for t in threads}
     means = []
@@ -393,6 +484,12 @@ def main():
         means.append(f"{mean:.2f} at {report.threads(t)}")
         bars.setdefault("geometric mean", {})[report.threads(t)] = 1 / mean
     table += ["", f"Geometric mean of relaxc / ORT: {', '.join(means)}."]
+    for p in precisions:
+        means = []
+        for t in threads:
+            ratios = [row[t][0] / row[f"openvino-{p}-{t}"] for row in rows if "error" not in row]
+            means.append(f"{float(np.exp(np.mean(np.log(ratios)))):.2f} at {report.threads(t)}")
+        table[-1] += f" Geometric mean of relaxc / {ov_names[p]}: {', '.join(means)}."
     print(report.machine())
     print("\n".join(table))
     if args.publish:
@@ -402,7 +499,7 @@ def main():
             [table],
             bars,
             "ORT time / relaxc time",
-            packages=("onnxruntime", "apache-tvm", "onnx", "onnxsim", "numpy"),
+            packages=("onnxruntime", "openvino", "apache-tvm", "onnx", "onnxsim", "numpy"),
             extra={"rows": rows},
         )
 
