@@ -19,8 +19,9 @@ The wheels are fetched with `pip download --no-deps` into --work (nothing is che
   magika       magika 1.0.3: file-type classifier (byte one-hot, a convolution, attention-like
                pooling), 2048 bytes
 
---models (by default all of them, int8 forms too) also takes int8 forms of these (INT8 below: ORT's quantize_dynamic, or quantize_static
-in its QDQ or QOperator form), made here with ORT's own quantizer as int8 files that ship are.
+--models (all of them by default) also takes int8 forms of these (INT8 below: ORT's
+quantize_dynamic, or quantize_static in its QDQ or QOperator form), made here with ORT's own
+quantizer as int8 files that ship are.
 
 For each: the build's report (operators on the kernel library and on TVM's kernels), the outputs
 against ORT's (the largest difference relative to max(1, the largest |ORT output|), which must be
