@@ -262,7 +262,7 @@ static int wrap_tensor(rvm_vm *vm, const DLTensor *t, int32_t index, TVMFFIAny *
     snprintf(what, sizeof what, "argument %d", index);
     return (int)rvm_checked_nbytes(what, t->shape, t->ndim, t->dtype);
   }
-  if (t->strides) {
+  if (t->strides && nbytes > 0) { /* an empty tensor's strides are arbitrary (numpy's (0, 3) has 0s) */
     int64_t expect = 1;
     for (int32_t i = t->ndim - 1; i >= 0; i--) {
       if (t->shape[i] != 1 && t->strides[i] != expect)

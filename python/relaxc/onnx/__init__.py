@@ -23,6 +23,7 @@ import numpy as np
 from .. import find_relaxc
 from .contrib import expand_contrib
 from .expand import expand_recurrent
+from .loop import scan_as_loop
 from .quantized import expand_quantized
 
 __all__ = ["OnnxError", "build", "parse_shape", "placement"]
@@ -199,7 +200,7 @@ def _check_operators(model):
     for i, node in enumerate(model.graph.node):
         if node.domain == "relaxc":  # relaxc.onnx's own nodes (converters.py)
             continue
-        if node.op_type not in known and node.op_type not in ("If",):
+        if node.op_type not in known and node.op_type not in ("If", "Loop"):
             raise OnnxError(
                 f"ONNX node {node.name or f'#{i}'!r} ({node.op_type}): TVM's ONNX front end has no converter for "
                 f"{node.op_type} (domain {node.domain or 'ai.onnx'})"
@@ -213,12 +214,19 @@ def _import(model, shape_dict):
     from tvm import relax
 
     from .converters import convert as relaxc_convert
+    from .loop import LoopError, convert_loop
 
     importer = onnx_frontend.ONNXGraphImporter
     original = importer._convert_operator
 
     def convert(self, op_name, inputs, attrs, opset):
         try:
+            if op_name == "Loop":
+                try:
+                    return convert_loop(self, inputs, attrs)
+                except LoopError as e:
+                    name = attrs.get("tvm_custom", {}).get("name", "?")
+                    raise OnnxError(f"ONNX node {name!r} (Loop): {e}") from e
             ours = relaxc_convert(self.bb, op_name, inputs, attrs)
             if ours is not None:
                 return ours
@@ -240,7 +248,7 @@ def _import(model, shape_dict):
         others = type(graph)()
         others.CopyFrom(graph)
         del others.node[:]
-        others.node.extend(n for n in graph.node if n.domain != "relaxc")
+        others.node.extend(n for n in graph.node if n.domain != "relaxc" and n.op_type != "Loop")
         return original_check(self, others)
 
     original_check = importer._check_for_unsupported_ops
@@ -263,6 +271,7 @@ def placement(mod):
     library, other = 0, {}
     # Operators that compute nothing (views, shapes, bookkeeping).
     free = {"relax.reshape", "relax.null_value", "relax.shape_of", "relax.call_pure_packed", "relax.match_cast"}
+    free.add("relax.call_builtin_with_ctx")  # the runtime's own (an ONNX Loop's relaxc.onnx_loop)
 
     def visit(var, expr):
         nonlocal library
@@ -309,17 +318,28 @@ def _fast_math(mod):
     import tvm
     from tvm import relax, topi
 
+    fast_forms = {
+        "relax.exp": topi.fast_exp,
+        "relax.erf": topi.fast_erf,
+        "relax.tanh": topi.fast_tanh,
+        "relax.sigmoid": lambda x: 1.0 / (1.0 + topi.fast_exp(-x)),
+    }
+
     @mutator
-    class FastSigmoid(PyExprMutator):
-        # FastMathTransform covers exp, erf, tanh and softmax; sigmoid is 1 / (1 + exp(-x)).
+    class FastMath(PyExprMutator):
+        # TVM's FastMathTransform does the same but takes every call's callee for an operator: a
+        # call of another Relax function (an ONNX Loop's) stopped it.
         def visit_call_(self, call):
             call = super().visit_call_(call)
-            if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.sigmoid":
-                return self.builder_.call_te(lambda x: 1.0 / (1.0 + topi.fast_exp(-x)), call.args[0])
+            if not isinstance(call.op, tvm.ir.Op):
+                return call
+            if call.op.name == "relax.nn.softmax":
+                return self.builder_.call_te(topi.nn.fast_softmax, call.args[0], call.attrs.axis)
+            if call.op.name in fast_forms:
+                return self.builder_.call_te(fast_forms[call.op.name], call.args[0])
             return call
 
-    mod = relax.transform.FastMathTransform()(mod)
-    fast = FastSigmoid(mod)
+    fast = FastMath(mod)
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
             fast.builder_.update_func(gv, fast.visit_expr(func))
@@ -376,6 +396,7 @@ def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, lo
     folded = expand_contrib(folded, log)
     folded = expand_recurrent(folded, log)
     folded = expand_quantized(folded, log)
+    folded = scan_as_loop(folded, log)
     _check_operators(folded)
     # TVM reads the others from the file, a symbolic dimension as a variable of its name.
     shape_dict = {n: shapes[n] for n in _graph_inputs(folded) if n in shapes}
