@@ -324,3 +324,43 @@ def test_a_scan_output_of_changing_shape_is_named(tmp_path):
     assert done.returncode != 0
     assert "ONNX node 'doubling' (Loop): scan output 'grown' has shape" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_loop_in_a_loop_body_runs(tmp_path):
+    """x <- x * 2^3 per outer iteration, by an inner loop adding x to itself three times."""
+    import tvm_ffi
+
+    inner = h.make_graph(
+        [h.make_node("Add", ["y", "y"], ["y_next"]), h.make_node("Identity", ["c"], ["c_next"])],
+        "inner",
+        [
+            h.make_tensor_value_info("j", TP.INT64, []),
+            h.make_tensor_value_info("c", TP.BOOL, []),
+            h.make_tensor_value_info("y", TP.FLOAT, [2]),
+        ],
+        [h.make_tensor_value_info("c_next", TP.BOOL, []), h.make_tensor_value_info("y_next", TP.FLOAT, [2])],
+    )
+    outer = h.make_graph(
+        [
+            h.make_node("Loop", ["three", "", "x"], ["x_inner"], body=inner),
+            h.make_node("Identity", ["cond"], ["cond_next"]),
+        ],
+        "outer",
+        [
+            h.make_tensor_value_info("i", TP.INT64, []),
+            h.make_tensor_value_info("cond", TP.BOOL, []),
+            h.make_tensor_value_info("x", TP.FLOAT, [2]),
+        ],
+        [h.make_tensor_value_info("cond_next", TP.BOOL, []), h.make_tensor_value_info("x_inner", TP.FLOAT, [2])],
+        [nh.from_array(np.array(3, np.int64), "three")],
+    )
+    m = model(
+        [h.make_node("Loop", ["M", "", "x0"], ["x_final"], body=outer)],
+        [h.make_tensor_value_info("M", TP.INT64, []), h.make_tensor_value_info("x0", TP.FLOAT, [2])],
+        [h.make_tensor_value_info("x_final", TP.FLOAT, [2])],
+    )
+    _, so = built(tmp_path, m, "compiled")
+    got = tvm_ffi.load_module(so)["main"](
+        tvm_ffi.from_dlpack(np.array(2, np.int64)), tvm_ffi.from_dlpack(np.array([1, 2], np.float32))
+    )
+    assert np.array_equal(np.from_dlpack(got), np.array([64, 128], np.float32))
