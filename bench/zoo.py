@@ -391,27 +391,36 @@ def main():
         peers = ["ort", *(f"openvino-{p}" for p in precisions)]
         times = {(rt, t): [] for rt in ("relaxc", *peers) for t in threads}
         compile_s = {p: [] for p in precisions}
-        try:
-            for _ in range(args.rounds):
-                for t in threads:
-                    times[("relaxc", t)].append(relaxc_time(args.relaxc, so, npz + ".args.npz", t, args.calls))
-                    times[("ort", t)].append(ort_time(path, npz, t, args.calls)["median_us"])
-                    for p in precisions:
+        openvino_fails = {}  # precision -> why OpenVINO cannot run this file
+        for _ in range(args.rounds):
+            for t in threads:
+                times[("relaxc", t)].append(relaxc_time(args.relaxc, so, npz + ".args.npz", t, args.calls))
+                times[("ort", t)].append(ort_time(path, npz, t, args.calls)["median_us"])
+                for p in precisions:
+                    if p in openvino_fails:
+                        continue
+                    try:
                         result = openvino_time(path, npz, t, args.calls, p)
-                        times[(f"openvino-{p}", t)].append(result["median_us"])
-                        compile_s[p].append(result["compile_s"])
-        except subprocess.CalledProcessError as e:
-            print(f"  a runtime failed: {e.stderr.strip().splitlines()[-1:]}", flush=True)
-            rows.append({"model": name, "family": family, "error": f"a runtime failed: {e.cmd[2:4]}"})
-            continue
+                    except subprocess.CalledProcessError as e:
+                        lines = e.stderr.strip().splitlines() or ["no message"]
+                        why = next((x for x in lines if "Exception" in x or "Error" in x), lines[-1]).strip()
+                        openvino_fails[p] = why[:150]
+                        print(f"  OpenVINO ({p}) cannot run it: {openvino_fails[p]}", flush=True)
+                        continue
+                    times[(f"openvino-{p}", t)].append(result["median_us"])
+                    compile_s[p].append(result["compile_s"])
         row = {"model": name, "family": family, "worst": worst, "build_s": build_s, "session_s": session_s}
         for p in precisions:
-            row[f"openvino-{p}-compile_s"] = statistics.median(compile_s[p])
+            row[f"openvino-{p}-compile_s"] = statistics.median(compile_s[p]) if p not in openvino_fails else None
+            row[f"openvino-{p}-fails"] = openvino_fails.get(p)
         for t in threads:
             r, o = statistics.median(times[("relaxc", t)]), statistics.median(times[("ort", t)])
             row[t] = (r, o)
             line = f"  {t} thread(s): relaxc {r / 1000:.3f} ms, ORT {o / 1000:.3f} ms, ratio {r / o:.2f}"
             for p in precisions:
+                if p in openvino_fails:
+                    row[f"openvino-{p}-{t}"] = None
+                    continue
                 v = statistics.median(times[(f"openvino-{p}", t)])
                 row[f"openvino-{p}-{t}"] = v
                 line += f"; OpenVINO ({p}) {v / 1000:.3f} ms, ratio {r / v:.2f}"
@@ -468,14 +477,20 @@ def main():
             f"{row[t][0] / row[t][1]:.2f} ({row[t][0] / 1000:.2f} / {row[t][1] / 1000:.2f} ms)" for t in threads
         )
         for p in precisions:
+            if row[f"openvino-{p}-fails"]:
+                ratios += " | " + " | ".join("cannot run it" for _ in threads)
+                continue
             ratios += " | " + " | ".join(
                 f"{row[t][0] / row[f'openvino-{p}-{t}']:.2f} ({row[t][0] / 1000:.2f} / "
                 f"{row[f'openvino-{p}-{t}'] / 1000:.2f} ms)"
                 for t in threads
             )
+        compiles = "".join(
+            f" {row[f'openvino-{p}-compile_s']:.2f} |" if not row[f"openvino-{p}-fails"] else " - |" for p in precisions
+        )
         table.append(
             f"| {row['model']} | {row['family']} | {ratios} | {row['worst']:.1e} | {row['build_s']:.1f} | "
-            f"{row['session_s']:.2f} |" + "".join(f" {row[f'openvino-{p}-compile_s']:.2f} |" for p in precisions)
+            f"{row['session_s']:.2f} |" + compiles
         )
         bars[row["model"]] = {report.threads(t): row[t][1] / row[t][0] for t in threads}
     means = []
@@ -487,10 +502,17 @@ def main():
     table += ["", f"Geometric mean of relaxc / ORT: {', '.join(means)}."]
     for p in precisions:
         means = []
+        ran = [row for row in rows if "error" not in row and not row[f"openvino-{p}-fails"]]
         for t in threads:
-            ratios = [row[t][0] / row[f"openvino-{p}-{t}"] for row in rows if "error" not in row]
+            ratios = [row[t][0] / row[f"openvino-{p}-{t}"] for row in ran]
             means.append(f"{float(np.exp(np.mean(np.log(ratios)))):.2f} at {report.threads(t)}")
-        table[-1] += f" Geometric mean of relaxc / {ov_names[p]}: {', '.join(means)}."
+        table[-1] += (
+            f" Geometric mean of relaxc / {ov_names[p]} over the {len(ran)} models it runs: {', '.join(means)}."
+        )
+    for row in rows:
+        for p in precisions:
+            if row.get(f"openvino-{p}-fails"):
+                table.append(f"\n{ov_names[p]} cannot run {row['model']}: `{row[f'openvino-{p}-fails']}`")
     print(report.machine())
     print("\n".join(table))
     if args.publish:

@@ -9,9 +9,10 @@
  * calling thread alone (in blocks of each, of which only the later calls are timed, so that they
  * find the workers and caches as a steady stream of calls would), and the faster way is kept for that function and those shapes. The
  * pool is kept unless running alone is at least as fast within 3%, and the trials are made again
- * every few thousand calls, since the machine's load changes. A call that takes longer than
- * a few milliseconds on the pool is not tried alone at all: the pool's overhead cannot matter to
- * it, and a lone trial would cost its user time.
+ * every few thousand calls, since the machine's load changes. A function whose second call (the
+ * first is a warm-up: page faults, first allocations) takes longer than 20 milliseconds on the
+ * pool is not tried alone at all: the pool's overhead cannot matter to it, and a lone trial
+ * would cost its user time.
  *
  * Running alone changes no result: every kernel gives the same bits at any number of tasks (a
  * busy pool already runs launches serially). RELAXC_THREAD_TRIALS=0 turns the trials off (every
@@ -31,12 +32,17 @@ enum {
    * after the other way's calls. */
   TRIAL_BLOCK = 4,
   TIMED_PER_BLOCK = 2,
-  TRIAL_CALLS = 4 * TRIAL_BLOCK,
+  /* Call 0 warms up (its time includes first-touch costs), call 1 is timed on the pool to tell
+   * whether the function is short enough for trials; the blocks follow. */
+  FIRST_BLOCK_CALL = 2,
+  TRIAL_CALLS = FIRST_BLOCK_CALL + 4 * TRIAL_BLOCK,
   /* Calls after a choice before it is tried again. */
   RETRIAL_AFTER = 4096,
 };
-/* A call slower than this on the pool keeps the pool without trials. */
-#define TRIAL_LIMIT_NS 3000000
+/* A second call slower than this on the pool keeps the pool without trials. Not lower: when the
+ * other core is busy the pool can take three times as long as one thread (a 1.4 ms classifier
+ * took 4 ms), and a few lone calls of a 20 ms model cost once what one busy call does. */
+#define TRIAL_LIMIT_NS 20000000
 /* Alone wins unless the pool is faster by more than this share. */
 #define POOL_MARGIN 0.03
 
@@ -122,12 +128,12 @@ bool rvm_thread_choice_begin(rvm_thread_choices *c, int64_t func, const char *na
     }
     memset(e, 0, sizeof(*e));
     e->key = key;
-    e->calls = 1; /* warm already */
+    e->calls = FIRST_BLOCK_CALL; /* warm, and known to be short */
   }
   call->trial = e;
   call->name = name;
-  /* Call 0 warms up on the pool; then blocks alone, on the pool, alone, on the pool. */
-  call->alone = e->calls > 0 && ((e->calls - 1) / TRIAL_BLOCK) % 2 == 0;
+  /* Calls 0 and 1 on the pool; then blocks alone, on the pool, alone, on the pool. */
+  call->alone = e->calls >= FIRST_BLOCK_CALL && ((e->calls - FIRST_BLOCK_CALL) / TRIAL_BLOCK) % 2 == 0;
   call->start_ns = clock_ns();
   if (call->alone) rvm_parallel_alone_begin();
   return call->alone;
@@ -139,6 +145,10 @@ void rvm_thread_choice_end(rvm_thread_call *call, int rc) {
   if (!e) return;
   int64_t took = clock_ns() - call->start_ns;
   if (rc != 0) return; /* a failed call times nothing worth comparing */
+  if (e->calls == 0) { /* the warm-up */
+    e->calls++;
+    return;
+  }
   if (!call->alone && took > TRIAL_LIMIT_NS) {
     e->decided = true; /* big enough that the pool's overhead cannot matter */
     e->alone = false;
@@ -146,7 +156,7 @@ void rvm_thread_choice_end(rvm_thread_call *call, int rc) {
       fprintf(stderr, "relaxc runtime: %s: on the pool (a call took %.3f ms: no trials)\n", call->name, took / 1e6);
     return;
   }
-  if (e->calls > 0 && (e->calls - 1) % TRIAL_BLOCK >= TRIAL_BLOCK - TIMED_PER_BLOCK) {
+  if (e->calls >= FIRST_BLOCK_CALL && (e->calls - FIRST_BLOCK_CALL) % TRIAL_BLOCK >= TRIAL_BLOCK - TIMED_PER_BLOCK) {
     int64_t *best = call->alone ? &e->best_alone_ns : &e->best_pool_ns;
     if (*best == 0 || took < *best) *best = took;
   }

@@ -148,12 +148,12 @@ fn run_model(path: &Path, opts: &RunOptions) -> Result<()> {
         if n == 0 {
             bail!("--bench needs at least one call");
         }
-        // The runtime tries a short function's first 17 calls alone and on its thread pool,
+        // The runtime tries a short function's first 18 calls alone and on its thread pool,
         // then keeps the faster way: those calls are warm-up, not timed.
         let t = Instant::now();
         drop(vm.call_values(f, &all)?);
-        if t.elapsed().as_secs_f64() < 3e-3 {
-            for _ in 0..17 {
+        if t.elapsed().as_secs_f64() < 20e-3 {
+            for _ in 0..18 {
                 drop(vm.call_values(f, &all)?);
             }
         }
