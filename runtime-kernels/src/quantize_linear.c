@@ -8,7 +8,13 @@
  *
  * Two passes over x: its range, then the bytes. Minimum and maximum are exact in any order, so
  * the result is the same at any thread count.
+ *
+ * Also here: relaxc.fake_quantize (a QuantizeLinear -> DequantizeLinear pair in one pass) and
+ * relaxc.quantized_softmax (ORT's QLinearSoftmax arithmetic).
  */
+#include <float.h>
+#include <math.h>
+
 #include "rk.h"
 
 /* v rounded half to even: adding and removing 1.5 * 2^23 leaves an integer in the current
@@ -167,26 +173,30 @@ typedef struct fake_job {
   float *y;
   int64_t n;
   float scale, zp, lo, hi; /* lo, hi: the 8-bit type's range less the zero point */
+  float out_scale;         /* the DequantizeLinear's scale (the QuantizeLinear's, or 1 for integers) */
 } fake_job;
 
-/* QuantizeLinear then DequantizeLinear with the same scale and zero point, as one pass:
- * (saturate(round_even(x / scale) + zp) - zp) * scale, each step as ONNX writes it. */
+/* QuantizeLinear then DequantizeLinear with one zero point, as one pass:
+ * (saturate(round_even(x / scale) + zp) - zp) * out_scale, each step as ONNX writes it. An
+ * out_scale of 1 gives the quantized integers less the zero point (relaxc.onnx's exact int8
+ * convolutions take those). */
 static inline __attribute__((always_inline)) void fake_of(const float *restrict x, float *restrict y, int64_t n,
-                                                          float scale, float lo, float hi) {
+                                                          float scale, float lo, float hi, float out_scale) {
   for (int64_t i = 0; i < n; i++) {
     float v = x[i] / scale;
     v = v < lo ? lo : v;
     v = v > hi ? hi : v;
-    y[i] = round_even(v) * scale;
+    y[i] = round_even(v) * out_scale;
   }
 }
 
-static void fake_portable(const float *x, float *y, int64_t n, float scale, float lo, float hi) {
-  fake_of(x, y, n, scale, lo, hi);
+static void fake_portable(const float *x, float *y, int64_t n, float scale, float lo, float hi, float out_scale) {
+  fake_of(x, y, n, scale, lo, hi, out_scale);
 }
 #if defined(__x86_64__)
-RK_AVX2_TARGET static void fake_avx2(const float *x, float *y, int64_t n, float scale, float lo, float hi) {
-  fake_of(x, y, n, scale, lo, hi);
+RK_AVX2_TARGET static void fake_avx2(const float *x, float *y, int64_t n, float scale, float lo, float hi,
+                                     float out_scale) {
+  fake_of(x, y, n, scale, lo, hi, out_scale);
 }
 #endif
 
@@ -196,30 +206,141 @@ static int fake_task(int task, int num_tasks, void *ctx) {
   rk_split(j->n, task, num_tasks, &begin, &end);
 #if defined(__x86_64__)
   if (rk_cpu_isa() == RK_ISA_AVX2) {
-    fake_avx2(j->x + begin, j->y + begin, end - begin, j->scale, j->lo, j->hi);
+    fake_avx2(j->x + begin, j->y + begin, end - begin, j->scale, j->lo, j->hi, j->out_scale);
     return 0;
   }
 #endif
-  fake_portable(j->x + begin, j->y + begin, end - begin, j->scale, j->lo, j->hi);
+  fake_portable(j->x + begin, j->y + begin, end - begin, j->scale, j->lo, j->hi, j->out_scale);
   return 0;
 }
 
-/* (x, [scale, zero_point, qmin, qmax], y): x and y float32 of one shape. */
+/* (x, [scale, zero_point, qmin, qmax, out_scale], y): x and y float32 of one shape. */
 int rvm_builtin_kl_fake_quantize(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
   (void)self, (void)result;
   static const char kernel[] = "relaxc.fake_quantize";
   DLTensor *x = NULL, *y = NULL;
-  float p[4];
+  float p[5];
   int rc = rk_check_count(kernel, num_args, 3);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 0, "x", &x);
-  if (!rc) rc = rk_arg_scalars(kernel, args, num_args, 1, "params", 4, p);
+  if (!rc) rc = rk_arg_scalars(kernel, args, num_args, 1, "params", 5, p);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 2, "y", &y);
   if (rc) return rc;
   if (!rk_same_shape(y, x)) return rk_shape_error(kernel, "y must have x's shape", y);
   if (!(p[0] > 0.0f) || p[2] > p[3])
-    return rvm_raise("ValueError", "%s: params must be [scale > 0, zero_point, qmin <= qmax], got [%g, %g, %g, %g]", kernel,
-                     (double)p[0], (double)p[1], (double)p[2], (double)p[3]);
+    return rvm_raise("ValueError", "%s: params must be [scale > 0, zero_point, qmin <= qmax, out_scale], got [%g, %g, %g, %g, %g]",
+                     kernel, (double)p[0], (double)p[1], (double)p[2], (double)p[3], (double)p[4]);
   /* The zero point is added and taken away again: only the clamp depends on it. */
-  fake_job j = {rk_data(x), rk_data(y), rk_numel(x), p[0], p[1], p[2] - p[1], p[3] - p[1]};
+  fake_job j = {rk_data(x), rk_data(y), rk_numel(x), p[0], p[1], p[2] - p[1], p[3] - p[1], p[4]};
   return rk_parallel(tasks_for(j.n), fake_task, &j);
+}
+
+/* ---- relaxc.quantized_softmax ---------------------------------------------------------------- */
+
+/* ONNX Runtime's QLinearSoftmax (its CPU kernel, which the QDQ form's DequantizeLinear -> Softmax ->
+ * QuantizeLinear also becomes), in its arithmetic, so that the bytes are ORT's: values are taken
+ * in the unsigned domain (a signed tensor shifted by 128, as ORT's graph rewriting does), exp of
+ * each of the 256 values comes from a table computed in double with a shift that keeps the sums
+ * finite, each row's sum is a float sum in order, and y = nearbyint(table[x] * floor(1 / y_scale)
+ * / sum) + y_zero_point, capped at 255. A float softmax rounds differently: one step of 1/256 on
+ * a classifier's probabilities. */
+
+typedef struct softmax_job {
+  const void *x;
+  bool x_float, x_signed, y_signed;
+  float x_scale, x_zp, y_scale;
+  int32_t y_zp; /* in the unsigned domain */
+  void *y;
+  int64_t rows, width;
+  float table[256];
+} softmax_job;
+
+/* Element i of x in the unsigned domain (quantized first when x is float). */
+static inline int32_t unsigned_value(const softmax_job *j, int64_t i) {
+  if (j->x_float) {
+    float v = ((const float *)j->x)[i] / j->x_scale;
+    float lo = (j->x_signed ? -128.0f : 0.0f) - j->x_zp, hi = (j->x_signed ? 127.0f : 255.0f) - j->x_zp;
+    v = v < lo ? lo : v > hi ? hi : v;
+    return (int32_t)(round_even(v) + j->x_zp) + (j->x_signed ? 128 : 0);
+  }
+  return j->x_signed ? (int32_t)((const int8_t *)j->x)[i] + 128 : (int32_t)((const uint8_t *)j->x)[i];
+}
+
+static int softmax_task(int task, int num_tasks, void *ctx) {
+  const softmax_job *j = ctx;
+  int64_t begin, end;
+  rk_split(j->rows, task, num_tasks, &begin, &end);
+  float y_factor = floorf(1.0f / j->y_scale);
+  for (int64_t r = begin; r < end; r++) {
+    int64_t base = r * j->width;
+    int32_t top = 0;
+    for (int64_t c = 0; c < j->width; c += 256) {
+      int64_t n = j->width - c < 256 ? j->width - c : 256;
+      for (int64_t k = 0; k < n; k++) {
+        int32_t v = unsigned_value(j, base + c + k);
+        top = v > top ? v : top;
+      }
+    }
+    const float *shifted = j->table + 255 - top;
+    float sum = 0.0f;
+    for (int64_t c = 0; c < j->width; c++) sum += shifted[unsigned_value(j, base + c)];
+    for (int64_t c = 0; c < j->width; c++) {
+      int32_t q = 0;
+      if (sum != 0.0f) {
+        q = (int32_t)nearbyintf((shifted[unsigned_value(j, base + c)] * y_factor) / sum) + j->y_zp;
+        q = q > 255 ? 255 : q;
+      }
+      if (j->y_signed)
+        ((int8_t *)j->y)[base + c] = (int8_t)(q - 128);
+      else
+        ((uint8_t *)j->y)[base + c] = (uint8_t)q;
+    }
+  }
+  return 0;
+}
+
+int rvm_builtin_kl_quantized_softmax(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  static const char kernel[] = "relaxc.quantized_softmax";
+  DLTensor *x = NULL, *y = NULL;
+  float p[5];
+  int rc = rk_check_count(kernel, num_args, 3);
+  if (rc) return rc;
+  x = rvm_as_dltensor(&args[0]);
+  if (!x || (x->dtype.code != kDLFloat && x->dtype.bits != 8)) { /* float32, int8 or uint8 */
+    rc = rk_arg_typed(kernel, args, num_args, 0, "x", kDLFloat, 32, "float32 (or int8 or uint8)", &x);
+  } else {
+    rc = rk_arg_typed(kernel, args, num_args, 0, "x", x->dtype.code, x->dtype.code == kDLFloat ? 32 : 8,
+                      "float32 (or int8 or uint8)", &x);
+  }
+  if (!rc) rc = rk_arg_scalars(kernel, args, num_args, 1, "params", 5, p);
+  y = rc ? NULL : rvm_as_dltensor(&args[2]);
+  if (!rc) rc = rk_arg_typed(kernel, args, num_args, 2, "y", y && y->dtype.code == kDLInt ? kDLInt : kDLUInt, 8, "int8 or uint8", &y);
+  if (rc) return rc;
+  bool x_float = x->dtype.code == kDLFloat;
+  if (x_float ? x->dtype.bits != 32 : (x->dtype.code == kDLFloat || x->dtype.bits != 8))
+    return rk_shape_error(kernel, "x must be float32, int8 or uint8", x);
+  if (x->ndim < 1 || y->ndim != x->ndim) return rk_shape_error(kernel, "y must have x's shape (rank 1 or more)", y);
+  for (int32_t d = 0; d < x->ndim; d++)
+    if (x->shape[d] != y->shape[d]) return rk_shape_error(kernel, "y must have x's shape", y);
+  if (!(p[0] > 0.0f) || !(p[3] > 0.0f))
+    return rvm_raise("ValueError", "%s: the scales must be positive, got x_scale %g and y_scale %g", kernel, (double)p[0],
+                     (double)p[3]);
+  softmax_job job, *j = &job;
+  j->x = (const char *)x->data + x->byte_offset;
+  j->y = (char *)y->data + y->byte_offset;
+  j->x_float = x_float;
+  j->x_signed = x_float ? p[2] != 0.0f : x->dtype.code == kDLInt;
+  j->y_signed = y->dtype.code == kDLInt;
+  j->x_scale = p[0];
+  j->x_zp = p[1];
+  j->y_scale = p[3];
+  j->y_zp = (int32_t)p[4] + (j->y_signed ? 128 : 0);
+  j->width = x->shape[x->ndim - 1];
+  j->rows = j->width ? rk_numel(x) / j->width : 0;
+  if (j->rows == 0) return 0;
+  /* The table: exp((i - 255 + shift) * x_scale), the shift keeping a row's sum below FLT_MAX. */
+  double shift = log((double)(FLT_MAX / (float)j->width));
+  shift = (shift - 5.0 > 0.0 ? shift - 5.0 : 0.0) / (double)j->x_scale;
+  for (int i = 0; i < 256; i++) j->table[i] = (float)exp(((double)i - 255.0 + shift) * (double)j->x_scale);
+  return rk_parallel(j->rows * j->width / UNIT > 1 ? j->rows * j->width / UNIT : 1, softmax_task, j);
 }

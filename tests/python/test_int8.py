@@ -355,18 +355,20 @@ def test_a_model_quantized_by_onnx_runtime_runs_on_int8_kernels(tmp_path):
 
 def test_fake_quantize_is_quantize_then_dequantize(library):
     """relaxc.fake_quantize against QuantizeLinear then DequantizeLinear in numpy: ties to even,
-    both saturations, int8 and uint8 ranges."""
+    both saturations, int8 and uint8 ranges, a dequantize scale other than the quantize's."""
     x = np.concatenate(
         [
             np.array([0.25, 0.75, -0.25, -0.75, 1.25, 100.0, -100.0, 0.0], np.float32),
             np.linspace(-40, 40, 999, dtype=np.float32),
         ]
     )
-    for scale, zp, lo, hi in [(0.5, 3.0, 0.0, 255.0), (0.5, -6.0, -128.0, 127.0), (0.1, 0.0, -128.0, 127.0)]:
+    cases = [(0.5, 3.0, 0.0, 255.0, 0.5), (0.5, -6.0, -128.0, 127.0, 0.5), (0.1, 0.0, -128.0, 127.0, 0.1)]
+    cases += [(0.1, 3.0, 0.0, 255.0, 1.0), (1.0, -2.0, -128.0, 127.0, 0.037)]  # another dequantize scale
+    for scale, zp, lo, hi, out_scale in cases:
         got = np.zeros_like(x)
-        library["relaxc.fake_quantize"](t(x), t(np.array([scale, zp, lo, hi], np.float32)), t(got))
+        library["relaxc.fake_quantize"](t(x), t(np.array([scale, zp, lo, hi, out_scale], np.float32)), t(got))
         q = np.clip(np.rint(x / np.float32(scale)) + zp, lo, hi)
-        want = ((q - zp) * np.float32(scale)).astype(np.float32)
+        want = ((q - zp) * np.float32(out_scale)).astype(np.float32)
         assert np.array_equal(got, want), (scale, zp, np.argwhere(got != want)[:5])
 
 
@@ -407,10 +409,9 @@ def small_cnn():
 @pytest.mark.parametrize("form", ["QDQ", "QOperator", "dynamic"])
 def test_onnx_runtimes_int8_forms_of_a_cnn_build_and_match_it(tmp_path, form):
     """A CNN through ORT's quantize_static (QDQ and QOperator forms) and quantize_dynamic
-    (ConvInteger): each builds, and its outputs are ORT's on the same file up to one step of the
-    output's quantization (the static forms: relaxc computes each layer in float between its
-    quantizations, ORT in integers, and a value on a rounding boundary may land one step over)
-    or 1e-4 (the dynamic form, whose convolution sums are exact in float at these sizes)."""
+    (ConvInteger): each builds; the static forms' outputs are ORT's exactly (their convolutions
+    and the Gemm's matmul in ORT's integer arithmetic and requantization), the dynamic form's
+    within 1e-4 (its convolution sums are exact in float at these sizes)."""
     onnx, ort = onnx_tools()
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -455,9 +456,56 @@ def test_onnx_runtimes_int8_forms_of_a_cnn_build_and_match_it(tmp_path, form):
         scales = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
         step = float(np.max(scales[producer.input[1]]))
     print(json.dumps({"form": form, "max difference": err, "output step": step}))
-    assert err <= max(1e-4 * scale, step * 1.0001), (err, step)
+    if form == "dynamic":
+        assert err <= 1e-4 * scale, err
+    else:
+        assert err == 0.0, (err, step)
+        assert "computed in ONNX Runtime's integer arithmetic" in done.stdout, done.stdout
     # Both convolutions, the Gemm and (static forms) each activation's quantize-dequantize pair
     # run on the kernel library.
     report = done.stdout + done.stderr
     on_library = int(re.search(r"(\d+) operators on relaxc's kernel library", report).group(1))
     assert on_library >= (3 if form == "dynamic" else 6), report
+
+
+@pytest.mark.parametrize("form", ["QDQ", "QOperator"])
+@pytest.mark.parametrize("activations", ["QUInt8", "QInt8"])
+def test_an_int8_softmax_gives_onnx_runtimes_bytes(tmp_path, form, activations):
+    """MatMul -> Softmax quantized by ORT (a classifier's head): ORT runs the softmax as its
+    QLinearSoftmax (an exp table, float sums, its own rounding), relaxc as
+    relaxc.quantized_softmax in the same arithmetic, and the matmul in integers: the outputs are
+    ORT's, every byte, for unsigned and signed activations."""
+    onnx, ort = onnx_tools()
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    rng = np.random.default_rng(11)
+    w = numpy_helper.from_array(rng.standard_normal((16, 10)).astype(np.float32) * 0.7, "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"]), helper.make_node("Softmax", ["logits"], ["p"], axis=-1)],
+        "head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 16])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [6, 10])],
+        [w],
+    )
+    f32, q8 = str(tmp_path / "f32.onnx"), str(tmp_path / "q8.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), f32)
+    samples = [rng.uniform(-2, 2, (6, 16)).astype(np.float32) for _ in range(4)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.items = iter({"x": s} for s in samples)
+
+        def get_next(self):
+            return next(self.items, None)
+
+    quantize_static(
+        f32, q8, Reader(), quant_format=getattr(QuantFormat, form), activation_type=getattr(QuantType, activations)
+    )
+    done, path, so = build_onnx(tmp_path, onnx.load(q8))
+    assert "softmax(es) computed in ONNX Runtime's integer arithmetic" in done.stdout, done.stdout
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    for inp in samples + [rng.uniform(-4, 4, (6, 16)).astype(np.float32)]:
+        want = session.run(None, {"x": inp})[0]
+        got = run_all(so, [inp])[0]
+        assert np.array_equal(got, want), (np.abs(got - want).max(), got[:1], want[:1])

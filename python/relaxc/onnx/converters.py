@@ -53,10 +53,22 @@ def _gru_sequence(bb, inputs, attrs):
     return _sequence("relaxc.gru_sequence", bb, inputs, attrs, extra, 1)
 
 
+def _quantized_softmax(bb, inputs, attrs):
+    """relaxc.onnx's QuantizedSoftmax (quantized.py): (x, params) -> y as relaxc.quantized_softmax."""
+    x, params = inputs[0], inputs[1]
+    y_type = attrs.get("y_type", "uint8")
+    y_type = y_type.decode() if isinstance(y_type, bytes) else y_type
+    ty = getattr(x, "ty", None)
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    return bb.emit(relax.call_dps_packed("relaxc.quantized_softmax", [x, params], relax.TensorType(ty.shape, y_type)))
+
+
 CONVERTERS = {
     "DynamicQuantizeLinear": _dynamic_quantize_linear,
     "LSTMSequence": _lstm_sequence,
     "GRUSequence": _gru_sequence,
+    "QuantizedSoftmax": _quantized_softmax,
 }
 
 

@@ -77,6 +77,11 @@ class _Rewriter:
                 self.consumers.setdefault(i, []).append(n)
         self.graph_outputs = {o.name for o in model.graph.output}
         self.skip = set()  # ids of nodes an expansion has made redundant
+        self.producer = {o: n for n in model.graph.node for o in n.output}
+        # A folded DequantizeLinear's output -> (its integers, scale, zero point, axis)
+        self.integers = {}
+        self.exact_qlinear = 0  # QLinearConvs written in the exact form
+        self.gone = set()  # outputs of nodes an exact form replaced (no node gives them any more)
 
     def fresh(self, hint):
         self.count += 1
@@ -116,7 +121,235 @@ def _attrs(node):
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
+# Exact int8 convolutions. ONNX Runtime runs an int8 convolution (QLinearConv, or the QDQ form's
+# DequantizeLinear -> Conv -> QuantizeLinear, which it fuses into one) in integers: int32 sums of
+# (x - x_zero_point) * (w - w_zero_point) plus the int32 bias, then float(sum) * (x_scale *
+# w_scale / y_scale), rounded half to even, plus y's zero point (MLAS's requantization). A float
+# convolution of the dequantized values rounds differently, and a value near a rounding boundary
+# lands a step away; over a deep network such steps add up. So the same integers are computed
+# here with the float convolution kernels, on the integers themselves: float32 holds every sum
+# exactly while it stays below 2^24, which is checked per convolution from its weights and the
+# input's range (a MobileNetV3's worst is 2.1 million), and the requantization is ORT's, as a
+# multiply by the same float32 scale and a QuantizeLinear of scale 1.
+
+_EXACT_LIMIT = 1 << 24
+
+
+def _requantize_scale(x_scale, w_scale, y_scale):
+    """ORT's requantization scale, per output channel: (x_scale * w_scale) / y_scale in float32."""
+    xs, ys = np.float32(np.asarray(x_scale).reshape(())), np.float32(np.asarray(y_scale).reshape(()))
+    return ((xs * np.asarray(w_scale, np.float32)).astype(np.float32) / ys).astype(np.float32)
+
+
+def _emit_exact(r, op, hint, x, x_zp, w_int, w_zp, w_scale, x_scale, bias_int, y_scale, y_zp, attrs, output):
+    """x (8-bit, not constant) `op` w (8-bit constant; Conv: [out, in, k...] scaled per output
+    channel, MatMul: [k, out] scaled per column) + bias (int32 constant or None), requantized to
+    `output` (8-bit, y_zp's type) as ORT does; False (nothing emitted) when the sums could leave
+    float32's exact integers or a parameter is not what ORT's kernels take."""
+    x_zp_value = np.asarray(r.values[x_zp]) if x_zp else np.zeros((), np.uint8)
+    if x_zp_value.size != 1 or np.asarray(x_scale).size != 1 or np.asarray(y_scale).size != 1:
+        return False
+    if (op == "Conv" and w_int.ndim < 3) or (op == "MatMul" and w_int.ndim != 2):
+        return False
+    axis = 0 if op == "Conv" else 1  # the output channels' axis of the weights
+    outs = w_int.shape[axis]
+    w_scale = np.asarray(w_scale, np.float32).reshape(-1)
+    w_zp = np.zeros((), np.int64) if w_zp is None else np.asarray(w_zp).astype(np.int64).reshape(-1)
+    if w_scale.size not in (1, outs) or w_zp.size not in (1, outs):
+        return False
+    per_channel = [1] * w_int.ndim
+    per_channel[axis] = -1
+    w = w_int.astype(np.int64) - (w_zp.reshape(per_channel) if w_zp.size > 1 else w_zp.reshape(()))
+    info = np.iinfo(x_zp_value.dtype)
+    x_reach = max(int(x_zp_value) - info.min, info.max - int(x_zp_value))
+    bias = np.zeros(outs, np.int64) if bias_int is None else np.asarray(bias_int).astype(np.int64).reshape(-1)
+    if bias.size != outs:
+        return False
+    worst = np.abs(np.moveaxis(w, axis, 0)).reshape(outs, -1).sum(axis=1) * x_reach + np.abs(bias)
+    if int(worst.max()) >= _EXACT_LIMIT:
+        return False
+    one = r.constant(np.array(1.0, np.float32), hint + "_unit_scale")
+    xi = r.op("DequantizeLinear", [x, one] + ([x_zp] if x_zp else []), hint + "_xint")
+    inputs = [xi, r.constant(w.astype(np.float32), hint + "_wint")]
+    if bias_int is not None:
+        inputs.append(r.constant(bias.astype(np.float32), hint + "_bint"))
+    acc = r.op(op, inputs, hint + "_sums", **attrs)
+    scale = _requantize_scale(x_scale, w_scale, y_scale)
+    if scale.size > 1 and op == "Conv":
+        scale = scale.reshape((1, -1) + (1,) * (w_int.ndim - 2))
+    elif scale.size == 1:
+        scale = scale.reshape(())
+    scaled = r.op("Mul", [acc, r.constant(scale, hint + "_requant")], hint + "_scaled")
+    r.op("QuantizeLinear", [scaled, one, y_zp], hint + "_q", output=output)
+    return True
+
+
+def _exact_qdq_conv(r, node):
+    """A QDQ convolution or matmul (its input from a DequantizeLinear, its weights (and a
+    convolution's int32 bias) folded DequantizeLinears of constants, its only user a
+    QuantizeLinear of constant scale and zero point) written exactly (above); False if it is not
+    one."""
+    get = lambda n, i: r.input(n, i)
+    x_dq = r.producer.get(get(node, 0))
+    users = r.consumers.get(node.output[0], [])
+    if x_dq is None or x_dq.op_type != "DequantizeLinear" or get(x_dq, 0) in r.values:
+        return False
+    if len(users) != 1 or users[0].op_type != "QuantizeLinear" or node.output[0] in r.graph_outputs:
+        return False
+    q = users[0]
+    if not all(get(q, i) in r.values for i in (1, 2)) or not get(q, 2) or np.asarray(r.values[get(q, 1)]).size != 1:
+        return False
+    if not (get(x_dq, 1) in r.values and (not get(x_dq, 2) or get(x_dq, 2) in r.values)):
+        return False
+    weight = r.integers.get(get(node, 1))
+    if weight is None:
+        return False
+    w_int, w_scale, w_zp, axis = np.asarray(weight[0]), weight[1], weight[2], weight[3]
+    out_axis = 0 if node.op_type == "Conv" else w_int.ndim - 1
+    if not np.issubdtype(w_int.dtype, np.integer) or (np.asarray(w_scale).size > 1 and axis % w_int.ndim != out_axis):
+        return False
+    bias_int = None
+    if node.op_type == "Conv" and get(node, 2):
+        # ORT takes the int32 bias as it is (its scale is x_scale * w_scale by construction).
+        bias = r.integers.get(get(node, 2))
+        if bias is None or np.asarray(bias[0]).dtype != np.int32 or bias[2] is not None and np.any(bias[2]):
+            return False
+        bias_int = bias[0]
+    hint = node.name or node.output[0]
+    done = _emit_exact(
+        r,
+        node.op_type,
+        hint,
+        get(x_dq, 0),
+        get(x_dq, 2),
+        w_int,
+        w_zp,
+        w_scale,
+        r.values[get(x_dq, 1)],
+        bias_int,
+        r.values[get(q, 1)],
+        get(q, 2),
+        _attrs(node),
+        q.output[0],
+    )
+    if done:
+        r.skip.add(id(q))
+        r.gone.add(node.output[0])  # the float sums are no longer a value of the graph
+    return done
+
+
+def _rank(r, name):
+    """The rank the model records for a value (onnxsim writes them), or None."""
+    for v in list(r.model.graph.value_info) + list(r.model.graph.input) + list(r.model.graph.output):
+        if v.name == name and v.type.tensor_type.HasField("shape"):
+            return len(v.type.tensor_type.shape.dim)
+    return None
+
+
+def _quantized_softmax(r, node, x, x_scale, x_zp, y_scale, y_zp, output):
+    """An 8-bit softmax over the last axis as relaxc.quantized_softmax (ORT's QLinearSoftmax
+    arithmetic), reading the float before x's QuantizeLinear when there is one; False when the
+    axis is not the last or a parameter is not a constant scalar."""
+    names = (x_scale, x_zp, y_scale, y_zp)
+    if not all(n and n in r.values and np.asarray(r.values[n]).size == 1 for n in names):
+        return False
+    rank = _rank(r, x)
+    opset = next((o.version for o in r.model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    attrs = _attrs(node)
+    axis = attrs.get("axis", -1 if opset >= 13 and node.op_type == "Softmax" else 1)
+    if rank is None or axis % rank != rank - 1:
+        return False
+    x_zp_value, y_zp_value = np.asarray(r.values[x_zp]), np.asarray(r.values[y_zp])
+    params = [float(np.asarray(r.values[x_scale]).reshape(())), float(x_zp_value.reshape(()))]
+    params += [float(x_zp_value.dtype == np.int8), float(np.asarray(r.values[y_scale]).reshape(()))]
+    params += [float(y_zp_value.reshape(()))]
+    source = r.producer.get(x)
+    if (
+        source is not None
+        and source.op_type == "QuantizeLinear"
+        and r.input(source, 1) == x_scale
+        and r.input(source, 2) == x_zp
+        and r.input(source, 0) not in r.gone
+    ):
+        x = r.input(source, 0)  # quantized in the kernel, in the same arithmetic
+    signed = "int8" if y_zp_value.dtype == np.int8 else "uint8"
+    r.nodes.append(
+        r.helper.make_node(
+            "QuantizedSoftmax",
+            [x, r.constant(np.array(params, np.float32), (node.name or node.output[0]) + "_params")],
+            [output],
+            name=r.fresh((node.name or node.output[0]) + "_softmax"),
+            domain="relaxc",
+            y_type=signed,
+        )
+    )
+    return True
+
+
+def _exact_qdq_softmax(r, node):
+    """DequantizeLinear -> Softmax -> QuantizeLinear (ORT's QLinearSoftmax after its QDQ fusion) as
+    relaxc.quantized_softmax; False if the node is not in such a group."""
+    x_dq = r.producer.get(r.input(node, 0))
+    users = r.consumers.get(node.output[0], [])
+    if x_dq is None or x_dq.op_type != "DequantizeLinear" or len(users) != 1 or users[0].op_type != "QuantizeLinear":
+        return False
+    if node.output[0] in r.graph_outputs:
+        return False
+    q = users[0]
+    get = r.input
+    done = _quantized_softmax(r, node, get(x_dq, 0), get(x_dq, 1), get(x_dq, 2), get(q, 1), get(q, 2), q.output[0])
+    if done:
+        r.skip.add(id(q))
+    return done
+
+
+def _qlinear_softmax(r, node):
+    get = lambda i: r.input(node, i)
+    if _quantized_softmax(r, node, get(0), get(1), get(2), get(3), get(4), node.output[0]):
+        r.exact_qlinear += 1
+        return
+    _unary("Softmax", keep=("axis",))(r, node)
+
+
+def _qlinear_exact(r, node, op, w_index, bias_index):
+    """A QLinearConv / QLinearMatMul with constant weights (and bias) in the exact form; False if
+    its parameters do not allow it."""
+    get = lambda i: r.input(node, i)
+    names = [get(i) for i in (1, 2, w_index, w_index + 1, w_index + 2, w_index + 3, w_index + 4) if get(i)]
+    if get(0) in r.values or not all(n in r.values for n in names) or not get(w_index + 4):
+        return False
+    bias = None
+    if bias_index is not None and get(bias_index):
+        if get(bias_index) not in r.values or r.values[get(bias_index)].dtype != np.int32:
+            return False
+        bias = r.values[get(bias_index)]
+    w_int = np.asarray(r.values[get(w_index)])
+    w_zp = r.values[get(w_index + 2)] if get(w_index + 2) else None
+    attrs = _attrs(node) if op == "Conv" else {}
+    done = _emit_exact(
+        r,
+        op,
+        node.name or node.output[0],
+        get(0),
+        get(2),
+        w_int,
+        w_zp,
+        r.values[get(w_index + 1)],
+        r.values[get(1)],
+        bias,
+        r.values[get(w_index + 3)],
+        get(w_index + 4),
+        attrs,
+        node.output[0],
+    )
+    if done:
+        r.exact_qlinear += 1
+    return done
+
+
 def _qlinear_conv(r, node):
+    if _qlinear_exact(r, node, "Conv", 3, 8):
+        return
     get = lambda i: r.input(node, i)
     hint = node.name or node.output[0]
     x = r.dequantize(get(0), get(1), get(2), hint + "_x")
@@ -135,6 +368,8 @@ def _qlinear_conv(r, node):
 
 
 def _qlinear_matmul(r, node):
+    if _qlinear_exact(r, node, "MatMul", 3, None):
+        return
     get = lambda i: r.input(node, i)
     hint = node.name or node.output[0]
     a = r.dequantize(get(0), get(1), get(2), hint + "_a")
@@ -249,7 +484,7 @@ EXPANSIONS = {
         "AveragePool", keep=("auto_pad", "ceil_mode", "count_include_pad", "kernel_shape", "pads", "strides")
     ),
     (_MS, "QLinearConcat"): _concat,
-    (_MS, "QLinearSoftmax"): _unary("Softmax", keep=("axis",)),
+    (_MS, "QLinearSoftmax"): _qlinear_softmax,
     (_MS, "QGemm"): _qgemm,
 }
 
@@ -270,7 +505,7 @@ def expand_quantized(model, log=print):
     ):
         return model
     r = _Rewriter(model)
-    expanded = folded = 0
+    expanded = folded = exact = 0
     for node in model.graph.node:
         if id(node) in r.skip:
             continue
@@ -287,7 +522,13 @@ def expand_quantized(model, log=print):
             value = fold(r.values[get(0)], r.values[get(1)], zp, axis)
             r.op("Identity", [r.constant(value, node.name or node.output[0])], "fold", output=node.output[0])
             r.values[node.output[0]] = value
+            if node.op_type == "DequantizeLinear":  # the integers too, for an exact convolution
+                r.integers[node.output[0]] = (r.values[get(0)], r.values[get(1)], zp, axis)
             folded += 1
+        elif node.op_type in ("Conv", "MatMul") and domain(node) == "" and _exact_qdq_conv(r, node):
+            exact += 1
+        elif node.op_type == "Softmax" and domain(node) == "" and _exact_qdq_softmax(r, node):
+            exact += 1
         else:
             r.nodes.append(node)
     del model.graph.node[:]
@@ -298,4 +539,9 @@ def expand_quantized(model, log=print):
         )
     if folded:
         log(f"{folded} QuantizeLinear/DequantizeLinear(s) of constants folded (weights)")
+    if exact or r.exact_qlinear:
+        log(
+            f"{exact + r.exact_qlinear} int8 convolution(s), matmul(s) and softmax(es) computed in ONNX Runtime's "
+            "integer arithmetic"
+        )
     return model
