@@ -344,3 +344,225 @@ int rvm_builtin_kl_quantized_softmax(void *self, const TVMFFIAny *args, int32_t 
   for (int i = 0; i < 256; i++) j->table[i] = (float)exp(((double)i - 255.0 + shift) * (double)j->x_scale);
   return rk_parallel(j->rows * j->width / UNIT > 1 ? j->rows * j->width / UNIT : 1, softmax_task, j);
 }
+
+/* ---- relaxc.quantized_binary ----------------------------------------------------------------- */
+
+/* ONNX Runtime's QLinearAdd and QLinearMul (MLAS's x86 kernels), in their arithmetic, so that the
+ * bytes are ORT's. Add: c = a * (sa / sc) + (b * (sb / sc) + (zc - (sa / sc * za + sb / sc * zb)))
+ * with both steps fused multiply-adds (ORT's AVX2 kernel), and when b is one value for a span of
+ * a, its product added separately first. Mul: c = float((a - za) * (b - zb)) * (sa * sb / sc) +
+ * zc, a multiply then an add. Then rounded half to even and saturated. Where ORT broadcasts
+ * (b constant over a's trailing dimensions: a per-channel scale), the same spans are used. */
+
+typedef struct binary_job {
+  const void *a, *b;
+  bool a_float, b_float, is_signed, mul;
+  float a_in, b_in; /* float operands' QuantizeLinear scales */
+  int32_t za, zb, zc;
+  float ratio_a, ratio_b, fixed, ratio; /* add's ratios and fixed part; mul's ratio */
+  void *c;
+  int64_t n, span; /* elements; how many of a share one b (n when b is a's shape: span 1 below) */
+  bool b_scalar_spans;
+} binary_job;
+
+/* Operand i as an integer: quantized first from float with its scale and zero point. */
+static inline int32_t operand(const void *data, bool is_float, bool is_signed, float in_scale, int32_t zp, int64_t i) {
+  if (is_float) {
+    float lo = (is_signed ? -128.0f : 0.0f) - (float)zp, hi = (is_signed ? 127.0f : 255.0f) - (float)zp;
+    float v = ((const float *)data)[i] / in_scale;
+    v = v < lo ? lo : v > hi ? hi : v;
+    return (int32_t)round_even(v) + zp;
+  }
+  return is_signed ? (int32_t)((const int8_t *)data)[i] : (int32_t)((const uint8_t *)data)[i];
+}
+
+/* v rounded half to even and saturated; clamping to the range's integers first gives the same
+ * byte and keeps v where round_even is exact. */
+static inline void store_byte(void *c, bool is_signed, int64_t i, float v) {
+  float lo = is_signed ? -128.0f : 0.0f, hi = is_signed ? 127.0f : 255.0f;
+  v = v < lo ? lo : v > hi ? hi : v;
+  float r = round_even(v);
+  if (is_signed)
+    ((int8_t *)c)[i] = (int8_t)(int32_t)r;
+  else
+    ((uint8_t *)c)[i] = (uint8_t)(int32_t)r;
+}
+
+/* The elements [begin, end), a span (the elements that share one b) at a time. fmaf is an
+ * instruction in the AVX2 build (a libm call elsewhere, with the same result). */
+static inline __attribute__((always_inline)) void binary_range(const binary_job *j, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end;) {
+    int64_t stop = end;
+    float fixed = j->fixed, b_term = 0.0f;
+    if (j->b_scalar_spans) {
+      int64_t bi = i / j->span;
+      stop = (bi + 1) * j->span < end ? (bi + 1) * j->span : end;
+      int32_t b = operand(j->b, j->b_float, j->is_signed, j->b_in, j->zb, bi);
+      fixed = j->fixed + (float)b * j->ratio_b; /* ORT adds a span's b to the fixed part first */
+      b_term = (float)(b - j->zb);
+    }
+    for (; i < stop; i++) {
+      int32_t a = operand(j->a, j->a_float, j->is_signed, j->a_in, j->za, i);
+      float v;
+      if (j->mul) {
+        float b = j->b_scalar_spans ? b_term : (float)(operand(j->b, j->b_float, j->is_signed, j->b_in, j->zb, i) - j->zb);
+        v = (float)((a - j->za) * (int32_t)b) * j->ratio + (float)j->zc;
+      } else if (j->b_scalar_spans) {
+        v = fmaf((float)a, j->ratio_a, fixed);
+      } else {
+        int32_t b = operand(j->b, j->b_float, j->is_signed, j->b_in, j->zb, i);
+        v = fmaf((float)a, j->ratio_a, fmaf((float)b, j->ratio_b, fixed));
+      }
+      store_byte(j->c, j->is_signed, i, v);
+    }
+  }
+}
+
+static void binary_portable(const binary_job *j, int64_t begin, int64_t end) { binary_range(j, begin, end); }
+#if defined(__x86_64__)
+/* Eight of an operand's values as floats (the quantized integers, zero point included). */
+RK_AVX2_TARGET static inline __m256 operand8(const void *data, bool is_float, bool is_signed, float in_scale, int32_t zp,
+                                             int64_t i) {
+  if (is_float) {
+    float lo = (is_signed ? -128.0f : 0.0f) - (float)zp, hi = (is_signed ? 127.0f : 255.0f) - (float)zp;
+    __m256 v = _mm256_div_ps(_mm256_loadu_ps((const float *)data + i), _mm256_set1_ps(in_scale));
+    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
+    __m256 magic = _mm256_set1_ps(12582912.0f);
+    v = _mm256_sub_ps(_mm256_add_ps(v, magic), magic);
+    return _mm256_add_ps(v, _mm256_set1_ps((float)zp));
+  }
+  __m128i bytes = _mm_loadl_epi64((const __m128i *)((const uint8_t *)data + i));
+  __m256i ints = is_signed ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
+  return _mm256_cvtepi32_ps(ints);
+}
+
+/* Eight results rounded half to even, saturated and stored as bytes. */
+RK_AVX2_TARGET static inline void store8(void *c, bool is_signed, int64_t i, __m256 v) {
+  v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(is_signed ? -128.0f : 0.0f)), _mm256_set1_ps(is_signed ? 127.0f : 255.0f));
+  __m256i q = _mm256_cvtps_epi32(v); /* the current rounding mode: to nearest, ties to even */
+  __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+  __m128i words = _mm_packs_epi32(lo, hi);
+  __m128i bytes = is_signed ? _mm_packs_epi16(words, words) : _mm_packus_epi16(words, words);
+  _mm_storel_epi64((__m128i *)((uint8_t *)c + i), bytes);
+}
+
+RK_AVX2_TARGET static void binary_avx2(const binary_job *j, int64_t begin, int64_t end) {
+  const __m256 ratio_a = _mm256_set1_ps(j->ratio_a), ratio_b = _mm256_set1_ps(j->ratio_b), ratio = _mm256_set1_ps(j->ratio);
+  const __m256 za = _mm256_set1_ps((float)j->za), zb = _mm256_set1_ps((float)j->zb), zc = _mm256_set1_ps((float)j->zc);
+  for (int64_t i = begin; i < end;) {
+    int64_t stop = end;
+    __m256 fixed = _mm256_set1_ps(j->fixed), b_span = _mm256_setzero_ps();
+    if (j->b_scalar_spans) {
+      int64_t bi = i / j->span;
+      stop = (bi + 1) * j->span < end ? (bi + 1) * j->span : end;
+      int32_t b = operand(j->b, j->b_float, j->is_signed, j->b_in, j->zb, bi);
+      fixed = _mm256_set1_ps(j->fixed + (float)b * j->ratio_b);
+      b_span = _mm256_set1_ps((float)(b - j->zb));
+    }
+    for (; i + 8 <= stop; i += 8) {
+      __m256 a = operand8(j->a, j->a_float, j->is_signed, j->a_in, j->za, i), v;
+      if (j->mul) {
+        __m256 b = j->b_scalar_spans ? b_span : _mm256_sub_ps(operand8(j->b, j->b_float, j->is_signed, j->b_in, j->zb, i), zb);
+        v = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_sub_ps(a, za), b), ratio), zc);
+      } else if (j->b_scalar_spans) {
+        v = _mm256_fmadd_ps(a, ratio_a, fixed);
+      } else {
+        __m256 b = operand8(j->b, j->b_float, j->is_signed, j->b_in, j->zb, i);
+        v = _mm256_fmadd_ps(a, ratio_a, _mm256_fmadd_ps(b, ratio_b, fixed));
+      }
+      store8(j->c, j->is_signed, i, v);
+    }
+    if (i < stop) { /* the span's last few, one at a time */
+      binary_range(j, i, stop);
+      i = stop;
+    }
+  }
+}
+#endif
+
+static int binary_task(int task, int num_tasks, void *ctx) {
+  const binary_job *j = ctx;
+  int64_t begin, end;
+  rk_split(j->n, task, num_tasks, &begin, &end);
+#if defined(__x86_64__)
+  if (rk_cpu_isa() == RK_ISA_AVX2) {
+    binary_avx2(j, begin, end);
+    return 0;
+  }
+#endif
+  binary_portable(j, begin, end);
+  return 0;
+}
+
+/* An 8-bit or float32 operand of the binary kernel. */
+static int binary_operand(const char *kernel, const TVMFFIAny *args, int32_t num_args, int32_t i, const char *name,
+                          DLTensor **out) {
+  DLTensor *t = i < num_args ? rvm_as_dltensor(&args[i]) : NULL;
+  if (t && t->dtype.code == kDLFloat) return rk_arg_f32(kernel, args, num_args, i, name, out);
+  int code = t && t->dtype.code == kDLInt ? kDLInt : kDLUInt;
+  return rk_arg_typed(kernel, args, num_args, i, name, code, 8, "float32, int8 or uint8", out);
+}
+
+int rvm_builtin_kl_quantized_binary(void *self, const TVMFFIAny *args, int32_t num_args, TVMFFIAny *result) {
+  (void)self, (void)result;
+  static const char kernel[] = "relaxc.quantized_binary";
+  DLTensor *a = NULL, *b = NULL, *c = NULL;
+  float p[9];
+  int rc = rk_check_count(kernel, num_args, 4);
+  if (!rc) rc = binary_operand(kernel, args, num_args, 0, "a", &a);
+  if (!rc) rc = binary_operand(kernel, args, num_args, 1, "b", &b);
+  if (!rc) rc = rk_arg_scalars(kernel, args, num_args, 2, "params", 9, p);
+  if (!rc) {
+    DLTensor *t = rvm_as_dltensor(&args[3]);
+    rc = rk_arg_typed(kernel, args, num_args, 3, "c", t && t->dtype.code == kDLInt ? kDLInt : kDLUInt, 8, "int8 or uint8", &c);
+  }
+  if (rc) return rc;
+  bool is_signed = c->dtype.code == kDLInt;
+  if ((a->dtype.code != kDLFloat && a->dtype.code != c->dtype.code) || (b->dtype.code != kDLFloat && b->dtype.code != c->dtype.code))
+    return rvm_raise("TypeError", "%s: a, b and c must be of one 8-bit type (or float32 operands)", kernel);
+  if (!rk_same_shape(c, a)) return rk_shape_error(kernel, "c must have a's shape", c);
+  if (!(p[1] > 0.0f) || !(p[4] > 0.0f) || !(p[7] > 0.0f) || !(p[3] > 0.0f) || !(p[6] > 0.0f) || (p[0] != 0.0f && p[0] != 1.0f))
+    return rvm_raise("ValueError", "%s: params must be [op 0 or 1, positive scales and zero points], got op %g and scales %g, %g, %g",
+                     kernel, (double)p[0], (double)p[1], (double)p[4], (double)p[7]);
+  int64_t n = rk_numel(a), nb = rk_numel(b);
+  binary_job j = {.b = (const char *)b->data + b->byte_offset, .c = (char *)c->data + c->byte_offset};
+  j.a = (const char *)a->data + a->byte_offset;
+  j.a_float = a->dtype.code == kDLFloat;
+  j.b_float = b->dtype.code == kDLFloat;
+  j.is_signed = is_signed;
+  j.mul = p[0] == 1.0f;
+  j.za = (int32_t)p[2];
+  j.a_in = p[3];
+  j.zb = (int32_t)p[5];
+  j.b_in = p[6];
+  j.zc = (int32_t)p[8];
+  j.n = n;
+  /* b is a's shape, or one value per span of a's trailing dimensions (its shape a's leading
+   * dimensions, then ones). */
+  if (nb == n && b->ndim == a->ndim && rk_same_shape(b, a)) {
+    j.b_scalar_spans = false;
+    j.span = 1;
+  } else {
+    int32_t lead = b->ndim < a->ndim ? b->ndim : a->ndim;
+    bool fits = b->ndim <= a->ndim && nb > 0;
+    int32_t offset = a->ndim - b->ndim, k = 0;
+    for (; fits && k < lead && b->shape[k] == a->shape[offset + k]; k++) {
+    }
+    for (int32_t d = k; fits && d < b->ndim; d++) fits = b->shape[d] == 1;
+    int64_t leading = 1;
+    for (int32_t d = 0; d < offset; d++) leading *= a->shape[d];
+    fits = fits && (offset == 0 || leading == 1 || nb == 1);
+    if (!fits) return rk_shape_error(kernel, "b must be a's shape or constant over a's trailing dimensions", b);
+    j.b_scalar_spans = true;
+    j.span = n / (nb ? nb : 1);
+  }
+  if (j.mul) {
+    j.ratio = p[1] * p[4] / p[7];
+  } else {
+    j.ratio_a = p[1] / p[7];
+    j.ratio_b = p[4] / p[7];
+    j.fixed = (float)j.zc - (j.ratio_a * (float)j.za + j.ratio_b * (float)j.zb);
+  }
+  if (n == 0) return 0;
+  return rk_parallel(tasks_for(n), binary_task, &j);
+}

@@ -21,6 +21,7 @@ import tvm_ffi
 from conftest import assert_each_raises, build_kernel_library, unpinned_env
 from test_kernel_bits import cpu_has_avx512
 from test_kernels import ROOT, t
+from test_tvm_ffi import relaxc_binary
 
 sys.path.insert(0, os.path.join(ROOT, "python"))
 from relaxc.tvm.pack import pack_int8_columns
@@ -509,3 +510,73 @@ def test_an_int8_softmax_gives_onnx_runtimes_bytes(tmp_path, form, activations):
         want = session.run(None, {"x": inp})[0]
         got = run_all(so, [inp])[0]
         assert np.array_equal(got, want), (np.abs(got - want).max(), got[:1], want[:1])
+
+
+def qlinear_binary_model(op, shape_a, shape_b, elem):
+    """QuantizeLinear(x), QuantizeLinear(y) -> com.microsoft QLinearAdd / QLinearMul -> its
+    bytes (as ORT's quantizer writes QOperator files: each operand quantized just before)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    dtype = np.int8 if elem == TensorProto.INT8 else np.uint8
+    zps = {"a": 3, "b": -5 if dtype == np.int8 else 120, "c": 7}
+    inits = [
+        numpy_helper.from_array(np.array(0.037, np.float32), "sa"),
+        numpy_helper.from_array(np.array(zps["a"], dtype), "za"),
+        numpy_helper.from_array(np.array(0.051, np.float32), "sb"),
+        numpy_helper.from_array(np.array(zps["b"], dtype), "zb"),
+        numpy_helper.from_array(np.array(0.043 if op == "QLinearAdd" else 0.09, np.float32), "sc"),
+        numpy_helper.from_array(np.array(zps["c"], dtype), "zc"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "sa", "za"], ["qa"]),
+        helper.make_node("QuantizeLinear", ["y", "sb", "zb"], ["qb"]),
+        helper.make_node(op, ["qa", "sa", "za", "qb", "sb", "zb", "sc", "zc"], ["c"], domain="com.microsoft"),
+    ]
+    out_shape = list(np.broadcast_shapes(tuple(shape_a), tuple(shape_b)))
+    graph = helper.make_graph(
+        nodes,
+        "qlinear_binary",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, shape_a),
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, shape_b),
+        ],
+        [helper.make_tensor_value_info("c", elem, out_shape)],
+        inits,
+    )
+    opsets = [helper.make_opsetid("", 13), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+@pytest.mark.parametrize(
+    "shapes",
+    [([1, 6, 5, 7], [1, 6, 5, 7]), ([1, 6, 5, 7], [1, 6, 1, 1]), ([1, 6, 1, 1], [1, 6, 5, 7]), ([2, 37], [1])],
+    ids=["same", "per-channel", "per-channel-first", "scalar"],
+)
+@pytest.mark.parametrize("signed", [False, True])
+def test_qlinear_add_and_mul_give_onnx_runtimes_bytes(tmp_path, op, shapes, signed):
+    """ORT's QLinearAdd / QLinearMul (MLAS's AVX2 add: two fused multiply-adds, a span's broadcast
+    value folded in first; its multiply: an int32 product scaled, then the zero point added) as
+    relaxc.quantized_binary: every byte ORT's, on the AVX2 and portable paths, for one shape,
+    per-channel broadcasting either way round and a scalar."""
+    onnx, ort = onnx_tools()
+    from onnx import TensorProto
+
+    elem = TensorProto.INT8 if signed else TensorProto.UINT8
+    done, path, so = build_onnx(tmp_path, qlinear_binary_model(op, *shapes, elem))
+    assert "adds and multiplies computed in ONNX Runtime's integer arithmetic" in done.stdout, done.stdout
+    rng = np.random.default_rng(5)
+    x = rng.uniform(-6, 6, shapes[0]).astype(np.float32)
+    y = rng.uniform(-6, 6, shapes[1]).astype(np.float32)
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x, "y": y})[0]
+    np.savez(tmp_path / "in.npz", arg0=x, arg1=y)
+    for isa in ("avx2", "portable"):
+        out = tmp_path / f"out_{isa}.npz"
+        env = dict(os.environ, RELAXC_QUANT_ISA=isa)
+        subprocess.run(
+            [relaxc_binary(), "run", so, "--inputs", str(tmp_path / "in.npz"), "--outputs", str(out)],
+            check=True,
+            env=env,
+        )
+        got = np.load(out)["out0"]
+        assert got.dtype == want.dtype and np.array_equal(got, want), (isa, np.argwhere(got != want)[:5])

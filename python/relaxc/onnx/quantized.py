@@ -286,6 +286,64 @@ def _quantized_softmax(r, node, x, x_scale, x_zp, y_scale, y_zp, output):
     return True
 
 
+def _quantized_binary(r, op, a, a_scale, a_zp, b, b_scale, b_zp, c_scale, c_zp, output, hint):
+    """A QLinearAdd or QLinearMul as relaxc.onnx's QuantizedBinary node (converters.py: ORT's QLinearAdd /
+    QLinearMul arithmetic where the shapes are ones ORT's kernels take whole), each operand read
+    as the float before its QuantizeLinear when it has one; False when a parameter is not a
+    constant scalar."""
+    names = (a_scale, a_zp, b_scale, b_zp, c_scale, c_zp)
+    if not all(n and n in r.values and np.asarray(r.values[n]).size == 1 for n in names):
+        return False
+    types = {np.asarray(r.values[n]).dtype for n in (a_zp, b_zp, c_zp)}
+    if len(types) != 1 or types.pop() not in (np.uint8, np.int8):
+        return False
+
+    def source(x, scale, zp):
+        q = r.producer.get(x)
+        if (
+            q is not None
+            and q.op_type == "QuantizeLinear"
+            and r.input(q, 1) in r.values
+            and r.input(q, 2) == zp
+            and np.asarray(r.values[r.input(q, 1)]).size == 1
+            and r.input(q, 0) not in r.gone
+            and r.input(q, 0) not in r.values
+        ):
+            return r.input(q, 0), float(np.asarray(r.values[r.input(q, 1)]).reshape(()))
+        return x, 1.0
+
+    value = lambda n: float(np.asarray(r.values[n]).reshape(()))
+    a, a_in = source(a, a_scale, a_zp)
+    b, b_in = source(b, b_scale, b_zp)
+    params = [float(op == "Mul"), value(a_scale), value(a_zp), a_in, value(b_scale), value(b_zp), b_in]
+    params += [value(c_scale), value(c_zp)]
+    r.nodes.append(
+        r.helper.make_node(
+            "QuantizedBinary",
+            [a, b, r.constant(np.array(params, np.float32), hint + "_params")],
+            [output],
+            name=r.fresh(hint + "_binary"),
+            domain="relaxc",
+            c_type="int8" if np.asarray(r.values[c_zp]).dtype == np.int8 else "uint8",
+        )
+    )
+    return True
+
+
+def _qlinear_binary(op):
+    def expand(r, node):
+        get = lambda i: r.input(node, i)
+        hint = node.name or node.output[0]
+        if _quantized_binary(
+            r, op, get(0), get(1), get(2), get(3), get(4), get(5), get(6), get(7), node.output[0], hint
+        ):
+            r.exact_qlinear += 1
+            return
+        _elementwise(op)(r, node)
+
+    return expand
+
+
 def _exact_qdq_softmax(r, node):
     """DequantizeLinear -> Softmax -> QuantizeLinear (ORT's QLinearSoftmax after its QDQ fusion) as
     relaxc.quantized_softmax; False if the node is not in such a group."""
@@ -300,6 +358,7 @@ def _exact_qdq_softmax(r, node):
     done = _quantized_softmax(r, node, get(x_dq, 0), get(x_dq, 1), get(x_dq, 2), get(q, 1), get(q, 2), q.output[0])
     if done:
         r.skip.add(id(q))
+        r.gone.add(node.output[0])
     return done
 
 
@@ -475,8 +534,8 @@ EXPANSIONS = {
     ("", "QLinearConv"): _qlinear_conv,
     ("", "QLinearMatMul"): _qlinear_matmul,
     ("", "ConvInteger"): _conv_integer,
-    (_MS, "QLinearAdd"): _elementwise("Add"),
-    (_MS, "QLinearMul"): _elementwise("Mul"),
+    (_MS, "QLinearAdd"): _qlinear_binary("Add"),
+    (_MS, "QLinearMul"): _qlinear_binary("Mul"),
     (_MS, "QLinearSigmoid"): _unary("Sigmoid"),
     (_MS, "QLinearLeakyRelu"): _unary("LeakyRelu", keep=("alpha",)),
     (_MS, "QLinearGlobalAveragePool"): _global_average_pool,
@@ -541,7 +600,7 @@ def expand_quantized(model, log=print):
         log(f"{folded} QuantizeLinear/DequantizeLinear(s) of constants folded (weights)")
     if exact or r.exact_qlinear:
         log(
-            f"{exact + r.exact_qlinear} int8 convolution(s), matmul(s) and softmax(es) computed in ONNX Runtime's "
-            "integer arithmetic"
+            f"{exact + r.exact_qlinear} int8 convolution(s), matmul(s), softmax(es), adds and multiplies computed "
+            "in ONNX Runtime's integer arithmetic"
         )
     return model
