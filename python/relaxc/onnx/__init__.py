@@ -23,7 +23,6 @@ import numpy as np
 from .. import find_relaxc
 from .contrib import expand_contrib
 from .expand import expand_recurrent
-from .loop import scan_as_loop
 from .quantized import expand_quantized
 
 __all__ = ["OnnxError", "build", "parse_shape", "placement"]
@@ -396,6 +395,8 @@ def build(model_path, output, shapes=None, exec_mode="bytecode", target=None, lo
     folded = expand_contrib(folded, log)
     folded = expand_recurrent(folded, log)
     folded = expand_quantized(folded, log)
+    from .loop import scan_as_loop  # here: loop.py needs TVM, which the package may lack
+
     folded = scan_as_loop(folded, log)
     _check_operators(folded)
     # TVM reads the others from the file, a symbolic dimension as a variable of its name.
