@@ -402,8 +402,17 @@ def main():
                     try:
                         result = openvino_time(path, npz, t, args.calls, p)
                     except subprocess.CalledProcessError as e:
-                        lines = e.stderr.strip().splitlines() or ["no message"]
-                        why = next((x for x in lines if "Exception" in x or "Error" in x), lines[-1]).strip()
+                        # OpenVINO's message is a stack of "Exception from <file>" lines; the
+                        # reason is the last line that is not one of them.
+                        lines = [x.strip() for x in e.stderr.splitlines() if x.strip()] or ["no message"]
+                        reasons = [
+                            x
+                            for x in lines
+                            if not x.startswith(
+                                ("Exception from", "File ", "Traceback", "RuntimeError: Exception from")
+                            )
+                        ]
+                        why = (reasons or lines)[-1]
                         openvino_fails[p] = why[:150]
                         print(f"  OpenVINO ({p}) cannot run it: {openvino_fails[p]}", flush=True)
                         continue
