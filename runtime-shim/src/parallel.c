@@ -254,14 +254,16 @@ static atomic_int threads_alone;
 static void make_alone_key(void) { alone_key_made = pthread_key_create(&alone_key, NULL) == 0; }
 
 static bool this_thread_alone(void) {
-  if (atomic_load_explicit(&threads_alone, memory_order_relaxed) == 0) return false;
+  if (atomic_load_explicit(&threads_alone, memory_order_acquire) == 0) return false;
+  /* Another thread made the key: pthread_once orders its write of alone_key_made before this read. */
+  pthread_once(&alone_once, make_alone_key);
   return alone_key_made && pthread_getspecific(alone_key) != NULL;
 }
 
 void rvm_parallel_alone_begin(void) {
   pthread_once(&alone_once, make_alone_key);
   if (!alone_key_made || pthread_setspecific(alone_key, &alone_key) != 0) return;
-  atomic_fetch_add_explicit(&threads_alone, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&threads_alone, 1, memory_order_release);
 }
 
 void rvm_parallel_alone_end(void) {
