@@ -55,21 +55,23 @@ static int64_t clock_ns(void) {
 enum trial_mode { TRIALS_UNREAD = -1, TRIALS_OFF, TRIALS_ON, TRIALS_REPORTED };
 
 static enum trial_mode trial_mode(void) {
-  static int mode = TRIALS_UNREAD; /* read once; a race writes the same value */
-  if (mode == TRIALS_UNREAD) {
+  static atomic_int mode = TRIALS_UNREAD; /* read once; racing threads store the same value */
+  int m = atomic_load_explicit(&mode, memory_order_relaxed);
+  if (m == TRIALS_UNREAD) {
     const char *v = getenv("RELAXC_THREAD_TRIALS");
     if (!v || strcmp(v, "1") == 0 || v[0] == '\0') {
-      mode = TRIALS_ON;
+      m = TRIALS_ON;
     } else if (strcmp(v, "0") == 0) {
-      mode = TRIALS_OFF;
+      m = TRIALS_OFF;
     } else if (strcmp(v, "report") == 0) {
-      mode = TRIALS_REPORTED;
+      m = TRIALS_REPORTED;
     } else {
       fprintf(stderr, "relaxc runtime: warning: RELAXC_THREAD_TRIALS=\"%s\" is not 0, 1 or report; using 1\n", v);
-      mode = TRIALS_ON;
+      m = TRIALS_ON;
     }
+    atomic_store_explicit(&mode, m, memory_order_relaxed);
   }
-  return (enum trial_mode)mode;
+  return (enum trial_mode)m;
 }
 
 static uint64_t mix(uint64_t h, uint64_t v) {
