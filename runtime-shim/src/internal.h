@@ -502,6 +502,8 @@ RVM_HIDDEN int TVMBackendParallelBarrier(int task_id, TVMParallelGroupEnv *penv)
 /* The pool's size (the caller and its workers), starting the pool if it is not yet running; 1 on
  * a thread between rvm_parallel_alone_begin and _end. */
 RVM_HIDDEN int rvm_parallel_threads(void);
+/* CLOCK_MONOTONIC in nanoseconds (the pool's spin deadlines, the thread trials' timings). */
+RVM_HIDDEN int64_t rvm_now_ns(void);
 /* From here until rvm_parallel_alone_end, this thread's launches run their tasks themselves. */
 RVM_HIDDEN void rvm_parallel_alone_begin(void);
 RVM_HIDDEN void rvm_parallel_alone_end(void);

@@ -101,7 +101,7 @@ static int configured_threads(void) {
   return fallback;
 }
 
-static int64_t now_ns(void) {
+int64_t rvm_now_ns(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
@@ -129,7 +129,7 @@ static bool spin_until(pool *p, bool (*done)(pool *, unsigned), unsigned arg) {
       if (done(p, arg)) return true;
       cpu_relax();
     }
-    int64_t t = now_ns();
+    int64_t t = rvm_now_ns();
     if (deadline == 0) deadline = t + p->spin_ns;
     if (t >= deadline) return done(p, arg);
   }

@@ -18,11 +18,9 @@
  * busy pool already runs launches serially). RELAXC_THREAD_TRIALS=0 turns the trials off (every
  * call uses the pool, as before); RELAXC_THREAD_TRIALS=report prints each choice and its times.
  */
-#define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "internal.h"
 
@@ -45,12 +43,6 @@ enum {
 #define TRIAL_LIMIT_NS 20000000
 /* Alone wins unless the pool is faster by more than this share. */
 #define POOL_MARGIN 0.03
-
-static int64_t clock_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
 
 enum trial_mode { TRIALS_UNREAD = -1, TRIALS_OFF, TRIALS_ON, TRIALS_REPORTED };
 
@@ -136,7 +128,7 @@ bool rvm_thread_choice_begin(rvm_thread_choices *c, int64_t func, const char *na
   call->name = name;
   /* Calls 0 and 1 on the pool; then blocks alone, on the pool, alone, on the pool. */
   call->alone = e->calls >= FIRST_BLOCK_CALL && ((e->calls - FIRST_BLOCK_CALL) / TRIAL_BLOCK) % 2 == 0;
-  call->start_ns = clock_ns();
+  call->start_ns = rvm_now_ns();
   if (call->alone) rvm_parallel_alone_begin();
   return call->alone;
 }
@@ -145,7 +137,7 @@ void rvm_thread_choice_end(rvm_thread_call *call, int rc) {
   if (call->alone) rvm_parallel_alone_end();
   rvm_thread_trial *e = call->trial;
   if (!e) return;
-  int64_t took = clock_ns() - call->start_ns;
+  int64_t took = rvm_now_ns() - call->start_ns;
   if (rc != 0) return; /* a failed call times nothing worth comparing */
   if (e->calls == 0) { /* the warm-up */
     e->calls++;
