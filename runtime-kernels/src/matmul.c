@@ -13,71 +13,13 @@
 
 #include "rk.h"
 
-enum { MAX_RANK = 8 };
-
-/* A tensor seen through a permutation of its dims: shape and strides in elements. */
-typedef struct view {
-  int32_t ndim;
-  int64_t shape[MAX_RANK];
-  int64_t strides[MAX_RANK];
-} view;
-
-static void compact_strides(const DLTensor *t, int64_t *strides) {
-  int64_t s = 1;
-  for (int32_t i = t->ndim - 1; i >= 0; i--) {
-    strides[i] = s;
-    s *= t->shape[i];
-  }
-}
-
-/* perm[i] must name every dim of an ndim-dim tensor once. */
-static int check_permutation(const char *kernel, const char *name, const int64_t *perm, int64_t count, int32_t ndim) {
-  bool seen[MAX_RANK] = {false};
-  if (count != ndim)
-    return rvm_raise("ValueError", "%s: %s has %lld axes for a tensor of rank %d", kernel, name, (long long)count, ndim);
-  for (int64_t i = 0; i < count; i++) {
-    if (perm[i] < 0 || perm[i] >= ndim || seen[perm[i]])
-      return rvm_raise("ValueError", "%s: %s is not a permutation of the axes 0..%d", kernel, name, ndim - 1);
-    seen[perm[i]] = true;
-  }
-  return 0;
-}
-
-/* The view of tensor t as permute_dims(t, perm) (perm None: t itself). */
-static int permuted(const char *kernel, const DLTensor *t, const TVMFFIAny *args, int32_t num_args, int32_t i,
-                    const char *name, view *out) {
-  if (t->ndim > MAX_RANK) return rvm_raise("ValueError", "%s: %s has rank %d (at most %d)", kernel, name, t->ndim, MAX_RANK);
-  int64_t strides[MAX_RANK];
-  compact_strides(t, strides);
-  out->ndim = t->ndim;
-  if (args[i].type_index == kTVMFFINone) {
-    for (int32_t d = 0; d < t->ndim; d++) {
-      out->shape[d] = t->shape[d];
-      out->strides[d] = strides[d];
-    }
-    return 0;
-  }
-  const int64_t *perm;
-  int64_t count;
-  int rc = rk_arg_shape(kernel, args, num_args, i, name, -1, &perm, &count);
-  if (!rc) rc = check_permutation(kernel, name, perm, count, t->ndim);
-  if (rc) return rc;
-  for (int32_t d = 0; d < t->ndim; d++) {
-    out->shape[d] = t->shape[perm[d]];
-    out->strides[d] = strides[perm[d]];
-  }
-  return 0;
-}
-
-static void format_view(const view *v, char *buf, size_t cap) { rvm_format_shape(v->shape, v->ndim, buf, cap); }
-
 /* ---- relaxc.matmul ---------------------------------------------------------------------------- */
 
 /* Everything one call needs to set up its products. */
 typedef struct matmul_plan {
   int32_t batch_rank;
-  int64_t batch[MAX_RANK];
-  int64_t a_batch[MAX_RANK], b_batch[MAX_RANK], c_batch[MAX_RANK]; /* strides, 0 when broadcast */
+  int64_t batch[RK_MAX_RANK];
+  int64_t a_batch[RK_MAX_RANK], b_batch[RK_MAX_RANK], c_batch[RK_MAX_RANK]; /* strides, 0 when broadcast */
   int64_t m, n, k;
   int64_t a_rs, a_cs, b_rs, b_cs, c_rs, c_cs;
 } matmul_plan;
@@ -96,10 +38,10 @@ static void fold_batch_into_rows(matmul_plan *p) {
   }
 }
 
-static int plan_matmul(const char *kernel, const view *a, const view *b, const view *c, matmul_plan *p) {
+static int plan_matmul(const char *kernel, const rk_view *a, const rk_view *b, const rk_view *c, matmul_plan *p) {
   char sa[96], sb[96], sc[96];
-  format_view(a, sa, sizeof sa);
-  format_view(b, sb, sizeof sb);
+  rk_view_format(a, sa, sizeof sa);
+  rk_view_format(b, sb, sizeof sb);
   if (a->ndim < 2 || b->ndim < 2)
     return rvm_raise("ValueError", "%s: operands must have rank 2 or more, got %s and %s", kernel, sa, sb);
   p->m = a->shape[a->ndim - 2];
@@ -109,7 +51,7 @@ static int plan_matmul(const char *kernel, const view *a, const view *b, const v
     return rvm_raise("ValueError", "%s: the reduction lengths differ: %s times %s", kernel, sa, sb);
   p->batch_rank = (a->ndim > b->ndim ? a->ndim : b->ndim) - 2;
   if (c->ndim != p->batch_rank + 2) {
-    format_view(c, sc, sizeof sc);
+    rk_view_format(c, sc, sizeof sc);
     return rvm_raise("ValueError", "%s: the result %s has the wrong rank for %s times %s", kernel, sc, sa, sb);
   }
   for (int32_t d = 0; d < p->batch_rank; d++) {
@@ -125,7 +67,7 @@ static int plan_matmul(const char *kernel, const view *a, const view *b, const v
   for (int32_t d = 0; d < c->ndim; d++) {
     int64_t want = d < p->batch_rank ? p->batch[d] : (d == p->batch_rank ? p->m : p->n);
     if (c->shape[d] != want) {
-      format_view(c, sc, sizeof sc);
+      rk_view_format(c, sc, sizeof sc);
       return rvm_raise("ValueError", "%s: the result (seen through its permutation) is %s, not the product of %s and %s",
                        kernel, sc, sa, sb);
     }
@@ -137,28 +79,6 @@ static int plan_matmul(const char *kernel, const view *a, const view *b, const v
   p->c_rs = c->strides[c->ndim - 2];
   p->c_cs = c->strides[c->ndim - 1];
   fold_batch_into_rows(p);
-  return 0;
-}
-
-/* The result's view: out seen through the inverse of out_perm, so that view dim d is result
- * dim d. */
-static int result_view(const char *kernel, const DLTensor *out, const TVMFFIAny *args, int32_t num_args, int32_t i,
-                       view *c) {
-  view seen;
-  int rc = permuted(kernel, out, args, num_args, i, "out_perm", &seen);
-  if (rc) return rc;
-  c->ndim = out->ndim;
-  int64_t strides[MAX_RANK];
-  compact_strides(out, strides);
-  if (args[i].type_index == kTVMFFINone) {
-    *c = seen;
-    return 0;
-  }
-  const int64_t *perm = rvm_as_shape(&args[i])->data;
-  for (int32_t d = 0; d < out->ndim; d++) {
-    c->shape[perm[d]] = out->shape[d];
-    c->strides[perm[d]] = strides[d];
-  }
   return 0;
 }
 
@@ -189,11 +109,11 @@ int rvm_builtin_kl_matmul(void *self, const TVMFFIAny *args, int32_t num_args, T
   if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 2, "bias", &bias);
   if (!rc) rc = rk_arg_f32_or_none(kernel, args, num_args, 3, "residual", &residual);
   if (!rc) rc = rk_arg_f32(kernel, args, num_args, 9, "out", &out);
-  view va = {0}, vb = {0}, vc = {0};
-  if (!rc) rc = permuted(kernel, a, args, num_args, 4, "a_perm", &va);
-  if (!rc) rc = permuted(kernel, b, args, num_args, 5, "b_perm", &vb);
-  if (!rc) rc = out->ndim > MAX_RANK ? rk_shape_error(kernel, "the result's rank is too large", out) : 0;
-  if (!rc) rc = result_view(kernel, out, args, num_args, 6, &vc);
+  rk_view va = {0}, vb = {0}, vc = {0};
+  if (!rc) rc = rk_view_permuted(kernel, a, args, num_args, 4, "a_perm", &va);
+  if (!rc) rc = rk_view_permuted(kernel, b, args, num_args, 5, "b_perm", &vb);
+  if (!rc) rc = out->ndim > RK_MAX_RANK ? rk_shape_error(kernel, "the result's rank is too large", out) : 0;
+  if (!rc) rc = rk_view_result(kernel, out, args, num_args, 6, &vc);
   rk_epilogue ep = {0};
   if (!rc) rc = rk_arg_epilogue(kernel, args, num_args, 7, &ep);
   matmul_plan p = {0};

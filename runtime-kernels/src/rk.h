@@ -293,6 +293,28 @@ typedef struct conv_args {
 RVM_HIDDEN int rk_conv_args(const char *kernel, const char *w_name, const TVMFFIAny *args, int32_t num_args,
                             conv_args *out);
 
+/* ---- views ------------------------------------------------------------------------------- */
+
+enum { RK_MAX_RANK = 8 };
+
+/* A tensor seen through a permutation of its dims: shape and strides in elements. */
+typedef struct rk_view {
+  int32_t ndim;
+  int64_t shape[RK_MAX_RANK];
+  int64_t strides[RK_MAX_RANK];
+} rk_view;
+
+/* Compact tensor t seen as permute_dims(t, perm), perm the Shape at args[i] (None: t itself);
+ * a ValueError names `name` when perm is not a permutation of t's axes. */
+RVM_HIDDEN int rk_view_permuted(const char *kernel, const DLTensor *t, const TVMFFIAny *args, int32_t num_args,
+                                int32_t i, const char *name, rk_view *out);
+/* The result `out` seen through the inverse of the permutation at args[i] ("out_perm"), so that
+ * view dim d is the computed result's dim d. */
+RVM_HIDDEN int rk_view_result(const char *kernel, const DLTensor *out, const TVMFFIAny *args, int32_t num_args,
+                              int32_t i, rk_view *c);
+/* A view's shape as "[a, b, c]" for messages. */
+RVM_HIDDEN void rk_view_format(const rk_view *v, char *buf, size_t cap);
+
 /* ---- arguments ---------------------------------------------------------------------------- */
 
 /* A float32 CPU tensor argument, compact (row-major, strides NULL or matching), or a raised

@@ -161,6 +161,119 @@ def test_matmul_residual_in_the_output_layout(library):
     close(got, want)
 
 
+# ---- attention -----------------------------------------------------------------------------------------
+
+
+def attention_reference(q, k, v, mask, alpha):
+    """softmax(alpha * q @ k + mask) @ v in float64 (k: the keys transposed)."""
+    s = alpha * (q.astype(np.float64) @ k.astype(np.float64))
+    if mask is not None:
+        s = s + mask
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)) @ v.astype(np.float64)
+
+
+def attention(library, q, k, v, mask=None, alpha=0.125, perms=(None, None, None, None)):
+    """relaxc.attention on operands stored in the permuted layouts (the permutations name how the
+    kernel reads them), with numpy's result."""
+    shape = lambda p: None if p is None else tvm_ffi.Shape(list(p))
+    stored = [x if p is None else np.ascontiguousarray(x.transpose(np.argsort(p))) for x, p in zip((q, k, v), perms)]
+    want = attention_reference(q, k, v, mask, alpha)
+    out_perm = perms[3]
+    out = np.zeros(want.shape if out_perm is None else want.transpose(np.argsort(out_perm)).shape, np.float32)
+    library["relaxc.attention"](
+        *(t(x) for x in stored), t(mask), *(shape(p) for p in perms), t(np.array([alpha], np.float32)), t(out)
+    )
+    got = out if out_perm is None else out.transpose(out_perm)
+    return got, want
+
+
+@pytest.mark.parametrize(
+    "b,h,sq,sk,d,dv",
+    [
+        (1, 12, 128, 128, 32, 32),
+        (2, 3, 7, 5, 3, 5),
+        (1, 1, 1, 1, 1, 1),
+        (1, 2, 61, 600, 64, 64),
+        (2, 4, 50, 257, 17, 40),
+    ],
+)
+def test_attention_against_numpy(library, b, h, sq, sk, d, dv):
+    """Heads split and merged by permutations (as exported encoders do), a key padding mask, key
+    counts off the vector width and across the online softmax's chunks (256 keys)."""
+    rng = np.random.default_rng(sq * 31 + sk)
+    q, k, v = rand(rng, b, h, sq, d), rand(rng, b, h, d, sk), rand(rng, b, h, sk, dv)
+    mask = np.where(rng.random((b, 1, 1, sk)) < 0.25, -10000.0, 0.0).astype(np.float32)
+    got, want = attention(
+        library, q, k, v, mask, 1 / np.sqrt(d), ((0, 2, 1, 3), (0, 2, 3, 1), (0, 2, 1, 3), (0, 2, 1, 3))
+    )
+    close(got, want, 1e-5)
+    got, want = attention(library, q * 4, k, v)
+    close(got, want, 1e-5)
+
+
+@pytest.mark.parametrize("mask_shape", [(9,), (6, 9), (3, 1, 9), (2, 3, 6, 9), (2, 1, 6, 1)])
+def test_attention_broadcasts_masks_and_batches(library, mask_shape):
+    """Masks of every broadcasting shape, and keys and values shared by the heads (one head of
+    keys for three of queries, as multi-query attention has)."""
+    rng = np.random.default_rng(len(mask_shape))
+    q, k, v = rand(rng, 2, 3, 6, 8), rand(rng, 2, 1, 8, 9), rand(rng, 1, 9, 5)
+    mask = rand(rng, *mask_shape) * 3
+    got, want = attention(library, q, k, v, mask, 0.5)
+    close(got, want, 1e-5)
+
+
+def test_attention_of_masked_keys_and_no_keys(library):
+    """Keys masked with -inf or -1e30 take no weight; a row with every key masked by -inf is NaN,
+    as softmax's 0 / 0 is (what the operators it replaces give); no keys at all gives NaN too."""
+    rng = np.random.default_rng(4)
+    q, k, v = rand(rng, 1, 2, 4), rand(rng, 1, 4, 300), rand(rng, 1, 300, 3)
+    mask = np.zeros((2, 300), np.float32)
+    mask[0, ::2] = -np.inf
+    mask[1, 1:] = -1e30
+    got, want = attention(library, q, k, v, mask)
+    close(got, want, 1e-5)
+    mask[0, :] = -np.inf
+    with np.errstate(invalid="ignore"):
+        got, _ = attention(library, q, k, v, mask)
+    assert np.isnan(got[0, 0]).all() and not np.isnan(got[0, 1]).any()
+    out = np.zeros((1, 2, 3), np.float32)
+    no_keys = [t(np.zeros(s, np.float32)) for s in ((1, 4, 0), (1, 0, 3))]
+    library["relaxc.attention"](t(q), *no_keys, None, None, None, None, None, t(np.array([1.0], np.float32)), t(out))
+    assert np.isnan(out).all()
+
+
+def test_attention_errors_name_what_is_wrong(library):
+    q, k, v = np.zeros((2, 4, 8), np.float32), np.zeros((2, 8, 5), np.float32), np.zeros((2, 5, 3), np.float32)
+    out, alpha = np.zeros((2, 4, 3), np.float32), t(np.array([1.0], np.float32))
+    f = library["relaxc.attention"]
+    cases = [
+        (lambda: f(t(q), t(q), t(v), None, None, None, None, None, alpha, t(out)), ValueError, "give no result"),
+        (
+            lambda: f(t(q), t(k), t(v), t(np.zeros((3, 5), np.float32)), None, None, None, None, alpha, t(out)),
+            ValueError,
+            "the mask [3, 5] does not broadcast to the scores [..., 4, 5]",
+        ),
+        (
+            lambda: f(t(q), t(k), t(np.zeros((3, 5, 3), np.float32)), None, None, None, None, None, alpha, t(out)),
+            ValueError,
+            "do not broadcast to out",
+        ),
+        (
+            lambda: f(t(q), t(k), t(v), None, tvm_ffi.Shape([0, 0, 1]), None, None, None, alpha, t(out)),
+            ValueError,
+            "q_perm is not a permutation",
+        ),
+        (lambda: f(t(q), t(k), t(v), None, None, None, None, None, alpha), TypeError, "expects 10 arguments, got 9"),
+        (
+            lambda: f(t(q), t(k), t(v.astype(np.float64)), None, None, None, None, None, alpha, t(out)),
+            TypeError,
+            "argument 2 (v) must be float32",
+        ),
+    ]
+    assert_each_raises(cases)
+
+
 # ---- softmax, norms ------------------------------------------------------------------------------------
 
 

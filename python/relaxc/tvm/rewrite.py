@@ -308,6 +308,8 @@ class _Planner(ConvolutionAnchors):
         pb, b_perm = self._perm_operand(b)
         if len(_dims(pa) or []) < 2 or len(_dims(pb) or []) < 2:
             return
+        if weight is None and self.attention(var, (pa, a_perm), (pb, b_perm)):
+            return
         tail, ep = self._absorb("matmul", var, _dims(var))
         args = [
             pa,
@@ -321,6 +323,90 @@ class _Planner(ConvolutionAnchors):
             ep.scalars(),
         ]
         self._finish(tail, "relaxc.matmul", args)
+
+    def _softmax_chain(self, scores):
+        """The bindings after scores = q @ k that attention's softmax makes of it: an optional
+        multiply or divide by a constant, an optional add of a mask (a float32 tensor that
+        broadcasts to the scores), softmax over the last axis, each used only by the next.
+        (softmax binding, alpha, mask or None, bindings taken), or None."""
+        dims = _dims(scores)
+        tail, alpha, mask, taken = scores, 1.0, None, []
+        for step in ("scale", "mask", "softmax"):
+            user = self.b.only_user(tail)
+            call = self.b.value.get(user) if user is not None else None
+            if call is None or user in self.taken or not _is_f32_tensor(user):
+                return None
+            name = _op_name(call)
+            if step == "scale" and name in ("relax.multiply", "relax.divide"):
+                other = self._other(call, tail)
+                c = self._scalar_const(other) if other is not None else None
+                if c is None or c == 0.0 or (name == "relax.divide" and not call.args[0].same_as(tail)):
+                    return None
+                alpha = alpha * c if name == "relax.multiply" else alpha / c
+            elif step == "mask" and name == "relax.add":
+                mask = self._other(call, tail)
+                mask_dims = _dims(mask) if mask is not None else None
+                if not _is_f32_tensor(mask) or mask_dims is None or len(mask_dims) > len(dims):
+                    return None
+                for m, s in zip(reversed(mask_dims), reversed(dims)):
+                    if not (m == 1 or _same_dims([m], [s])):
+                        return None
+            elif step == "softmax" and name == "relax.nn.softmax":
+                if int(_attr(call, "axis", -1)) % len(dims) != len(dims) - 1:
+                    return None
+            elif step == "softmax":
+                return None
+            else:
+                continue
+            taken.append(tail)
+            tail = user
+        return tail, alpha, mask, taken
+
+    def attention(self, scores, q, k):
+        """softmax(alpha * q @ k + mask) @ v (an encoder's attention as exported: MatMul, Div, Add,
+        Softmax, MatMul; q, k and v behind the permute_dims that split the heads) as one
+        relaxc.attention call, the score matrix never written out; a permute_dims after it (the
+        heads merged) is read through as the result's permutation. True when it matched."""
+        dims = _dims(scores)
+        if dims is None or len(dims) < 2:
+            return False
+        chain = self._softmax_chain(scores)
+        if chain is None:
+            return False
+        probs, alpha, mask, taken = chain
+        final = self.b.only_user(probs)
+        call = self.b.value.get(final) if final is not None else None
+        if _op_name(call) != "relax.matmul" or not call.args[0].same_as(probs) or final in self.taken:
+            return False
+        v = call.args[1]
+        if not (_is_f32_tensor(v) and _is_f32_tensor(final)) or self.b.const(v) is not None:
+            return False
+        pv, v_perm = self._perm_operand(v)
+        if len(_dims(pv) or []) < 2:
+            return False
+        tail, out_perm = final, None
+        user = self.b.only_user(final)
+        after = self.b.value.get(user) if user is not None else None
+        if _op_name(after) == "relax.permute_dims" and user not in self.taken and _is_f32_tensor(user):
+            axes = _attr(after, "axes")
+            rank = len(_dims(final))
+            out_perm = list(range(rank))[::-1] if axes is None else [a % rank for a in _ints(axes)]
+            self.taken.add(final)
+            tail = user
+        self.taken.update(taken + [probs, tail])
+        args = [
+            q[0],
+            k[0],
+            pv,
+            relax.op.null_value() if mask is None else mask,
+            self._shape(q[1]),
+            self._shape(k[1]),
+            self._shape(v_perm),
+            self._shape(out_perm),
+            relax.const(np.array([alpha], np.float32)),
+        ]
+        self._finish(tail, "relaxc.attention", args)
+        return True
 
     def _integer_operand(self, expr):
         """(x, zero point or None) when expr is astype(x, int32) less a zero point, or without
