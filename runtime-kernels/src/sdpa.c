@@ -25,7 +25,7 @@
 #include "rk_math.h"
 
 enum {
-  SDPA_MR = 6,        /* query rows in registers at once */
+  SDPA_MR = 12,       /* query rows in registers at once, at most (AVX-512's; 6 elsewhere) */
   SDPA_QB = 48,       /* query rows of one unit of work */
   SDPA_KC = 256,      /* keys of one chunk of the online softmax */
   SDPA_KEY_STEP = 32, /* keys are padded to this: two vectors of the widest instance */
@@ -71,6 +71,12 @@ static inline __attribute__((always_inline)) float sdpa_combine(const float *lan
   return ((half[0] + half[4]) + (half[1] + half[5])) + ((half[2] + half[6]) + (half[3] + half[7]));
 }
 
+/* The larger of each lane pair, as a vector select (GCC's and clang's vector comparisons give
+ * lanes of all ones or zeros). */
+typedef int32_t sdpa_i8 __attribute__((vector_size(32)));
+#define sdpa_max8(a, b) \
+  ((rk_f8)((((sdpa_i8)(a)) & ((a) > (b))) | (((sdpa_i8)(b)) & ~((a) > (b)))))
+
 /* ---- the instances --------------------------------------------------------------------------- */
 
 /* Portable: GCC's and clang's 8-lane vectors, multiplies and adds unfused. */
@@ -84,10 +90,53 @@ static inline __attribute__((always_inline)) float sdpa_combine(const float *lan
 #define SD_SPLAT(x) ((rk_f8){(x), (x), (x), (x), (x), (x), (x), (x)})
 #define SD_MUL(a, b) ((a) * (b))
 #define SD_MADD(acc, a, b) ((acc) + (a) * (b))
+#define SD_MAX(a, b) sdpa_max8((a), (b))
+#define SD_MR 6
+#define SD_ADD(a, b) ((a) + (b))
+#define SD_SUB(a, b) ((a) - (b))
 #include "sdpa_body.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+
+/* e^x by rk_exp's steps (x = n ln2 + r, a degree-6 polynomial in r, 2^n built in the exponent)
+ * with the polynomial's multiply-adds fused: half the operations. The AVX2 and AVX-512 forms
+ * are the same operations, so they give the same bits. Below -87.3: 0; NaN stays NaN. */
+RK_AVX2_TARGET static inline __m256 sdpa_exp_avx2(__m256 x) {
+  __m256 c = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  __m256 n = _mm256_round_ps(_mm256_mul_ps(c, _mm256_set1_ps(1.44269504088896341f)),
+                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), c);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(1.0f / 720.0f), r, _mm256_set1_ps(1.0f / 120.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  __m256 e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  e = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ), e);
+  return _mm256_blendv_ps(e, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+}
+
+RK_AVX512_TARGET static inline __m512 sdpa_exp_avx512(__m512 x) {
+  __m512 c = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), c);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.0f / 720.0f), r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  __m512 e = _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+  e = _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ), e);
+  return _mm512_mask_mov_ps(e, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+}
 
 #define SD(name) name##_avx2
 #define SD_FN RK_AVX2_TARGET
@@ -99,6 +148,11 @@ static inline __attribute__((always_inline)) float sdpa_combine(const float *lan
 #define SD_SPLAT(x) _mm256_set1_ps(x)
 #define SD_MUL(a, b) _mm256_mul_ps((a), (b))
 #define SD_MADD(acc, a, b) _mm256_fmadd_ps((a), (b), (acc))
+#define SD_MAX(a, b) _mm256_max_ps((a), (b))
+#define SD_MR 6
+#define SD_ADD(a, b) _mm256_add_ps((a), (b))
+#define SD_SUB(a, b) _mm256_sub_ps((a), (b))
+#define SD_EXP(v) sdpa_exp_avx2(v)
 #include "sdpa_body.h"
 
 #define SD(name) name##_avx512
@@ -111,15 +165,27 @@ static inline __attribute__((always_inline)) float sdpa_combine(const float *lan
 #define SD_SPLAT(x) _mm512_set1_ps(x)
 #define SD_MUL(a, b) _mm512_mul_ps((a), (b))
 #define SD_MADD(acc, a, b) _mm512_fmadd_ps((a), (b), (acc))
+#define SD_MAX(a, b) _mm512_max_ps((a), (b))
+#define SD_MR 12
+#define SD_ADD(a, b) _mm512_add_ps((a), (b))
+#define SD_SUB(a, b) _mm512_sub_ps((a), (b))
+#define SD_EXP(v) sdpa_exp_avx512(v)
 #include "sdpa_body.h"
 #endif
 
 typedef void (*sdpa_block_fn)(const sdpa_job *job, const sdpa_entry *e, int64_t r0, int count, sdpa_buffers *buf);
 
-static sdpa_block_fn chosen_block(void) {
+/* The instance this CPU runs, and its rows per block. */
+static sdpa_block_fn chosen_block(int *rows) {
 #if defined(__x86_64__)
-  if (rk_cpu_isa() == RK_ISA_AVX2) return rk_use_avx512() ? block_avx512 : block_avx2;
+  if (rk_cpu_isa() == RK_ISA_AVX2 && rk_use_avx512()) {
+    *rows = 12;
+    return block_avx512;
+  }
+  *rows = 6;
+  if (rk_cpu_isa() == RK_ISA_AVX2) return block_avx2;
 #endif
+  *rows = 6;
   return block_generic;
 }
 
@@ -136,24 +202,39 @@ static sdpa_entry entry_at(const sdpa_job *j, int64_t index) {
   return e;
 }
 
-/* The entry's keys as [d][sk_padded] and values as [sk_padded][dv_padded], zeros around them. */
+/* The entry's keys as [d][sk_padded] and values as [sk_padded][dv_padded], zeros around them.
+ * The loops read the source in its own order (keys and values are rows of q/k/v projections,
+ * their features contiguous), so each key is read once from memory. */
 static void pack_entry(const sdpa_job *j, const sdpa_entry *e, sdpa_buffers *buf) {
-  for (int64_t i = 0; i < j->d; i++) {
-    float *dst = buf->kt + i * j->sk_padded;
-    const float *src = e->k + i * j->k_rs;
-    for (int64_t c = 0; c < j->sk; c++) dst[c] = src[c * j->k_cs];
-    for (int64_t c = j->sk; c < j->sk_padded; c++) dst[c] = 0.0f;
+  if (j->k_rs == 1) {
+    for (int64_t c = 0; c < j->sk; c++) {
+      const float *src = e->k + c * j->k_cs;
+      for (int64_t i = 0; i < j->d; i++) buf->kt[i * j->sk_padded + c] = src[i];
+    }
+  } else {
+    for (int64_t i = 0; i < j->d; i++)
+      for (int64_t c = 0; c < j->sk; c++) buf->kt[i * j->sk_padded + c] = e->k[i * j->k_rs + c * j->k_cs];
   }
+  for (int64_t i = 0; i < j->d; i++)
+    for (int64_t c = j->sk; c < j->sk_padded; c++) buf->kt[i * j->sk_padded + c] = 0.0f;
   for (int64_t r = 0; r < j->sk_padded; r++) {
     float *dst = buf->v + r * j->dv_padded;
     const float *src = e->v + r * j->v_rs;
-    for (int64_t c = 0; c < j->dv_padded; c++) dst[c] = r < j->sk && c < j->dv ? src[c * j->v_cs] : 0.0f;
+    int64_t c = 0;
+    if (r < j->sk && j->v_cs == 1) {
+      __builtin_memcpy(dst, src, (size_t)j->dv * sizeof(float));
+      c = j->dv;
+    } else if (r < j->sk) {
+      for (; c < j->dv; c++) dst[c] = src[c * j->v_cs];
+    }
+    for (; c < j->dv_padded; c++) dst[c] = 0.0f;
   }
 }
 
 typedef struct sdpa_work {
   const sdpa_job *job;
   sdpa_block_fn block;
+  int rows; /* the block's rows */
 } sdpa_work;
 
 static int sdpa_task(int task, int num_tasks, void *ctx) {
@@ -175,7 +256,7 @@ static int sdpa_task(int task, int num_tasks, void *ctx) {
       packed = index;
     }
     int64_t r1 = r0 + SDPA_QB < j->sq ? r0 + SDPA_QB : j->sq;
-    for (int64_t r = r0; r < r1; r += SDPA_MR) w->block(j, &e, r, (int)(r1 - r < SDPA_MR ? r1 - r : SDPA_MR), &buf);
+    for (int64_t r = r0; r < r1; r += w->rows) w->block(j, &e, r, (int)(r1 - r < w->rows ? r1 - r : w->rows), &buf);
   }
   return 0;
 }
@@ -299,7 +380,8 @@ int rvm_builtin_kl_attention(void *self, const TVMFFIAny *args, int32_t num_args
   j.alpha = alpha;
   j.blocks = (j.sq + SDPA_QB - 1) / SDPA_QB;
   j.units = entries * j.blocks;
-  sdpa_work w = {&j, chosen_block()};
+  sdpa_work w = {.job = &j};
+  w.block = chosen_block(&w.rows);
   int64_t by_work = entries * j.sq * j.sk * (j.d + j.dv) / MACS_PER_TASK + 1;
   return rk_parallel(j.units < by_work ? j.units : by_work, sdpa_task, &w);
 }
