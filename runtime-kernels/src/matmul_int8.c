@@ -263,6 +263,63 @@ static int int8_task(int task, int num_tasks, void *ctx) {
   return 0;
 }
 
+/* rows x k bytes of a into dst (rows `stride` apart, zero past k), each XORed with flip, and
+ * each row's sum of what was stored. */
+static void copy_rows_portable(const uint8_t *a, int64_t rows, int64_t k, int64_t stride, uint8_t flip, uint8_t *dst,
+                               int32_t *sums) {
+  for (int64_t r = 0; r < rows; r++) {
+    int32_t s = 0;
+    const uint8_t *row = a + r * k;
+    uint8_t *to = dst + r * stride;
+    for (int64_t i = 0; i < k; i++) {
+      to[i] = row[i] ^ flip;
+      s += to[i];
+    }
+    memset(to + k, 0, (size_t)(stride - k));
+    sums[r] = s;
+  }
+}
+
+#if defined(__x86_64__)
+/* The same 32 bytes at a time (VPSADBW sums them): the byte loop above was an eighth of a
+ * MiniLM layer's int8 matmul time. */
+__attribute__((target("avx2"))) static void copy_rows_avx2(const uint8_t *a, int64_t rows, int64_t k, int64_t stride,
+                                                          uint8_t flip, uint8_t *dst, int32_t *sums) {
+  __m256i flips = _mm256_set1_epi8((char)flip), zero = _mm256_setzero_si256();
+  for (int64_t r = 0; r < rows; r++) {
+    const uint8_t *row = a + r * k;
+    uint8_t *to = dst + r * stride;
+    __m256i acc = zero;
+    int64_t i = 0;
+    for (; i + 32 <= k; i += 32) {
+      __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(row + i)), flips);
+      _mm256_storeu_si256((__m256i *)(to + i), v);
+      acc = _mm256_add_epi64(acc, _mm256_sad_epu8(v, zero));
+    }
+    int64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, acc);
+    int32_t s = (int32_t)(lanes[0] + lanes[1] + lanes[2] + lanes[3]);
+    for (; i < k; i++) {
+      to[i] = row[i] ^ flip;
+      s += to[i];
+    }
+    memset(to + k, 0, (size_t)(stride - k));
+    sums[r] = s;
+  }
+}
+#endif
+
+static void copy_rows(const uint8_t *a, int64_t rows, int64_t k, int64_t stride, uint8_t flip, uint8_t *dst,
+                      int32_t *sums) {
+#if defined(__x86_64__)
+  if (rk_cpu_isa() == RK_ISA_AVX2) {
+    copy_rows_avx2(a, rows, k, stride, flip, dst, sums);
+    return;
+  }
+#endif
+  copy_rows_portable(a, rows, k, stride, flip, dst, sums);
+}
+
 /* Multiply-adds worth a task of their own: below this a wake-up costs more than it saves. */
 enum { MACS_PER_TASK = 1 << 20 };
 
@@ -335,18 +392,7 @@ int rvm_builtin_kl_matmul_int8(void *self, const TVMFFIAny *args, int32_t num_ar
   int32_t *row_sums = rk_scratch(RK_SLOT_INPUT, (size_t)rows * sizeof(int32_t));
   if (!copy || !row_sums) return rk_out_of_memory(kernel);
   const uint8_t *ad = (const uint8_t *)a->data + a->byte_offset;
-  uint8_t flip = is_signed ? 0x80 : 0;
-  for (int64_t r = 0; r < rows; r++) {
-    int32_t s = 0;
-    const uint8_t *row = ad + r * k;
-    uint8_t *to = copy + r * stride;
-    for (int64_t i = 0; i < k; i++) {
-      to[i] = row[i] ^ flip;
-      s += to[i];
-    }
-    memset(to + k, 0, (size_t)(stride - k));
-    row_sums[r] = s;
-  }
+  copy_rows(ad, rows, k, stride, is_signed ? 0x80 : 0, copy, row_sums);
   const int32_t *cd = (const int32_t *)((const char *)comp->data + comp->byte_offset);
   int8_job j = {
       .a = copy,
