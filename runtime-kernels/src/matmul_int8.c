@@ -16,8 +16,15 @@
  * widens it to 16-bit pairs for VPMADDWD (no 8-bit pair sum that could saturate); the portable
  * loop (also aarch64's for now) reads the same layout.
  */
+#define _GNU_SOURCE /* syscall(), for AMX's permission */
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "rk.h"
 
@@ -43,6 +50,7 @@ typedef struct int8_job {
   const float *scale;      /* 1 or n values (scale_step 0 or 1) */
   int64_t scale_step;
   const float *bias;       /* n values, or NULL */
+  const int8_t *amx_last_panel; /* AMX: the last panel padded to whole tiles of groups */
 } int8_job;
 
 /* Bytes 4g..4g+3 of a row as one word. */
@@ -151,6 +159,25 @@ static inline __attribute__((always_inline, target(VNNI_TARGET))) __m512i dpbusd
   return acc;
 }
 
+/* finish() on one row's sums against one panel, 16 lanes at once (the same integer and float
+ * operations, so the same results). */
+static inline __attribute__((always_inline, target(VNNI_TARGET))) void finish16(const int8_job *j, int64_t r, int64_t p,
+                                                                                __m512i acc) {
+  int64_t n0 = p * PANEL, count = j->n - n0 < PANEL ? j->n - n0 : PANEL;
+  __mmask16 m = (__mmask16)((1u << count) - 1);
+  __m512i rs = _mm512_set1_epi32(j->row_sums[r]), zp = _mm512_set1_epi32(j->a_zp);
+  __m512i d = _mm512_maskz_loadu_epi32(m, j->d + n0), cs = _mm512_maskz_loadu_epi32(m, j->csum + n0);
+  __m512i v = _mm512_sub_epi32(_mm512_add_epi32(acc, _mm512_mullo_epi32(d, rs)), _mm512_mullo_epi32(zp, cs));
+  if (!j->out_f32) {
+    _mm512_mask_storeu_epi32(j->out + r * j->n + n0, m, v);
+    return;
+  }
+  __m512 scale = j->scale_step ? _mm512_maskz_loadu_ps(m, j->scale + n0) : _mm512_set1_ps(j->scale[0]);
+  __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), scale);
+  if (j->bias) f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(m, j->bias + n0));
+  _mm512_mask_storeu_ps(j->out_f32 + r * j->n + n0, m, f);
+}
+
 /* Up to four rows by up to four panels: sixteen 512-bit accumulators, each group one load per
  * panel and one broadcast per row. */
 static inline __attribute__((always_inline, target(VNNI_TARGET))) void tile_vnni_body(const int8_job *j, int64_t r0,
@@ -170,23 +197,8 @@ static inline __attribute__((always_inline, target(VNNI_TARGET))) void tile_vnni
       for (int q = 0; q < np; q++) acc[r][q] = dpbusd(acc[r][q], av, bv[q]);
     }
   }
-  for (int r = 0; r < mr; r++) {
-    __m512i rs = _mm512_set1_epi32(j->row_sums[r0 + r]), zp = _mm512_set1_epi32(j->a_zp);
-    for (int q = 0; q < np; q++) {
-      int64_t n0 = (p0 + q) * PANEL, count = j->n - n0 < PANEL ? j->n - n0 : PANEL;
-      __mmask16 m = (__mmask16)((1u << count) - 1);
-      __m512i d = _mm512_maskz_loadu_epi32(m, j->d + n0), cs = _mm512_maskz_loadu_epi32(m, j->csum + n0);
-      __m512i v = _mm512_sub_epi32(_mm512_add_epi32(acc[r][q], _mm512_mullo_epi32(d, rs)), _mm512_mullo_epi32(zp, cs));
-      if (!j->out_f32) {
-        _mm512_mask_storeu_epi32(j->out + (r0 + r) * j->n + n0, m, v);
-        continue;
-      }
-      __m512 scale = j->scale_step ? _mm512_maskz_loadu_ps(m, j->scale + n0) : _mm512_set1_ps(j->scale[0]);
-      __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(v), scale);
-      if (j->bias) f = _mm512_add_ps(f, _mm512_maskz_loadu_ps(m, j->bias + n0));
-      _mm512_mask_storeu_ps(j->out_f32 + (r0 + r) * j->n + n0, m, f);
-    }
-  }
+  for (int r = 0; r < mr; r++)
+    for (int q = 0; q < np; q++) finish16(j, r0 + r, p0 + q, acc[r][q]);
 }
 
 #define VNNI_ROWS(R)                                    \
@@ -214,18 +226,193 @@ __attribute__((target(VNNI_TARGET))) static void tile_vnni(const int8_job *j, in
   }
 }
 #undef VNNI_ROWS
+
+/* ---- AMX-INT8: TDPBUSD on tiles ---------------------------------------------------------------- */
+
+/* A tile holds 16 rows of 64 bytes. TDPBUSD's second operand is 16 rows of one group each (four
+ * reduction steps of 16 columns, 64 bytes): exactly a packed panel's layout, so a panel's groups
+ * g..g+15 are one tile read in place. Its first operand is 16 activation rows of 64 steps; the
+ * activations' copy is padded to whole 64-step blocks (zeros) and to whole 16-row tiles for this
+ * path, so every tile read stays inside it, and a block of weights that runs past a panel's
+ * groups (into the next panel, or into the last panel's padded copy) meets zeros. */
+enum { AMX_ROWS = 16, AMX_BLOCK = 64 /* reduction steps (bytes) of one tile row */ };
+
+#define AMX_TARGET "amx-tile,amx-int8,avx2,avx512f,avx512bw,avx512vl,avx512vnni"
+
+/* LDTILECFG's 64 bytes: palette 1, then per tile its bytes per row and its rows. */
+typedef struct amx_config {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} amx_config;
+
+/* Tiles 0-3 the sums (rows 0-15 and 16-31 by panels 0 and 1), 4-5 the activations, 6-7 the
+ * weights: all 16 rows of 64 bytes. */
+__attribute__((target(AMX_TARGET))) static void amx_configure(void) {
+  amx_config c;
+  memset(&c, 0, sizeof c);
+  c.palette = 1;
+  for (int t = 0; t < 8; t++) c.colsb[t] = 64, c.rows[t] = AMX_ROWS;
+  _tile_loadconfig(&c);
+}
+
+/* The sums of rows [r0, r0 + mr) (mr <= 32) by panels p and p + 1 (or p alone) of `b`, written out
+ * through finish(), the last panel read from its padded copy. Written once over four tile
+ * operations (ZERO(t), LOAD(t, p, stride), DPBUSD(c, a, b), STORE(t, p, stride)) and FINISH(j,
+ * row, panel, sums): the instructions, and an emulation in C that runs the same indexing on any CPU
+ * (tests). */
+#define AMX_BLOCK_BODY(ZERO, LOAD, DPBUSD, STORE, FINISH)                                                          \
+  {                                                                                                         \
+    int64_t panels = (j->n + PANEL - 1) / PANEL;                                                            \
+    const int8_t *b0 = p == panels - 1 ? j->amx_last_panel : j->b + p * j->panel_bytes;                     \
+    const int8_t *b1 = !two ? b0 : (p + 1 == panels - 1 ? j->amx_last_panel : j->b + (p + 1) * j->panel_bytes); \
+    const uint8_t *a0 = j->a + r0 * j->stride, *a1 = a0 + AMX_ROWS * j->stride;                             \
+    ZERO(0);                                                                                                \
+    ZERO(1);                                                                                                \
+    ZERO(2);                                                                                                \
+    ZERO(3);                                                                                                \
+    for (int64_t k0 = 0; k0 < j->stride; k0 += AMX_BLOCK) {                                                 \
+      LOAD(4, a0 + k0, j->stride);                                                                          \
+      LOAD(5, a1 + k0, j->stride);                                                                          \
+      LOAD(6, b0 + k0 / GROUP * PANEL * GROUP, PANEL * GROUP);                                              \
+      LOAD(7, b1 + k0 / GROUP * PANEL * GROUP, PANEL * GROUP);                                              \
+      DPBUSD(0, 4, 6);                                                                                      \
+      DPBUSD(1, 4, 7);                                                                                      \
+      DPBUSD(2, 5, 6);                                                                                      \
+      DPBUSD(3, 5, 7);                                                                                      \
+    }                                                                                                       \
+    int32_t sums[4][AMX_ROWS * PANEL] __attribute__((aligned(64)));                                         \
+    STORE(0, sums[0], PANEL * 4);                                                                           \
+    STORE(1, sums[1], PANEL * 4);                                                                           \
+    STORE(2, sums[2], PANEL * 4);                                                                           \
+    STORE(3, sums[3], PANEL * 4);                                                                           \
+    for (int64_t r = 0; r < mr; r++)                                                                        \
+      for (int q = 0; q < (two ? 2 : 1); q++)                                                               \
+        FINISH(j, r0 + r, p + q, sums[(r >= AMX_ROWS ? 2 : 0) + q] + (r % AMX_ROWS) * PANEL);               \
+  }
+
+#define AMX_FINISH(j, r, p, sums) finish16(j, r, p, _mm512_load_si512(sums))
+#define EMULATED_FINISH(j, r, p, sums) \
+  finish(j, r, (p) * PANEL, (j)->n - (p) * PANEL < PANEL ? (j)->n - (p) * PANEL : PANEL, sums)
+
+__attribute__((target(AMX_TARGET))) static void amx_block(const int8_job *j, int64_t r0, int64_t mr, int64_t p,
+                                                         bool two)
+    AMX_BLOCK_BODY(_tile_zero, _tile_loadd, _tile_dpbusd, _tile_stored, AMX_FINISH)
+
+/* The eight tiles in memory, and the four operations on them as the instructions define them. */
+typedef struct amx_tiles {
+  uint8_t bytes[8][AMX_ROWS][64];
+} amx_tiles;
+
+static void emulated_load(amx_tiles *t, int tile, const void *from, int64_t stride) {
+  for (int r = 0; r < AMX_ROWS; r++) memcpy(t->bytes[tile][r], (const uint8_t *)from + r * stride, 64);
+}
+static void emulated_store(const amx_tiles *t, int tile, void *to, int64_t stride) {
+  for (int r = 0; r < AMX_ROWS; r++) memcpy((uint8_t *)to + r * stride, t->bytes[tile][r], 64);
+}
+/* c[m][n] += sum over groups g and i < 4 of unsigned a[m][4g + i] times signed b[g][4n + i]. */
+static void emulated_dpbusd(amx_tiles *t, int c, int a, int b) {
+  for (int m = 0; m < AMX_ROWS; m++)
+    for (int n = 0; n < 16; n++) {
+      int32_t acc;
+      memcpy(&acc, t->bytes[c][m] + 4 * n, 4);
+      for (int g = 0; g < 16; g++)
+        for (int i = 0; i < 4; i++) acc += (int32_t)t->bytes[a][m][4 * g + i] * (int8_t)t->bytes[b][g][4 * n + i];
+      memcpy(t->bytes[c][m] + 4 * n, &acc, 4);
+    }
+}
+#define EMULATED_ZERO(tile) memset(tiles.bytes[tile], 0, sizeof tiles.bytes[tile])
+#define EMULATED_LOAD(tile, from, stride) emulated_load(&tiles, tile, from, stride)
+#define EMULATED_DPBUSD(c, a, b) emulated_dpbusd(&tiles, c, a, b)
+#define EMULATED_STORE(tile, to, stride) emulated_store(&tiles, tile, to, stride)
+
+static void amx_block_emulated(const int8_job *j, int64_t r0, int64_t mr, int64_t p, bool two) {
+  amx_tiles tiles;
+  AMX_BLOCK_BODY(EMULATED_ZERO, EMULATED_LOAD, EMULATED_DPBUSD, EMULATED_STORE, EMULATED_FINISH)
+}
+
+/* Blocks of 32 rows by two panels over a unit, the tiles configured for this thread first. */
+__attribute__((target(AMX_TARGET))) static void tile_amx(const int8_job *j, int64_t r0, int64_t mr, int64_t p0,
+                                                        int64_t np) {
+  amx_configure();
+  for (int64_t p = p0; p < p0 + np; p += 2)
+    for (int64_t r = r0; r < r0 + mr; r += 2 * AMX_ROWS)
+      amx_block(j, r, r0 + mr - r < 2 * AMX_ROWS ? r0 + mr - r : 2 * AMX_ROWS, p, p + 1 < p0 + np);
+  _tile_release();
+}
+
+/* The same on emulated tiles: RELAXC_QUANT_ISA=amx-emulated, for tests of the layout on any CPU
+ * (slow). */
+static void tile_amx_emulated(const int8_job *j, int64_t r0, int64_t mr, int64_t p0, int64_t np) {
+  for (int64_t p = p0; p < p0 + np; p += 2)
+    for (int64_t r = r0; r < r0 + mr; r += 2 * AMX_ROWS)
+      amx_block_emulated(j, r, r0 + mr - r < 2 * AMX_ROWS ? r0 + mr - r : 2 * AMX_ROWS, p, p + 1 < p0 + np);
+}
+
+/* Whether Linux lets this process use the tiles (AMX state is off until asked for, per process). */
+static bool amx_permitted(void) {
+  __builtin_cpu_init();
+  unsigned eax, ebx, ecx, edx;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if (!(edx & (1u << 24)) || !(edx & (1u << 25))) return false; /* AMX-TILE, AMX-INT8 */
+  enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+  if (syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) != 0) return false;
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  return (lo & (3u << 17)) == (3u << 17); /* XTILECFG and XTILEDATA enabled by the OS */
+}
 #endif
 
 /* ---- the choice and the call ----------------------------------------------------------------- */
 
 typedef void (*tile_fn)(const int8_job *j, int64_t r0, int64_t mr, int64_t p0, int64_t np);
 
-/* VNNI where the CPU has it (and the OS keeps its registers: GCC's check includes that), else
- * AVX2, else the portable loop, decided once per process; RELAXC_QUANT_ISA=portable|avx2 picks a
- * lesser one (the same integers), so that tests run every path on one CPU. */
+#if defined(__x86_64__)
+/* Whether tile fn gives the portable loop's integers on a product with every tail (rows, k and n
+ * off the tiles): run once before a path no test here could run (AMX) is trusted. */
+static bool same_as_portable(tile_fn fn) {
+  enum { ROWS = 40, K = 200, N = 40, STRIDE = 256, GROUPS = K / GROUP, PANELS = (N + PANEL - 1) / PANEL };
+  enum { PANEL_BYTES = GROUPS * PANEL * GROUP, PADDED_GROUPS = (GROUPS + 15) / 16 * 16 };
+  static uint8_t a[64 * STRIDE];
+  static int8_t b[PANELS * PANEL_BYTES], last[PADDED_GROUPS * PANEL * GROUP];
+  static int32_t zeros[N], sums[64], want[ROWS * N], got[ROWS * N];
+  uint32_t state = 12345;
+  for (int r = 0; r < 64; r++)
+    for (int i = 0; i < STRIDE; i++) {
+      state = state * 1103515245u + 12345u;
+      a[r * STRIDE + i] = r < ROWS && i < K ? (uint8_t)(state >> 16) : 0;
+    }
+  for (int i = 0; i < PANELS * PANEL_BYTES; i++) {
+    state = state * 1103515245u + 12345u;
+    b[i] = (int8_t)(state >> 16);
+  }
+  memset(last, 0, sizeof last);
+  memcpy(last, b + (PANELS - 1) * PANEL_BYTES, PANEL_BYTES);
+  int8_job j = {.a = a, .stride = STRIDE, .rows = ROWS, .k = K, .n = N, .b = b, .panel_bytes = PANEL_BYTES,
+                .d = zeros, .csum = zeros, .row_sums = sums, .out = want, .amx_last_panel = last};
+  tile_portable(&j, 0, ROWS, 0, PANELS);
+  j.out = got;
+  fn(&j, 0, ROWS, 0, PANELS);
+  return memcmp(want, got, sizeof want) == 0;
+}
+
+/* same_as_portable, saying on stderr when a path fails it (and is not taken). */
+static bool checked(const char *name, tile_fn fn) {
+  if (same_as_portable(fn)) return true;
+  fprintf(stderr, "relaxc.matmul_int8: %s gave other integers than the portable loop on a check product; not used\n",
+          name);
+  return false;
+}
+#endif
+
+/* AMX-INT8 where the CPU has it and Linux grants the tiles (checked against the portable loop
+ * once), else VNNI where the CPU has it (and the OS keeps its registers: GCC's check includes
+ * that), else AVX2, else the portable loop, decided once per process. RELAXC_QUANT_ISA=
+ * portable|avx2|vnni picks a lesser one (the same integers), so that tests run every path on one
+ * CPU; amx-emulated runs AMX's blocking on tiles emulated in C. */
 static tile_fn chosen_tile(void) {
   static tile_fn _Atomic chosen;
-  tile_fn c = atomic_load_explicit(&chosen, memory_order_relaxed);
+  tile_fn c = atomic_load_explicit(&chosen, memory_order_acquire);
   if (c) return c;
   c = tile_portable;
 #if defined(__x86_64__)
@@ -234,9 +421,12 @@ static tile_fn chosen_tile(void) {
     bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
                 __builtin_cpu_supports("avx512vl");
     c = vnni && !rk_quant_isa_forced("avx2") ? tile_vnni : tile_avx2;
+    if (c == tile_vnni && !rk_quant_isa_forced("vnni") && amx_permitted() && checked("AMX-INT8", tile_amx))
+      c = tile_amx;
   }
+  if (rk_quant_isa_forced("amx-emulated") && checked("AMX-INT8 (emulated)", tile_amx_emulated)) c = tile_amx_emulated;
 #endif
-  atomic_store_explicit(&chosen, c, memory_order_relaxed);
+  atomic_store_explicit(&chosen, c, memory_order_release);
   return c;
 }
 
@@ -387,10 +577,26 @@ int rvm_builtin_kl_matmul_int8(void *self, const TVMFFIAny *args, int32_t num_ar
   /* A copy of a with rows padded to whole groups and signed bytes flipped, so that the inner
    * loops read every group as one word; each row's sum on the way. */
   bool is_signed = a->dtype.code == kDLInt;
-  int64_t stride = groups * GROUP;
-  uint8_t *copy = rk_scratch(RK_SLOT_A_WHOLE, (size_t)(rows * stride));
+  tile_fn tile = chosen_tile();
+  int64_t stride = groups * GROUP, padded_rows = rows;
+  const int8_t *last_panel = NULL;
+#if defined(__x86_64__)
+  if (tile == tile_amx || tile == tile_amx_emulated) {
+    /* Whole tiles: 64-step rows, 32-row blocks, and the last panel's groups to a multiple of 16. */
+    stride = (k + AMX_BLOCK - 1) / AMX_BLOCK * AMX_BLOCK;
+    padded_rows = (rows + 2 * AMX_ROWS - 1) / (2 * AMX_ROWS) * (2 * AMX_ROWS);
+    size_t panel_bytes = (size_t)(groups * PANEL * GROUP), padded = (size_t)(stride / GROUP * PANEL * GROUP);
+    int8_t *last = rk_scratch(RK_SLOT_B_PACK, padded);
+    if (!last) return rk_out_of_memory(kernel);
+    memcpy(last, (const int8_t *)b->data + b->byte_offset + (panels - 1) * (int64_t)panel_bytes, panel_bytes);
+    memset(last + panel_bytes, 0, padded - panel_bytes);
+    last_panel = last;
+  }
+#endif
+  uint8_t *copy = rk_scratch(RK_SLOT_A_WHOLE, (size_t)(padded_rows * stride));
   int32_t *row_sums = rk_scratch(RK_SLOT_INPUT, (size_t)rows * sizeof(int32_t));
   if (!copy || !row_sums) return rk_out_of_memory(kernel);
+  memset(copy + rows * stride, 0, (size_t)((padded_rows - rows) * stride));
   const uint8_t *ad = (const uint8_t *)a->data + a->byte_offset;
   copy_rows(ad, rows, k, stride, is_signed ? 0x80 : 0, copy, row_sums);
   const int32_t *cd = (const int32_t *)((const char *)comp->data + comp->byte_offset);
@@ -411,9 +617,10 @@ int rvm_builtin_kl_matmul_int8(void *self, const TVMFFIAny *args, int32_t num_ar
       .scale = scale ? rk_data(scale) : NULL,
       .scale_step = scale && rk_numel(scale) == n ? 1 : 0,
       .bias = bias ? rk_data(bias) : NULL,
+      .amx_last_panel = last_panel,
   };
   int64_t row_units = (rows + ROWS_PER_UNIT - 1) / ROWS_PER_UNIT;
-  int8_work w = {&j, chosen_tile(), row_units, row_units * ((panels + PANELS_PER_UNIT - 1) / PANELS_PER_UNIT)};
+  int8_work w = {&j, tile, row_units, row_units * ((panels + PANELS_PER_UNIT - 1) / PANELS_PER_UNIT)};
   int64_t by_work = rows * n * k / MACS_PER_TASK + 1;
   return rk_parallel(w.units < by_work ? w.units : by_work, int8_task, &w);
 }

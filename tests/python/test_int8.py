@@ -78,9 +78,13 @@ def isa_paths():
     """The instruction-set paths this CPU can take, as (name, RELAXC_QUANT_ISA or None)."""
     paths = [("portable", "portable")]
     if os.uname().machine == "x86_64":
-        paths.append(("AVX2", "avx2"))
-        if cpu_has_avx512() and "avx512_vnni" in open("/proc/cpuinfo").read():
-            paths.append(("AVX-512 VNNI", None))
+        flags = open("/proc/cpuinfo").read()
+        # AMX's blocking on tiles emulated in C: its layout checked on any CPU.
+        paths += [("AVX2", "avx2"), ("AMX-INT8 emulated", "amx-emulated")]
+        if cpu_has_avx512() and "avx512_vnni" in flags:
+            paths.append(("AVX-512 VNNI", "vnni" if "amx_int8" in flags else None))
+        if "amx_int8" in flags:
+            paths.append(("AMX-INT8", None))
     return paths
 
 
@@ -107,6 +111,8 @@ def int8_results(tmp_path_factory):
                 env=env,
             )
             assert done.returncode == 0, done.stderr[-2000:]
+            # A path that fails its check product at load is not taken, and says so.
+            assert "gave other integers" not in done.stderr, done.stderr[-2000:]
             results[f"{name}, {threads} thread(s)"] = dict(np.load(out))
     return results
 
@@ -116,6 +122,8 @@ def test_every_instruction_set_gives_the_exact_integers(int8_results):
     print("paths:", ", ".join(int8_results))
     if not any("VNNI" in p for p in int8_results):
         print("skipped path: AVX-512 VNNI (this CPU has no AVX512_VNNI)")
+    if not any(p.startswith("AMX-INT8,") for p in int8_results):
+        print("skipped path: AMX-INT8 on the tiles themselves (this CPU has no AMX-INT8; its emulation ran)")
     for i, case in enumerate(CASES):
         a, w, a_zp, w_zp = int8_case(i, *case)
         want = (a.astype(np.int64) - a_zp) @ (w.astype(np.int64) - w_zp)
