@@ -256,10 +256,17 @@ fn cli(target: &Target) -> Result<(), Failed> {
     Ok(())
 }
 
-/// The quantized models on aarch64: NEON's tiles (quant_neon.c) give the portable code's bits
-/// (`RELAXC_QUANT_ISA=portable`), each run by `relaxc run` under qemu.
+/// The quantized models on aarch64: NEON's tiles (quant_neon.c) and the int8 matmul's SDOT path
+/// (matmul_int8.c, in lib_int8) give the portable code's bits (`RELAXC_QUANT_ISA=portable`), each
+/// run by `relaxc run` under qemu (its default CPU has the dot products).
 fn neon_matches_portable(target: &Target) -> Result<(), Failed> {
-    let names: Vec<String> = common::cross_exports("aarch64").into_iter().filter(|n| n.starts_with("quant_")).collect();
+    let names: Vec<String> = common::cross_exports("aarch64")
+        .into_iter()
+        .filter(|n| n.starts_with("quant_") || n == "lib_int8")
+        .collect();
+    if !names.iter().any(|n| n == "lib_int8") {
+        return Err("no int8 fixture (fixtures/tvm-cross/aarch64/lib_int8)".into());
+    }
     if names.is_empty() {
         return Err("no quantized fixtures (fixtures/tvm-cross/aarch64/quant_*)".into());
     }
@@ -267,7 +274,8 @@ fn neon_matches_portable(target: &Target) -> Result<(), Failed> {
     for name in names {
         let tar = common::root().join("fixtures/tvm-cross/aarch64").join(&name).join("m.tar");
         let so = build(&format!("cross_{name}"), &tar, target, ExecMode::Compiled, false)?;
-        let inputs = common::fixtures_dir().join(&name).join("ok_b3.in.npz");
+        let case = if name == "lib_int8" { "ok_b6.in.npz" } else { "ok_b3.in.npz" };
+        let inputs = common::fixtures_dir().join(&name).join(case);
         let mut outputs = Vec::new();
         for isa in ["", "portable"] {
             let out = scratch.path().join(format!("{name}.{isa}.npz"));

@@ -13,8 +13,8 @@
  * Weights come packed as [ceil(n/16)][ceil(k/4)][16][4]: for each panel of 16 columns, four
  * consecutive reduction steps of every column side by side, zero past k and n. One 64-byte
  * group is one 512-bit VPDPBUSD operand (AVX-512 VNNI: 4 rows by 4 panels of accumulators); AVX2
- * widens it to 16-bit pairs for VPMADDWD (no 8-bit pair sum that could saturate); the portable
- * loop (also aarch64's for now) reads the same layout.
+ * widens it to 16-bit pairs for VPMADDWD (no 8-bit pair sum that could saturate); aarch64's SDOT
+ * reads a group as four 4-column operands; the portable loop reads the same layout.
  */
 #define _GNU_SOURCE /* syscall(), for AMX's permission */
 #include <stdatomic.h>
@@ -363,6 +363,66 @@ static bool amx_permitted(void) {
 }
 #endif
 
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#include <sys/auxv.h>
+
+/* ---- aarch64: SDOT ----------------------------------------------------------------------------- */
+
+/* SDOT multiplies signed bytes by signed bytes, so the (unsigned) activations are read as a - 128
+ * (their top bit flipped) and 128 times each column's sum of weight bytes is added back: sum a b
+ * = sum (a - 128) b + 128 sum b, with sum b = csum - k d (b = c - d over k steps, zero past k).
+ * Four rows by one panel: sixteen 4-lane sums, each group one 64-byte load and a word per row. */
+/* The dot products are an ARMv8.2 extension, enabled for this function only (the CPU is asked
+ * first). Clang before 17 declares vdotq_s32 only when the whole file is built for it, so there
+ * its builtin is called (34: the signed 32-bit form, as its arm_neon.h passes it). */
+#if defined(__clang__)
+#define DOTPROD_TARGET __attribute__((target("dotprod")))
+#define SDOT(acc, b, a) ((int32x4_t)__builtin_neon_vdotq_v((int8x16_t)(acc), (b), (a), 34))
+#else
+#define DOTPROD_TARGET __attribute__((target("arch=armv8.2-a+dotprod")))
+#define SDOT(acc, b, a) vdotq_s32((acc), (b), (a))
+#endif
+
+DOTPROD_TARGET static void tile_neon(const int8_job *j, int64_t r0, int64_t mr, int64_t p0,
+                                                          int64_t np) {
+  int64_t groups = j->stride / GROUP;
+  uint8x16_t flip = vdupq_n_u8(0x80);
+  for (int64_t p = p0; p < p0 + np; p++) {
+    const int8_t *panel = j->b + p * j->panel_bytes;
+    int64_t n0 = p * PANEL, count = j->n - n0 < PANEL ? j->n - n0 : PANEL;
+    int32_t back[PANEL] = {0};
+    for (int64_t c = 0; c < count; c++) back[c] = 128 * (j->csum[n0 + c] - (int32_t)j->k * j->d[n0 + c]);
+    for (int64_t r = r0; r < r0 + mr; r += 4) {
+      int rows = r0 + mr - r < 4 ? (int)(r0 + mr - r) : 4;
+      int32x4_t acc[4][4];
+      for (int i = 0; i < 4; i++)
+        for (int q = 0; q < 4; q++) acc[i][q] = vdupq_n_s32(0);
+      for (int64_t g = 0; g < groups; g++) {
+        const int8_t *bg = panel + g * PANEL * GROUP;
+        int8x16_t b[4] = {vld1q_s8(bg), vld1q_s8(bg + 16), vld1q_s8(bg + 32), vld1q_s8(bg + 48)};
+        for (int i = 0; i < rows; i++) {
+          uint32x4_t word = vdupq_n_u32(group_word(j->a + (r + i) * j->stride, g));
+          int8x16_t a = vreinterpretq_s8_u8(veorq_u8(vreinterpretq_u8_u32(word), flip));
+          for (int q = 0; q < 4; q++) acc[i][q] = SDOT(acc[i][q], b[q], a);
+        }
+      }
+      for (int i = 0; i < rows; i++) {
+        int32_t sums[PANEL];
+        for (int q = 0; q < 4; q++) vst1q_s32(sums + 4 * q, acc[i][q]);
+        for (int c = 0; c < PANEL; c++) sums[c] += back[c];
+        finish(j, r + i, n0, count, sums);
+      }
+    }
+  }
+}
+
+static bool cpu_has_dotprod(void) {
+  enum { HWCAP_DOTPROD = 1 << 20 }; /* HWCAP_ASIMDDP */
+  return (getauxval(AT_HWCAP) & HWCAP_DOTPROD) != 0;
+}
+#endif
+
 /* ---- the choice and the call ----------------------------------------------------------------- */
 
 typedef void (*tile_fn)(const int8_job *j, int64_t r0, int64_t mr, int64_t p0, int64_t np);
@@ -407,7 +467,7 @@ static bool checked(const char *name, tile_fn fn) {
 
 /* AMX-INT8 where the CPU has it and Linux grants the tiles (checked against the portable loop
  * once), else VNNI where the CPU has it (and the OS keeps its registers: GCC's check includes
- * that), else AVX2, else the portable loop, decided once per process. RELAXC_QUANT_ISA=
+ * that), else AVX2; on aarch64 SDOT where the CPU has the dot products; else the portable loop, decided once per process. RELAXC_QUANT_ISA=
  * portable|avx2|vnni picks a lesser one (the same integers), so that tests run every path on one
  * CPU; amx-emulated runs AMX's blocking on tiles emulated in C. */
 static tile_fn chosen_tile(void) {
@@ -425,6 +485,9 @@ static tile_fn chosen_tile(void) {
       c = tile_amx;
   }
   if (rk_quant_isa_forced("amx-emulated") && checked("AMX-INT8 (emulated)", tile_amx_emulated)) c = tile_amx_emulated;
+#endif
+#if defined(__aarch64__)
+  if (cpu_has_dotprod() && !rk_quant_isa_forced("portable")) c = tile_neon;
 #endif
   atomic_store_explicit(&chosen, c, memory_order_release);
   return c;
