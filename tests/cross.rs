@@ -260,10 +260,8 @@ fn cli(target: &Target) -> Result<(), Failed> {
 /// (matmul_int8.c, in lib_int8) give the portable code's bits (`RELAXC_QUANT_ISA=portable`), each
 /// run by `relaxc run` under qemu (its default CPU has the dot products).
 fn neon_matches_portable(target: &Target) -> Result<(), Failed> {
-    let names: Vec<String> = common::cross_exports("aarch64")
-        .into_iter()
-        .filter(|n| n.starts_with("quant_") || n == "lib_int8")
-        .collect();
+    let names: Vec<String> =
+        common::cross_exports("aarch64").into_iter().filter(|n| n.starts_with("quant_") || n == "lib_int8").collect();
     if !names.iter().any(|n| n == "lib_int8") {
         return Err("no int8 fixture (fixtures/tvm-cross/aarch64/lib_int8)".into());
     }

@@ -213,3 +213,30 @@ fn profile_lists_every_kernel_and_adds_up() {
         assert!(events.iter().all(|e| e["ph"] == "X" && e["dur"].as_f64().is_some()));
     }
 }
+
+/// `relaxc run --profile` names the path each family of library kernels took (on stderr): the
+/// f32 kernels, the encoder attention and the int8 matmul, as the library decided them.
+#[test]
+fn profile_names_the_kernel_paths() {
+    for (name, case, families) in [
+        ("lib_onnx_transformer", "ok_b2s7", &["f32 kernels (GEMM", "encoder attention (relaxc.attention) on "][..]),
+        ("lib_int8", "ok_b6", &["int8 matmul (MatMulInteger) on "][..]),
+    ] {
+        let so = build(name, ExecMode::Compiled, true);
+        let out = Command::new(env!("CARGO_BIN_EXE_relaxc"))
+            .arg("run")
+            .arg(&so)
+            .arg("--inputs")
+            .arg(common::fixtures_dir().join(name).join(format!("{case}.in.npz")))
+            .args(["--profile", "2"])
+            .env_remove("RELAXC_KERNEL_PATHS")
+            .output()
+            .expect("relaxc run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        for family in families {
+            let line = err.lines().find(|l| l.starts_with("relaxc kernels: ") && l.contains(family));
+            assert!(line.is_some(), "{name}: no path named for {family:?}:\n{err}");
+        }
+    }
+}

@@ -234,6 +234,8 @@ static int attend_isa(void) {
   bool portable = rk_quant_isa_forced("portable"), avx2 = rk_quant_isa_forced("avx2");
   isa = ATTEND_GENERIC;
   if (rk_cpu_isa() == RK_ISA_AVX2 && !portable) isa = rk_use_avx512() && has_avx512vl() && !avx2 ? ATTEND_AVX512 : ATTEND_AVX2;
+  rk_report_path("paged KV cache attention",
+                 isa == ATTEND_AVX512 ? "AVX-512" : (isa == ATTEND_AVX2 ? "AVX2" : "portable vectors"));
   atomic_store_explicit(&chosen, isa, memory_order_relaxed);
   return isa;
 }

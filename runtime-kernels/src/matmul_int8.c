@@ -486,9 +486,17 @@ static tile_fn chosen_tile(void) {
   }
   if (rk_quant_isa_forced("amx-emulated") && checked("AMX-INT8 (emulated)", tile_amx_emulated)) c = tile_amx_emulated;
 #endif
+  const char *name = "portable C";
 #if defined(__aarch64__)
-  if (cpu_has_dotprod() && !rk_quant_isa_forced("portable")) c = tile_neon;
+  if (cpu_has_dotprod() && !rk_quant_isa_forced("portable")) c = tile_neon, name = "SDOT";
 #endif
+#if defined(__x86_64__)
+  if (c == tile_amx) name = "AMX-INT8";
+  if (c == tile_amx_emulated) name = "AMX-INT8 emulated in C";
+  if (c == tile_vnni) name = "AVX-512 VNNI";
+  if (c == tile_avx2) name = "AVX2";
+#endif
+  rk_report_path("int8 matmul (MatMulInteger)", name);
   atomic_store_explicit(&chosen, c, memory_order_release);
   return c;
 }

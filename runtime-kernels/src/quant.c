@@ -426,6 +426,14 @@ static const rk_qdots *qdots(void) {
     c = vnni && !rk_quant_isa_forced("avx2") ? rk_qdots_vnni() : rk_qdots_avx2();
   }
 #endif
+  const char *name = "portable C";
+#if defined(__aarch64__)
+  if (c == &neon) name = "NEON";
+#endif
+#if defined(__x86_64__)
+  if (c != &portable) name = c == rk_qdots_avx2() ? "AVX2" : "AVX-512 VNNI";
+#endif
+  rk_report_path("quantized dense layers and attention's dot products (GGUF formats)", name);
   atomic_store_explicit(&chosen, c, memory_order_relaxed);
   return c;
 }

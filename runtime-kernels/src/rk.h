@@ -361,6 +361,9 @@ RVM_HIDDEN bool rk_same_shape(const DLTensor *a, const DLTensor *b);
 /* Whether RELAXC_QUANT_ISA names `isa` ("portable", "avx2"): the LLM kernels' switch to a lesser
  * instruction set than the CPU's, so that tests compare the sets on one CPU. */
 RVM_HIDDEN bool rk_quant_isa_forced(const char *isa);
+/* Says on stderr which path a family of kernels took ("<family> on <path>"), when
+ * RELAXC_KERNEL_PATHS=report (relaxc run --profile sets it); called once per decision. */
+RVM_HIDDEN void rk_report_path(const char *family, const char *path);
 /* The number of elements of a tensor. */
 RVM_HIDDEN int64_t rk_numel(const DLTensor *t);
 /* A ValueError naming the kernel, with a shape in the message: "<kernel>: <what> (got [2, 3])". */

@@ -19,6 +19,7 @@
  * vector width (AVX2 and AVX-512 agree; the portable build, its multiplies and adds unfused,
  * rounds differently).
  */
+#include <stdatomic.h>
 #include <stdio.h>
 
 #include "rk.h"
@@ -176,17 +177,38 @@ RK_AVX512_TARGET static inline __m512 sdpa_exp_avx512(__m512 x) {
 typedef void (*sdpa_block_fn)(const sdpa_job *job, const sdpa_entry *e, int64_t r0, int count, sdpa_buffers *buf);
 
 /* The instance this CPU runs, and its rows per block. */
-static sdpa_block_fn chosen_block(int *rows) {
+static sdpa_block_fn pick_block(int *rows, const char **name) {
+  *rows = 6;
+  *name = "portable vectors";
 #if defined(__x86_64__)
   if (rk_cpu_isa() == RK_ISA_AVX2 && rk_use_avx512()) {
     *rows = 12;
+    *name = "AVX-512";
     return block_avx512;
   }
-  *rows = 6;
-  if (rk_cpu_isa() == RK_ISA_AVX2) return block_avx2;
+  if (rk_cpu_isa() == RK_ISA_AVX2) {
+    *name = "AVX2";
+    return block_avx2;
+  }
 #endif
-  *rows = 6;
   return block_generic;
+}
+
+/* pick_block's answer, decided once per process. */
+static sdpa_block_fn chosen_block(int *rows) {
+  static sdpa_block_fn _Atomic chosen;
+  static _Atomic int chosen_rows;
+  sdpa_block_fn fn = atomic_load_explicit(&chosen, memory_order_acquire);
+  if (!fn) {
+    const char *name;
+    int r;
+    fn = pick_block(&r, &name);
+    rk_report_path("encoder attention (relaxc.attention)", name);
+    atomic_store_explicit(&chosen_rows, r, memory_order_relaxed);
+    atomic_store_explicit(&chosen, fn, memory_order_release);
+  }
+  *rows = atomic_load_explicit(&chosen_rows, memory_order_relaxed);
+  return fn;
 }
 
 /* ---- the work ---------------------------------------------------------------------------------- */

@@ -116,6 +116,11 @@ bool rk_same_shape(const DLTensor *a, const DLTensor *b) {
   return same;
 }
 
+void rk_report_path(const char *family, const char *path) {
+  const char *report = getenv("RELAXC_KERNEL_PATHS");
+  if (report && strcmp(report, "report") == 0) fprintf(stderr, "relaxc kernels: %s on %s\n", family, path);
+}
+
 bool rk_quant_isa_forced(const char *isa) {
   const char *forced = getenv("RELAXC_QUANT_ISA");
   return forced && strcmp(forced, isa) == 0;

@@ -712,7 +712,10 @@ bool rk_use_avx512(void) {
     ok = (xcr0_lo & 0xe6) == 0xe6;
   }
   const char *env = getenv("RELAXC_GEMM_AVX512");
-  if (env && env[0] == '0') ok = false;
+  bool refused = ok && env && env[0] == '0';
+  if (refused) ok = false;
+  rk_report_path("f32 GEMM, attention and activations' wider registers",
+                 ok ? "AVX-512" : (refused ? "AVX2's (RELAXC_GEMM_AVX512=0)" : "AVX2's (no usable AVX-512)"));
   atomic_store_explicit(&decided, ok, memory_order_relaxed);
   return ok;
 }
@@ -816,6 +819,8 @@ rk_isa rk_cpu_isa(void) {
 #else
   isa = RK_ISA_GENERIC;
 #endif
+  rk_report_path("f32 kernels (GEMM, convolutions, norms, activations)",
+                 isa == RK_ISA_AVX2 ? "AVX2 and FMA" : (isa == RK_ISA_NEON ? "NEON" : "portable C"));
   atomic_store_explicit(&detected_isa, isa, memory_order_relaxed);
   return (rk_isa)isa;
 }

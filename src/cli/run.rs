@@ -39,6 +39,8 @@ pub struct Args {
     /// After a warm-up call, profile N calls (default 10) and print a table per callee: calls,
     /// total and mean time, share of the call time, and the VM's own overhead (call time
     /// minus time in kernels). The model must be built with `relaxc compile --instrument`.
+    /// stderr names the instruction-set path each family of library kernels takes
+    /// (RELAXC_KERNEL_PATHS=report does that for any run).
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "10")]
     profile: Option<usize>,
     /// Write the profiled calls as a Chrome trace-event file (open it in ui.perfetto.dev or
@@ -66,6 +68,12 @@ pub fn run(args: Args) -> Result<()> {
     let profile = profile.or(trace.as_ref().map(|_| 10));
     if weights.is_some() && profile.is_some() {
         bail!("--profile does not take --weights yet");
+    }
+    if profile.is_some() && std::env::var_os("RELAXC_KERNEL_PATHS").is_none() {
+        // The kernel library says which instruction-set path each family of kernels takes as it
+        // decides (on stderr, beside the table). SAFETY: no other thread runs yet: the model,
+        // and with it the runtime's pool, is loaded below.
+        unsafe { std::env::set_var("RELAXC_KERNEL_PATHS", "report") };
     }
     let opts = RunOptions { func, inputs, outputs, expect, bench, stats, device, profile, trace, weights };
     run_model(&model, &opts)
