@@ -312,3 +312,55 @@ def test_a_gguf_model_prefills_together_with_its_weights_from_the_file(tmp_path)
         assert engine.stats()["calls"]["batch_prefill"] - before < 16 + sum(len(p) > 32 for p in prompts)
     finally:
         engine.stop()
+
+
+def parse_metrics(text):
+    """Prometheus's text format: {(name, frozenset of label pairs): value}, HELP and TYPE lines
+    checked to come before their samples."""
+    import re
+
+    samples, typed = {}, set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            typed.add(line.split()[2])
+            continue
+        if line.startswith("#") or not line:
+            continue
+        m = re.fullmatch(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\} (\S+)", line)
+        assert m, f"not an exposition line: {line!r}"
+        name, labels, value = m.groups()
+        assert any(name == t or name.startswith(t + "_") for t in typed), f"{name} before its TYPE"
+        pairs = frozenset(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels))
+        samples[(name, pairs)] = float(value)
+    return samples
+
+
+def test_metrics_count_what_the_engine_did(models):
+    """GET /metrics's text after three requests: their prompt and generated tokens, three
+    finished for length, one first-token time each and one time per later token, cumulative
+    buckets, and no page in use once they are done."""
+    engine = Engine(models["tiny_llama"], max_batch=4, max_total_seq_len=1024, prefill_chunk=32)
+    try:
+        prompts = [[1, 2, 3], [4, 5, 6, 7, 8], [9] * 20]
+        for p in prompts:
+            seq, error = run(engine, p, 6)
+            assert error is None and len(seq.tokens) == 6
+        text = engine.metrics_text('tiny "llama"')
+    finally:
+        engine.stop()
+    s = parse_metrics(text)
+    model = ("model_name", 'tiny \\"llama\\"')
+
+    def value(name, **labels):
+        return s[(f"relaxc:{name}", frozenset({model, *labels.items()}))]
+
+    assert value("prompt_tokens_total") == sum(map(len, prompts))
+    assert value("generation_tokens_total") == 18
+    assert value("request_finished_total", finished_reason="length") == 3
+    assert value("request_finished_total", finished_reason="error") == 0
+    assert value("time_to_first_token_seconds_count") == 3
+    assert value("time_per_output_token_seconds_count") == 15
+    buckets = [v for (n, labels), v in s.items() if n == "relaxc:time_to_first_token_seconds_bucket"]
+    assert buckets == sorted(buckets) and max(buckets) == value("time_to_first_token_seconds_count")
+    assert value("num_requests_running") == 0 and value("num_requests_waiting") == 0
+    assert value("kv_cache_pages_total") > 0 and value("kv_cache_pages_used") == 0

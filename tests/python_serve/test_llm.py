@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 import urllib.error
+import urllib.request
 
 import pytest
 from conftest import Server, build, relaxc
@@ -56,6 +57,19 @@ def complete(server, prompt, n, retries=0, **extra):
 def test_completion_equals_relaxc_generate(served):
     server, model = served
     assert complete(server, PROMPT, 9) == generate(model, PROMPT, 9)
+
+
+def test_metrics_in_prometheus_text(served):
+    """GET /metrics answers in Prometheus's text format, each replica its own counts (Ray routes a
+    scrape to one of them)."""
+    server, _ = served
+    complete(server, PROMPT, 3)
+    with urllib.request.urlopen(server.base + "/metrics", timeout=60) as r:
+        kind, text = r.headers["Content-Type"], r.read().decode()
+    assert kind.startswith("text/plain") and "version=0.0.4" in kind
+    assert "# TYPE relaxc:generation_tokens_total counter" in text
+    assert 'relaxc:time_to_first_token_seconds_bucket{model_name="llama",le="+Inf"}' in text
+    assert 'relaxc:kv_cache_usage_ratio{model_name="llama"}' in text
 
 
 def test_32_concurrent_requests_equal_their_single_answers(served):

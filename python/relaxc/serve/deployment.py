@@ -146,6 +146,11 @@ class Replica:
         return _json(404, {"error": f"no route {request.method} {path} (model {self.name!r})"})
 
     async def _llm_route(self, request, path):
+        if path == "/metrics" and request.method == "GET":
+            from starlette.responses import PlainTextResponse
+
+            text = self.llm.metrics_text(self.name)
+            return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
         if path == "/v1/relaxc/stats" and request.method == "GET":
             import ray
 

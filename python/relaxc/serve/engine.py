@@ -9,10 +9,12 @@ removed and their pages freed."""
 
 import queue
 import threading
+import time
 
 import numpy as np
 
 from .inference import BadRequest, _elf_section, signature
+from .metrics import Metrics
 
 
 class Sequence:
@@ -49,6 +51,7 @@ class Sequence:
         self.cancelled = False
         self.slot = None
         self.prefilled = 0  # prompt tokens in the cache
+        self.arrived, self.last_token_at = time.monotonic(), None
 
 
 class Functions:
@@ -120,7 +123,9 @@ class Engine:
         self.free_slots = list(range(max_batch))
         self.vocab = None
         self.vocab = self._probe_vocab()
+        self.metrics = Metrics()
         self._count_pages()
+        self.pages_total = self.pages  # nothing holds a page yet
         self.thread = threading.Thread(target=self._loop, name="relaxc-llm-engine", daemon=True)
         self.stopped = False
         if run:  # run=False: no engine thread, for measuring the model's steps directly
@@ -192,8 +197,12 @@ class Engine:
     def _finish(self, seq, error=None):
         if seq.cancelled and seq.finish_reason is None and error is None:
             self.cancelled += 1
+            self.metrics.finished["abort"] += 1
         if error is not None:
             self.failed += 1
+            self.metrics.finished["error"] += 1
+        elif seq.finish_reason is not None:
+            self.metrics.finished[seq.finish_reason] += 1
         if seq in self.running:
             self.running.remove(seq)
         if seq.slot is not None:
@@ -207,6 +216,14 @@ class Engine:
     def _step_done(self, seq, logits):
         token = self._sample(seq, logits)
         seq.tokens.append(token)
+        now, m = time.monotonic(), self.metrics
+        if seq.last_token_at is None:
+            m.ttft.observe(now - seq.arrived)
+            m.prompt_tokens += len(seq.prompt)
+        else:
+            m.tpot.observe(now - seq.last_token_at)
+        seq.last_token_at = now
+        m.generation_tokens += 1
         item = {"token": token, "text": ""}
         if seq.logprobs is not None:
             z = logits.astype(np.float64)
@@ -405,6 +422,12 @@ class Engine:
             "calls": dict(self.calls),
             "decode_batch": self.fns.decode_batch,
         }
+
+    def metrics_text(self, model_name):
+        """GET /metrics: Prometheus's text format (relaxc.serve.metrics). KV pages as of the last
+        time a sequence came or went."""
+        used = self.pages_total - self.pages
+        return self.metrics.render(model_name, len(self.running), self.waiting.qsize(), used, self.pages_total)
 
     def stop(self):
         self.waiting.put(None)
