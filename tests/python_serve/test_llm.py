@@ -9,12 +9,13 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 
 import pytest
-from conftest import Server, build, relaxc
+from conftest import ROOT, Server, build, relaxc
 
 PROMPT = [1, 17, 42, 5, 33, 8]
 
@@ -180,3 +181,37 @@ def test_weights_outside_the_model(tmp_path):
         assert complete(server, prompt, len(want["tokens"])) == [int(t) for t in want["tokens"]]
     finally:
         server.stop()
+
+
+def test_a_gguf_file_is_served_directly(tmp_path):
+    """`python -m relaxc.serve MODEL.gguf` builds the model once (kept in $RELAXC_CACHE), reads the
+    weights from the file and answers with TVM's greedy tokens; a second server finds it built."""
+    pytest.importorskip("tvm", reason="building a GGUF file's model needs Apache TVM")
+    pytest.importorskip("gguf", reason="building a GGUF file's model needs the gguf package")
+    import numpy as np
+
+    folder = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "fixtures", "gguf")
+    gguf = os.path.join(folder, "tiny_mixed.gguf")
+    want = np.load(os.path.join(folder, "generate.npz"))
+    prompt, tokens = [int(t) for t in want["prompt"]], [int(t) for t in want["tokens"]]
+    env = dict(os.environ, RELAXC_CACHE=str(tmp_path / "cache"))
+    for built in (False, True):
+        server = Server(gguf, env=env)
+        try:
+            assert server.name == "tiny_mixed"
+            log = "".join(server.log)
+            assert ("built before" in log) == built and ("building the model once" in log) != built, log
+            assert complete(server, prompt, len(tokens)) == tokens
+        finally:
+            server.stop()
+
+
+def test_a_bad_gguf_file_is_refused_by_name(tmp_path):
+    pytest.importorskip("tvm", reason="building a GGUF file's model needs Apache TVM")
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + bytes(20))
+    env = dict(os.environ, RELAXC_CACHE=str(tmp_path / "cache"), PYTHONPATH=os.path.join(ROOT, "python"))
+    done = subprocess.run(
+        [sys.executable, "-m", "relaxc.serve", str(bad)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 2 and "broken.gguf" in done.stderr, done.stderr[-2000:]

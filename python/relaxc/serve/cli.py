@@ -33,6 +33,59 @@ def _wait_for_route(host, port, timeout=60.0):
     print(f"warning: the HTTP proxy on port {port} did not list the route within {timeout:.0f} s", flush=True)
 
 
+def _is_gguf(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def gguf_model(gguf, log=print):
+    """A GGUF file's model (`python -m relaxc.llm build`, compiled mode), built once and kept in
+    $RELAXC_CACHE/serve (default ~/.cache/relaxc/serve) under a key of the file (path, size,
+    modification time) and of the relaxc command that built it: (the .so, its tokenizer.json or
+    None where the file has no vocabulary)."""
+    import hashlib
+    import tempfile
+
+    from .. import find_relaxc
+
+    relaxc_bin = find_relaxc()
+    parts = []
+    for p in (gguf, relaxc_bin):
+        st = os.stat(p)
+        parts.append(f"{os.path.realpath(p)}|{st.st_size}|{st.st_mtime_ns}")
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+    root = os.environ.get("RELAXC_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "relaxc")
+    folder = os.path.join(root, "serve", key)
+    so = os.path.join(folder, "model.so")
+    tokenizer = os.path.join(folder, "model.tokenizer.json")
+    if os.path.isfile(so):
+        log(f"{gguf}: the model built before (cached in {folder})")
+    else:
+        from relaxc import llm
+
+        os.makedirs(os.path.dirname(folder), exist_ok=True)
+        log(f"{gguf}: building the model once (cached in {folder})")
+        # Built beside the cache and moved in whole: a server started meanwhile builds its own.
+        import shutil
+
+        work = tempfile.mkdtemp(prefix=key + ".", dir=os.path.dirname(folder))
+        try:
+            llm.build(gguf, os.path.join(work, "model.so"), exec_mode="compiled", log=lambda m: log("  " + m))
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        try:
+            os.rename(work, folder)
+        except OSError as e:
+            shutil.rmtree(work, ignore_errors=True)
+            if not os.path.isfile(so):  # else another server moved its build in first: use that one
+                raise RuntimeError(f"cannot keep the built model in {folder}: {e}") from None
+    return so, tokenizer if os.path.isfile(tokenizer) else None
+
+
 def main(argv=None):
     import relaxc.serve as package
 
@@ -41,7 +94,11 @@ def main(argv=None):
         description=package.__doc__.split("\n\n")[0],
         epilog=f"The manual's page: {book_page('serving')}.",
     )
-    parser.add_argument("model", help="a model .so built by relaxc compile")
+    parser.add_argument(
+        "model",
+        help="a model .so built by relaxc compile, or an LLM's GGUF file (built once and cached: "
+        "its weights read from the file, its tokenizer and chat template from its metadata)",
+    )
     parser.add_argument("--replicas", type=int, default=1, help="Ray Serve replicas (default 1)")
     parser.add_argument(
         "--threads-per-replica",
@@ -89,6 +146,20 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if not os.path.isfile(args.model):
         parser.error(f"{args.model}: no such file")
+    if _is_gguf(args.model):
+        gguf = os.path.abspath(args.model)
+        args.name = args.name or os.path.splitext(os.path.basename(gguf))[0]
+        try:
+            args.model, tokenizer = gguf_model(gguf, log=lambda m: print(m, flush=True))
+        except ImportError as e:
+            parser.error(
+                f"{gguf}: building a GGUF file's model needs Apache TVM and gguf ({e}): "
+                "pip install apache-tvm==0.27.0.post1 gguf"
+            )
+        except Exception as e:  # the file's own error (an unsupported architecture, a bad tensor)
+            parser.error(f"{gguf}: {e}")
+        args.weights = args.weights or gguf
+        args.tokenizer = args.tokenizer or tokenizer
     if args.weights and not os.path.exists(args.weights):
         parser.error(f"--weights {args.weights}: no such file or directory")
     if args.replicas < 1 or args.threads_per_replica < 1 or args.max_batch_size < 1:
