@@ -155,7 +155,8 @@ def reference_first_logits(path, prompt, quantize_activations=False, perturbatio
         field(f"{arch}.attention.layer_norm_rms_epsilon"),
         field(f"{arch}.rope.freq_base"),
     )
-    hd = hidden // heads
+    key_length = reader.get_field(f"{arch}.attention.key_length")
+    hd = field(f"{arch}.attention.key_length") if key_length else hidden // heads
     n = len(prompt)
 
     def norm(x, w):
@@ -166,7 +167,7 @@ def reference_first_logits(path, prompt, quantize_activations=False, perturbatio
         angle = pos * theta ** (-np.arange(0, hd, 2) / hd)
         if "rope_freqs.weight" in t:  # llama3's scaling: each frequency divided by its factor
             angle = angle / t["rope_freqs.weight"]
-        if arch == "qwen2":
+        if arch in ("qwen2", "qwen3"):
             first, second = slice(0, hd // 2), slice(hd // 2, hd)
         else:
             first, second = slice(0, hd, 2), slice(1, hd, 2)
@@ -184,8 +185,11 @@ def reference_first_logits(path, prompt, quantize_activations=False, perturbatio
     for i in range(layers):
         p = f"blk.{i}."
         h = norm(x, t[p + "attn_norm.weight"])
-        q = rope(project(h, p + "attn_q").reshape(n, heads, hd))
-        k = rope(project(h, p + "attn_k").reshape(n, kv_heads, hd))
+        q = project(h, p + "attn_q").reshape(n, heads, hd)
+        k = project(h, p + "attn_k").reshape(n, kv_heads, hd)
+        if p + "attn_q_norm.weight" in t:  # qwen3: each head normed before RoPE
+            q, k = norm(q, t[p + "attn_q_norm.weight"]), norm(k, t[p + "attn_k_norm.weight"])
+        q, k = rope(q), rope(k)
         v = project(h, p + "attn_v").reshape(n, kv_heads, hd)
         k, v = (
             np.repeat(k, heads // kv_heads, axis=1),
@@ -195,7 +199,7 @@ def reference_first_logits(path, prompt, quantize_activations=False, perturbatio
         scores = np.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
         weights = np.exp(scores - scores.max(-1, keepdims=True))
         weights /= weights.sum(-1, keepdims=True)
-        o = np.einsum("hqk,khd->qhd", weights, v).reshape(n, hidden)
+        o = np.einsum("hqk,khd->qhd", weights, v).reshape(n, heads * hd)
         x = x + matmul(o, p + "attn_output.weight")
         h = norm(x, t[p + "ffn_norm.weight"])
         gate, up = matmul(h, p + "ffn_gate.weight"), matmul(h, p + "ffn_up.weight")
@@ -209,11 +213,13 @@ def reference_first_logits(path, prompt, quantize_activations=False, perturbatio
         ("tiny_mixed.gguf", "generate.npz"),
         ("tiny_qwen2.gguf", "generate_qwen2.npz"),
         ("tiny_llama3.gguf", "generate_llama3.npz"),
+        ("tiny_qwen3.gguf", "generate_qwen3.npz"),
     ],
 )
 def test_the_model_means_what_llama_cpp_means(gguf_file, recorded):
     """llama (Q and K rows in llama.cpp's order, adjacent pairs rotated), qwen2 (biases on Q, K
-    and V, NEOX RoPE on Hugging Face's rows) and Llama 3 (RoPE frequency factors, which move these
+    and V, NEOX RoPE on Hugging Face's rows), qwen3 (each head's Q and K RMS-normed, heads wider
+    than hidden / heads) and Llama 3 (RoPE frequency factors, which move these
     logits by 4.3e-2 if they are ignored; tied embeddings)."""
     want = np.load(os.path.join(FIXTURE, recorded))
     prompt = [int(i) for i in want["prompt"]]
@@ -226,7 +232,11 @@ def test_the_model_means_what_llama_cpp_means(gguf_file, recorded):
 
 @pytest.mark.parametrize(
     "gguf_file,recorded",
-    [("tiny_mixed.gguf", "generate.npz"), ("tiny_qwen2.gguf", "generate_qwen2.npz")],
+    [
+        ("tiny_mixed.gguf", "generate.npz"),
+        ("tiny_qwen2.gguf", "generate_qwen2.npz"),
+        ("tiny_qwen3.gguf", "generate_qwen3.npz"),
+    ],
 )
 def test_activations_are_rounded_as_llama_cpp_rounds_them(gguf_file, recorded):
     """With the reference's activations rounded to int8 as llama.cpp's quantizers round them,
@@ -240,3 +250,36 @@ def test_activations_are_rounded_as_llama_cpp_rounds_them(gguf_file, recorded):
     got = want["logits"][0].astype(np.float64)
     err = np.abs(got - reference).max() / np.abs(reference).max()
     assert err < 1e-5, f"first logits {err:.2e} of the largest from the int8-activation reference"
+
+
+@pytest.mark.parametrize(
+    "gguf_file,recorded",
+    [
+        ("tiny_mixed.gguf", "generate.npz"),
+        ("tiny_qwen2.gguf", "generate_qwen2.npz"),
+        ("tiny_llama3.gguf", "generate_llama3.npz"),
+        ("tiny_qwen3.gguf", "generate_qwen3.npz"),
+    ],
+)
+def test_llama_cpp_itself_gives_the_same_first_logits(gguf_file, recorded):
+    """llama.cpp (llama-cpp-python, its KV cache in f32 as relaxc's) on the same file: the first
+    logits within 5e-2 of the largest and the same argmax (bit for bit where its build sums as
+    relaxc's AVX2 kernels do; an AVX-512 build rounds its int8 activations' sums otherwise)."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is the peer compared with")
+    want = np.load(os.path.join(FIXTURE, recorded))
+    prompt = [int(i) for i in want["prompt"]]
+    llm = llama_cpp.Llama(
+        model_path=os.path.join(FIXTURE, gguf_file),
+        n_ctx=64,
+        logits_all=True,
+        verbose=False,
+        n_threads=1,
+        type_k=0,  # GGML_TYPE_F32
+        type_v=0,
+    )
+    llm.eval(prompt)
+    theirs = np.array(llm.scores[len(prompt) - 1], np.float64)
+    got = want["logits"][0].astype(np.float64)
+    err = np.abs(got - theirs).max() / np.abs(theirs).max()
+    print(f"{gguf_file}: first logits {err:.2e} of the largest from llama.cpp's")
+    assert err < 5e-2 and int(got.argmax()) == int(theirs.argmax())

@@ -7,7 +7,7 @@ import numpy as np
 
 from .model import BLOCKS, Config
 
-ARCHITECTURES = ("llama", "mistral", "qwen2")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 _TYPES = {
     0: "f32",
     1: "f16",
@@ -91,7 +91,16 @@ def read_config(path):
         if fmt in BLOCKS and len(dims[name]) == 2 and dims[name][0] % BLOCKS[fmt][0] != 0:
             raise GGUFError(f"{path}: tensor {name} has rows of {dims[name][0]} values, not whole {fmt} blocks")
     layers = int(meta("block_count"))
+    # Qwen3's RMS norms of each head's Q and K (one weight per head dimension), before RoPE.
+    qk_norm = "blk.0.attn_q_norm.weight" in formats
     for i in range(layers):
+        for part in ("attn_q_norm", "attn_k_norm") if qk_norm else ():
+            name = f"blk.{i}.{part}.weight"
+            if formats.get(name) != "f32" or dims.get(name) != [head_dim]:
+                raise GGUFError(
+                    f"{path}: tensor {name} must be f32 with {head_dim} values (one per head dimension), got "
+                    f"{formats.get(name, 'nothing')} of shape {dims.get(name)}"
+                )
         for part in (
             "attn_norm",
             "attn_q",
@@ -123,6 +132,7 @@ def read_config(path):
         qkv_bias="blk.0.attn_q.bias" in formats,
         tied_embeddings="output.weight" not in formats,
         rope_mode="normal" if arch in ("llama", "mistral") else "neox",
+        qk_norm=qk_norm,
     )
 
 

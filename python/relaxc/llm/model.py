@@ -71,8 +71,10 @@ class Config:
     tied_embeddings: bool
     # How relaxc.rope pairs a head's dimensions, as llama.cpp does for the architecture: "normal"
     # (adjacent pairs) for llama and mistral, whose Q and K rows its converter reordered for
-    # that, "neox" (the two halves) for qwen2, whose rows are in Hugging Face's order.
+    # that, "neox" (the two halves) for qwen2 and qwen3, whose rows are in Hugging Face's order.
     rope_mode: str
+    # Qwen3: each head's Q and K RMS-normed (blk.N.attn_q_norm, attn_k_norm) before RoPE.
+    qk_norm: bool = False
 
 
 def _extern(name, args, out):
@@ -181,16 +183,22 @@ class Block(nn.Module):
         self.attn_k = Linear(c.kv_heads * c.head_dim, c.hidden, f[p + "attn_k.weight"], c.qkv_bias)
         self.attn_v = Linear(c.kv_heads * c.head_dim, c.hidden, f[p + "attn_v.weight"], c.qkv_bias)
         self.attn_output = Linear(c.hidden, c.heads * c.head_dim, f[p + "attn_output.weight"])
+        if c.qk_norm:
+            self.attn_q_norm = RMSNorm(c.head_dim, c.rms_eps)
+            self.attn_k_norm = RMSNorm(c.head_dim, c.rms_eps)
         self.ffn_norm = RMSNorm(c.hidden, c.rms_eps)
         self.ffn_gate = Linear(c.ffn, c.hidden, f[p + "ffn_gate.weight"])
         self.ffn_up = Linear(c.ffn, c.hidden, f[p + "ffn_up.weight"])
         self.ffn_down = Linear(c.hidden, c.ffn, f[p + "ffn_down.weight"])
 
-    def _rope(self, x, heads, rope):
-        """relaxc.rope on a Q or K projection: rope is (positions, frequency divisors or None)."""
+    def _rope(self, x, heads, rope, norm=None):
+        """relaxc.rope on a Q or K projection, split into heads and each head RMS-normed first
+        where the architecture has norm (Qwen3): rope is (positions, frequency divisors or None)."""
         b, s, _ = x.shape
         c = self.c
         x = op.reshape(x, (b, s, heads, c.head_dim))
+        if norm is not None:
+            x = norm(x)
         params = np.array([c.rope_theta, 1.0 / c.rope_scale, 1.0], np.float32)
         return _extern("relaxc.rope", [x, *rope, c.rope_mode, params], Tensor.placeholder(x.shape, "float32"))
 
@@ -203,7 +211,8 @@ class Block(nn.Module):
         b, s, _ = x.shape
         h = self.attn_norm(x)
         q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
-        q, k = self._rope(q, c.heads, rope), self._rope(k, c.kv_heads, rope)
+        norms = (self.attn_q_norm, self.attn_k_norm) if c.qk_norm else (None, None)
+        q, k = self._rope(q, c.heads, rope, norms[0]), self._rope(k, c.kv_heads, rope, norms[1])
         v = op.reshape(v, (b, s, c.kv_heads, c.head_dim))
         qkv = op.concat([q, k, v], dim=2)
         o = cache.attention_with_fused_qkv(self.layer, qkv, c.heads, sm_scale=c.head_dim**-0.5)
