@@ -40,13 +40,15 @@ fn joined(ids: &[i32], sep: &str) -> String {
 
 /// TVM's greedy generation on the same file, reproduced bit for bit: the llama mixing every
 /// format, a qwen2 (biases on Q, K and V; Hugging Face's row order), a Llama 3 (RoPE frequency
-/// factors, the output tied to the embeddings) and a qwen3 (per-head Q and K norms).
+/// factors, the output tied to the embeddings), a qwen3 (per-head Q and K norms) and a phi3 (fused
+/// QKV and gate-up matrices).
 fn generation_gives_tvms_tokens_and_logits() {
     for (tar, gguf, recorded) in [
         ("m.tar", "tiny_mixed.gguf", "generate.npz"),
         ("qwen2.tar", "tiny_qwen2.gguf", "generate_qwen2.npz"),
         ("llama3.tar", "tiny_llama3.gguf", "generate_llama3.npz"),
         ("qwen3.tar", "tiny_qwen3.gguf", "generate_qwen3.npz"),
+        ("phi3.tar", "tiny_phi3.gguf", "generate_phi3.npz"),
     ] {
         let want = npz::read_arrays(&fixture().join(recorded)).expect("recorded generation");
         let (prompt, tokens) = (ids(&want["prompt"].2), ids(&want["tokens"].2));

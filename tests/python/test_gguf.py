@@ -167,7 +167,7 @@ def reference_first_logits(path, prompt, quantize_activations=False, perturbatio
         angle = pos * theta ** (-np.arange(0, hd, 2) / hd)
         if "rope_freqs.weight" in t:  # llama3's scaling: each frequency divided by its factor
             angle = angle / t["rope_freqs.weight"]
-        if arch in ("qwen2", "qwen3"):
+        if arch in ("qwen2", "qwen3", "phi3"):
             first, second = slice(0, hd // 2), slice(hd // 2, hd)
         else:
             first, second = slice(0, hd, 2), slice(1, hd, 2)
@@ -185,12 +185,17 @@ def reference_first_logits(path, prompt, quantize_activations=False, perturbatio
     for i in range(layers):
         p = f"blk.{i}."
         h = norm(x, t[p + "attn_norm.weight"])
-        q = project(h, p + "attn_q").reshape(n, heads, hd)
-        k = project(h, p + "attn_k").reshape(n, kv_heads, hd)
+        if p + "attn_qkv.weight" in t:  # phi3: Q, K and V rows in one matrix
+            qkv = matmul(h, p + "attn_qkv.weight")
+            q, k, v = np.split(qkv, [heads * hd, (heads + kv_heads) * hd], axis=-1)
+            q, k, v = q.reshape(n, heads, hd), k.reshape(n, kv_heads, hd), v.reshape(n, kv_heads, hd)
+        else:
+            q = project(h, p + "attn_q").reshape(n, heads, hd)
+            k = project(h, p + "attn_k").reshape(n, kv_heads, hd)
+            v = project(h, p + "attn_v").reshape(n, kv_heads, hd)
         if p + "attn_q_norm.weight" in t:  # qwen3: each head normed before RoPE
             q, k = norm(q, t[p + "attn_q_norm.weight"]), norm(k, t[p + "attn_k_norm.weight"])
         q, k = rope(q), rope(k)
-        v = project(h, p + "attn_v").reshape(n, kv_heads, hd)
         k, v = (
             np.repeat(k, heads // kv_heads, axis=1),
             np.repeat(v, heads // kv_heads, axis=1),
@@ -202,7 +207,10 @@ def reference_first_logits(path, prompt, quantize_activations=False, perturbatio
         o = np.einsum("hqk,khd->qhd", weights, v).reshape(n, heads * hd)
         x = x + matmul(o, p + "attn_output.weight")
         h = norm(x, t[p + "ffn_norm.weight"])
-        gate, up = matmul(h, p + "ffn_gate.weight"), matmul(h, p + "ffn_up.weight")
+        if p + "ffn_gate.weight" in t:
+            gate, up = matmul(h, p + "ffn_gate.weight"), matmul(h, p + "ffn_up.weight")
+        else:  # phi3: the gate is the first half of ffn_up's rows
+            gate, up = np.split(matmul(h, p + "ffn_up.weight"), 2, axis=-1)
         x = x + matmul(gate / (1 + np.exp(-gate)) * up, p + "ffn_down.weight")
     return matmul(norm(x, t["output_norm.weight"])[-1:], "output.weight")[0]
 
@@ -214,12 +222,13 @@ def reference_first_logits(path, prompt, quantize_activations=False, perturbatio
         ("tiny_qwen2.gguf", "generate_qwen2.npz"),
         ("tiny_llama3.gguf", "generate_llama3.npz"),
         ("tiny_qwen3.gguf", "generate_qwen3.npz"),
+        ("tiny_phi3.gguf", "generate_phi3.npz"),
     ],
 )
 def test_the_model_means_what_llama_cpp_means(gguf_file, recorded):
     """llama (Q and K rows in llama.cpp's order, adjacent pairs rotated), qwen2 (biases on Q, K
     and V, NEOX RoPE on Hugging Face's rows), qwen3 (each head's Q and K RMS-normed, heads wider
-    than hidden / heads) and Llama 3 (RoPE frequency factors, which move these
+    than hidden / heads), phi3 (Q, K and V in one matrix, the gate and up in another) and Llama 3 (RoPE frequency factors, which move these
     logits by 4.3e-2 if they are ignored; tied embeddings)."""
     want = np.load(os.path.join(FIXTURE, recorded))
     prompt = [int(i) for i in want["prompt"]]
@@ -236,6 +245,7 @@ def test_the_model_means_what_llama_cpp_means(gguf_file, recorded):
         ("tiny_mixed.gguf", "generate.npz"),
         ("tiny_qwen2.gguf", "generate_qwen2.npz"),
         ("tiny_qwen3.gguf", "generate_qwen3.npz"),
+        ("tiny_phi3.gguf", "generate_phi3.npz"),
     ],
 )
 def test_activations_are_rounded_as_llama_cpp_rounds_them(gguf_file, recorded):

@@ -3,7 +3,7 @@
     python -m relaxc.llm build MODEL.gguf -o MODEL.so [--exec-mode compiled] [--target TRIPLE]
     relaxc generate MODEL.so --weights MODEL.gguf --prompt 1,2,3
 
-``build`` reads the file's metadata (llama, mistral, qwen2 or qwen3), builds the model with TVM's nn
+``build`` reads the file's metadata (llama, mistral, qwen2, qwen3 or phi3), builds the model with TVM's nn
 front end on the paged KV cache (embed, prefill, decode, as fixtures/tvm/llm.py), with every
 weight a parameter named and typed as the file holds it, builds it with relaxc.tvm (dense
 layers on relaxc's quantized kernels) and compiles it with relaxc. Beside MODEL.so it writes the

@@ -15,7 +15,7 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="command", required=True)
     b = commands.add_parser(
         "build",
-        help="build the model of a GGUF file (llama, mistral, qwen2, qwen3) into a .so",
+        help="build the model of a GGUF file (llama, mistral, qwen2, qwen3, phi3) into a .so",
         description="Build the model of a GGUF file into a .so whose weights stay in the file: run it with "
         "`relaxc generate MODEL.so --weights MODEL.gguf`. Dense layers run on relaxc's quantized kernels in the "
         "file's own formats (f32, f16, q8_0, q4_0, q4_K, q6_K).",

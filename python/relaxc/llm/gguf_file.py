@@ -7,7 +7,7 @@ import numpy as np
 
 from .model import BLOCKS, Config
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 _TYPES = {
     0: "f32",
     1: "f16",
@@ -91,6 +91,15 @@ def read_config(path):
         if fmt in BLOCKS and len(dims[name]) == 2 and dims[name][0] % BLOCKS[fmt][0] != 0:
             raise GGUFError(f"{path}: tensor {name} has rows of {dims[name][0]} values, not whole {fmt} blocks")
     layers = int(meta("block_count"))
+    for name in ("rope_factors_long.weight", "rope_factors_short.weight"):
+        if name in formats:
+            raise GGUFError(
+                f"{path}: {name}: Phi-3's long-context RoPE scaling (LongRoPE, the 128k variants) is not "
+                "supported; the 4k-context files are"
+            )
+    # Phi-3's fused matrices: Q, K and V in one (attn_qkv), the gate and up in one (ffn_up, the gate
+    # its first half).
+    fused = "blk.0.attn_qkv.weight" in formats
     # Qwen3's RMS norms of each head's Q and K (one weight per head dimension), before RoPE.
     qk_norm = "blk.0.attn_q_norm.weight" in formats
     for i in range(layers):
@@ -101,17 +110,9 @@ def read_config(path):
                     f"{path}: tensor {name} must be f32 with {head_dim} values (one per head dimension), got "
                     f"{formats.get(name, 'nothing')} of shape {dims.get(name)}"
                 )
-        for part in (
-            "attn_norm",
-            "attn_q",
-            "attn_k",
-            "attn_v",
-            "attn_output",
-            "ffn_norm",
-            "ffn_gate",
-            "ffn_up",
-            "ffn_down",
-        ):
+        parts = ["attn_norm", "attn_output", "ffn_norm", "ffn_up", "ffn_down"]
+        parts += ["attn_qkv"] if fused else ["attn_q", "attn_k", "attn_v", "ffn_gate"]
+        for part in parts:
             if f"blk.{i}.{part}.weight" not in formats:
                 raise GGUFError(f"{path}: tensor blk.{i}.{part}.weight is missing")
     return Config(
@@ -133,6 +134,7 @@ def read_config(path):
         tied_embeddings="output.weight" not in formats,
         rope_mode="normal" if arch in ("llama", "mistral") else "neox",
         qk_norm=qk_norm,
+        fused=fused,
     )
 
 

@@ -75,6 +75,9 @@ class Config:
     rope_mode: str
     # Qwen3: each head's Q and K RMS-normed (blk.N.attn_q_norm, attn_k_norm) before RoPE.
     qk_norm: bool = False
+    # Phi-3: Q, K and V in one matrix (attn_qkv) and the gate and up in one (ffn_up, gate first);
+    # Q scaled by 1 / sqrt(head_dim) before attention, as llama.cpp's graph scales it.
+    fused: bool = False
 
 
 def _extern(name, args, out):
@@ -179,16 +182,23 @@ class Block(nn.Module):
         p = f"blk.{i}."
         self.layer, self.c = i, c
         self.attn_norm = RMSNorm(c.hidden, c.rms_eps)
-        self.attn_q = Linear(c.heads * c.head_dim, c.hidden, f[p + "attn_q.weight"], c.qkv_bias)
-        self.attn_k = Linear(c.kv_heads * c.head_dim, c.hidden, f[p + "attn_k.weight"], c.qkv_bias)
-        self.attn_v = Linear(c.kv_heads * c.head_dim, c.hidden, f[p + "attn_v.weight"], c.qkv_bias)
+        if c.fused:
+            rows = (c.heads + 2 * c.kv_heads) * c.head_dim
+            self.attn_qkv = Linear(rows, c.hidden, f[p + "attn_qkv.weight"])
+        else:
+            self.attn_q = Linear(c.heads * c.head_dim, c.hidden, f[p + "attn_q.weight"], c.qkv_bias)
+            self.attn_k = Linear(c.kv_heads * c.head_dim, c.hidden, f[p + "attn_k.weight"], c.qkv_bias)
+            self.attn_v = Linear(c.kv_heads * c.head_dim, c.hidden, f[p + "attn_v.weight"], c.qkv_bias)
         self.attn_output = Linear(c.hidden, c.heads * c.head_dim, f[p + "attn_output.weight"])
         if c.qk_norm:
             self.attn_q_norm = RMSNorm(c.head_dim, c.rms_eps)
             self.attn_k_norm = RMSNorm(c.head_dim, c.rms_eps)
         self.ffn_norm = RMSNorm(c.hidden, c.rms_eps)
-        self.ffn_gate = Linear(c.ffn, c.hidden, f[p + "ffn_gate.weight"])
-        self.ffn_up = Linear(c.ffn, c.hidden, f[p + "ffn_up.weight"])
+        if c.fused:
+            self.ffn_up = Linear(2 * c.ffn, c.hidden, f[p + "ffn_up.weight"])
+        else:
+            self.ffn_gate = Linear(c.ffn, c.hidden, f[p + "ffn_gate.weight"])
+            self.ffn_up = Linear(c.ffn, c.hidden, f[p + "ffn_up.weight"])
         self.ffn_down = Linear(c.hidden, c.ffn, f[p + "ffn_down.weight"])
 
     def _rope(self, x, heads, rope, norm=None):
@@ -210,17 +220,28 @@ class Block(nn.Module):
         c = self.c
         b, s, _ = x.shape
         h = self.attn_norm(x)
-        q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
+        if c.fused:
+            q_end, k_end = c.heads * c.head_dim, (c.heads + c.kv_heads) * c.head_dim
+            q, k, v = op.split(self.attn_qkv(h), [q_end, k_end], axis=2)
+        else:
+            q, k, v = self.attn_q(h), self.attn_k(h), self.attn_v(h)
         norms = (self.attn_q_norm, self.attn_k_norm) if c.qk_norm else (None, None)
         q, k = self._rope(q, c.heads, rope, norms[0]), self._rope(k, c.kv_heads, rope, norms[1])
         v = op.reshape(v, (b, s, c.kv_heads, c.head_dim))
+        sm_scale = c.head_dim**-0.5
+        if c.fused:  # Phi-3's graph scales Q itself (a float multiply) and attends at scale 1
+            scale = Tensor.from_const(np.array(sm_scale, np.float32))
+            q, sm_scale = q * scale, 1.0
         qkv = op.concat([q, k, v], dim=2)
-        o = cache.attention_with_fused_qkv(self.layer, qkv, c.heads, sm_scale=c.head_dim**-0.5)
+        o = cache.attention_with_fused_qkv(self.layer, qkv, c.heads, sm_scale=sm_scale)
         x = x + self.attn_output(op.reshape(o, (b, s, c.heads * c.head_dim)))
         if keep is not None:
             x = keep(x)
         h = self.ffn_norm(x)
-        gate, up = self.ffn_gate(h), self.ffn_up(h)
+        if c.fused:
+            gate, up = op.split(self.ffn_up(h), 2, axis=2)
+        else:
+            gate, up = self.ffn_gate(h), self.ffn_up(h)
         # silu(gate) * up in llama.cpp's arithmetic (its exp): the down projection quantizes it
         # to int8, where a value one rounding off llama.cpp's flips an int8 now and then.
         gated = _extern("relaxc.swiglu", [gate, up], Tensor.placeholder(gate.shape, "float32"))
