@@ -215,16 +215,17 @@ def reference_first_logits(path, prompt, quantize_activations=False, perturbatio
     return matmul(norm(x, t["output_norm.weight"])[-1:], "output.weight")[0]
 
 
-@pytest.mark.parametrize(
-    "gguf_file,recorded",
-    [
-        ("tiny_mixed.gguf", "generate.npz"),
-        ("tiny_qwen2.gguf", "generate_qwen2.npz"),
-        ("tiny_llama3.gguf", "generate_llama3.npz"),
-        ("tiny_qwen3.gguf", "generate_qwen3.npz"),
-        ("tiny_phi3.gguf", "generate_phi3.npz"),
-    ],
-)
+# Each fixture file and TVM's generation on it (fixtures/gguf/generate.py).
+RECORDED = [
+    ("tiny_mixed.gguf", "generate.npz"),
+    ("tiny_qwen2.gguf", "generate_qwen2.npz"),
+    ("tiny_llama3.gguf", "generate_llama3.npz"),
+    ("tiny_qwen3.gguf", "generate_qwen3.npz"),
+    ("tiny_phi3.gguf", "generate_phi3.npz"),
+]
+
+
+@pytest.mark.parametrize("gguf_file,recorded", RECORDED)
 def test_the_model_means_what_llama_cpp_means(gguf_file, recorded):
     """llama (Q and K rows in llama.cpp's order, adjacent pairs rotated), qwen2 (biases on Q, K
     and V, NEOX RoPE on Hugging Face's rows), qwen3 (each head's Q and K RMS-normed, heads wider
@@ -262,15 +263,8 @@ def test_activations_are_rounded_as_llama_cpp_rounds_them(gguf_file, recorded):
     assert err < 1e-5, f"first logits {err:.2e} of the largest from the int8-activation reference"
 
 
-@pytest.mark.parametrize(
-    "gguf_file,recorded",
-    [
-        ("tiny_mixed.gguf", "generate.npz"),
-        ("tiny_qwen2.gguf", "generate_qwen2.npz"),
-        ("tiny_llama3.gguf", "generate_llama3.npz"),
-        ("tiny_qwen3.gguf", "generate_qwen3.npz"),
-    ],
-)
+# llama-cpp-python 0.3.36 does not load the tiny phi3 file (its vocabulary loader fails on it).
+@pytest.mark.parametrize("gguf_file,recorded", [r for r in RECORDED if "phi3" not in r[0]])
 def test_llama_cpp_itself_gives_the_same_first_logits(gguf_file, recorded):
     """llama.cpp (llama-cpp-python, its KV cache in f32 as relaxc's) on the same file: the first
     logits within 5e-2 of the largest and the same argmax (bit for bit where its build sums as
