@@ -349,7 +349,7 @@ class _Planner(ConvolutionAnchors):
                 if not _is_f32_tensor(mask) or mask_dims is None or len(mask_dims) > len(dims):
                     return None
                 for m, s in zip(reversed(mask_dims), reversed(dims)):
-                    if not (m == 1 or _same_dims([m], [s])):
+                    if not ((isinstance(m, int) and m == 1) or _same_dims([m], [s])):
                         return None
             elif step == "softmax" and name == "relax.nn.softmax":
                 if int(_attr(call, "axis", -1)) % len(dims) != len(dims) - 1:
