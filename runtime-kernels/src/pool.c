@@ -241,9 +241,11 @@ int rvm_builtin_kl_avg_pool2d(void *self, const TVMFFIAny *args, int32_t num_arg
 
 /* ---- global average --------------------------------------------------------------------------- */
 
-/* Partial sums run in this many lanes, combined in a fixed order at the end: the loops
- * vectorize, and the bits are the same with or without vector units. */
-enum { SUM_LANES = 8 };
+/* Each plane's sum in ONNX Runtime's order (MLAS's global pooling): four lanes over whole groups
+ * of four, combined as (0 + 2) + (1 + 3), then the last values one by one, then divided by the
+ * count. A dynamically quantized model quantizes each pooled tensor over its whole range, so an
+ * ulp away from ORT's mean could move every value of the next layer. The lanes vectorize. */
+enum { SUM_LANES = 4 };
 
 typedef struct mean_job {
   const float *x;
@@ -261,8 +263,8 @@ static int mean_task(int task, int num_tasks, void *ctx) {
     int64_t i = 0;
     for (; i + SUM_LANES <= j->size; i += SUM_LANES)
       for (int l = 0; l < SUM_LANES; l++) lanes[l] += in[i + l];
-    for (int l = 0; i < j->size; i++, l++) lanes[l] += in[i];
-    float sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    float sum = (lanes[0] + lanes[2]) + (lanes[1] + lanes[3]);
+    for (; i < j->size; i++) sum += in[i];
     j->out[plane] = sum / (float)j->size;
   }
   return 0;

@@ -415,6 +415,77 @@ def small_cnn():
     return model
 
 
+def bn_cnn():
+    """Conv, BatchNormalization, HardSwish (HardSigmoid times x), a strided Conv,
+    BatchNormalization, Relu, GlobalAveragePool, Flatten, Gemm: the layers of a MobileNetV3."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(8)
+    arr = lambda *shape, s=1.0: (rng.standard_normal(shape) * s).astype(np.float32)
+    bn = lambda name, c: [
+        numpy_helper.from_array((1 + 0.2 * rng.standard_normal(c)).astype(np.float32), name + "_g"),
+        numpy_helper.from_array(arr(c, s=0.1), name + "_b"),
+        numpy_helper.from_array(arr(c, s=0.1), name + "_m"),
+        numpy_helper.from_array((0.5 + rng.random(c)).astype(np.float32), name + "_v"),
+    ]
+    inits = [
+        numpy_helper.from_array(arr(8, 3, 3, 3, s=0.3), "w0"),
+        *bn("bn0", 8),
+        numpy_helper.from_array(arr(12, 8, 3, 3, s=0.2), "w1"),
+        *bn("bn1", 12),
+        numpy_helper.from_array(arr(5, 12, s=0.3), "fc"),
+        numpy_helper.from_array(arr(5, s=0.1), "fcb"),
+    ]
+    norm = lambda name, x, y: helper.make_node(
+        "BatchNormalization", [x, name + "_g", name + "_b", name + "_m", name + "_v"], [y], name=name
+    )
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+        norm("bn0", "c0", "n0"),
+        helper.make_node("HardSigmoid", ["n0"], ["s0"], name="hs0", alpha=1 / 6, beta=0.5),
+        helper.make_node("Mul", ["n0", "s0"], ["h0"], name="swish0"),
+        helper.make_node("Conv", ["h0", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1], strides=[2, 2]),
+        norm("bn1", "c1", "n1"),
+        helper.make_node("Relu", ["n1"], ["r1"], name="relu1"),
+        helper.make_node("GlobalAveragePool", ["r1"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "fc", "fcb"], ["y"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "bn_cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 21, 19])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_dynamically_quantized_cnn_gives_onnx_runtimes_bytes(tmp_path):
+    """quantize_dynamic on convolutions with BatchNormalization, HardSwish and global average
+    pooling between them: every DynamicQuantizeLinear sees ORT's floats, so the output is ORT's
+    bit for bit (BatchNormalization in ORT's arithmetic after the exact integer convolution, not
+    folded into its weights; the pooling's sums in ORT's order)."""
+    onnx, ort = onnx_tools()
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    f32, q8 = str(tmp_path / "f32.onnx"), str(tmp_path / "q8.onnx")
+    onnx.save(bn_cnn(), f32)
+    quantize_dynamic(f32, q8, weight_type=QuantType.QInt8, op_types_to_quantize=["Conv"])
+    model = onnx.load(q8)
+    assert {"ConvInteger", "BatchNormalization", "GlobalAveragePool"} <= {n.op_type for n in model.graph.node}
+    done, path, so = build_onnx(tmp_path, model)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(9)
+    for _ in range(3):
+        inp = rng.uniform(-1, 1, (1, 3, 21, 19)).astype(np.float32)
+        want = session.run(None, {"x": inp})[0]
+        got = run_all(so, [inp])[0]
+        assert np.array_equal(got, want), float(np.abs(got - want).max())
+
+
 @pytest.mark.parametrize("form", ["QDQ", "QOperator", "dynamic"])
 def test_onnx_runtimes_int8_forms_of_a_cnn_build_and_match_it(tmp_path, form):
     """A CNN through ORT's quantize_static (QDQ and QOperator forms) and quantize_dynamic

@@ -465,6 +465,40 @@ def _conv_integer(r, node):
     r.op("Cast", [y], hint + "_int", output=node.output[0], to=6)
 
 
+def _batch_norm_after_integers(r, node):
+    """A BatchNormalization of a ConvInteger's scaled result (ConvInteger -> Cast -> Mul, as ONNX
+    Runtime's dynamic quantizer writes a convolution) in ORT's arithmetic: y = x * s + b per
+    channel, s = scale / sqrt(var + epsilon) and b = bias - mean * s in float32. Folded into the
+    convolution's weights instead (as float models are), the weights stop being integers: one
+    ulp off there moved the next DynamicQuantizeLinear's range, and with it every value. True
+    when it matched."""
+    attrs = _attrs(node)
+    if attrs.get("training_mode", 0) or not attrs.get("spatial", 1) or len(node.input) < 5:
+        return False
+    params = [r.values.get(r.input(node, i)) for i in range(1, 5)]
+    if any(p is None or np.ndim(p) != 1 for p in params):
+        return False
+    mul = r.producer.get(node.input[0])
+    if mul is None or mul.op_type != "Mul":
+        return False
+    sources = [r.producer.get(i) for i in mul.input]
+    casts = [c for c in sources if c is not None and c.op_type == "Cast" and _attrs(c).get("to") == 1]
+    convs = [r.producer.get(c.input[0]) for c in casts]
+    conv = next((c for c in convs if c is not None and c.op_type == "ConvInteger"), None)
+    if conv is None or r.input(conv, 1) not in r.values:
+        return False
+    scale, bias, mean, var = (np.asarray(p, np.float32) for p in params)
+    eps = np.float32(attrs.get("epsilon", 1e-5))
+    inv_std = np.float32(1.0) / np.sqrt(var + eps)
+    new_scale = inv_std * scale
+    new_bias = bias - mean * new_scale
+    shape = (-1,) + (1,) * (np.ndim(r.values[r.input(conv, 1)]) - 2)  # [C, 1, 1] for NCHW
+    hint = node.name or node.output[0]
+    y = r.op("Mul", [node.input[0], r.constant(new_scale.reshape(shape), hint + "_scale")], hint + "_scaled")
+    r.op("Add", [y, r.constant(new_bias.reshape(shape), hint + "_bias")], hint + "_bn", output=node.output[0])
+    return True
+
+
 def _elementwise(op_type):
     def expand(r, node):
         get = lambda i: r.input(node, i)
@@ -587,6 +621,8 @@ def expand_quantized(model, log=print):
         elif node.op_type in ("Conv", "MatMul") and domain(node) == "" and _exact_qdq_conv(r, node):
             exact += 1
         elif node.op_type == "Softmax" and domain(node) == "" and _exact_qdq_softmax(r, node):
+            exact += 1
+        elif node.op_type == "BatchNormalization" and domain(node) == "" and _batch_norm_after_integers(r, node):
             exact += 1
         else:
             r.nodes.append(node)
