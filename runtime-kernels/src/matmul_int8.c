@@ -19,6 +19,7 @@
 #define _GNU_SOURCE /* syscall(), for AMX's permission */
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -433,27 +434,32 @@ typedef void (*tile_fn)(const int8_job *j, int64_t r0, int64_t mr, int64_t p0, i
 static bool same_as_portable(tile_fn fn) {
   enum { ROWS = 40, K = 200, N = 40, STRIDE = 256, GROUPS = K / GROUP, PANELS = (N + PANEL - 1) / PANEL };
   enum { PANEL_BYTES = GROUPS * PANEL * GROUP, PADDED_GROUPS = (GROUPS + 15) / 16 * 16 };
-  static uint8_t a[64 * STRIDE];
-  static int8_t b[PANELS * PANEL_BYTES], last[PADDED_GROUPS * PANEL * GROUP];
-  static int32_t zeros[N], sums[64], want[ROWS * N], got[ROWS * N];
+  /* On the heap, per call: two threads' first calls may both decide (and check) at once. */
+  struct check {
+    uint8_t a[64 * STRIDE];
+    int8_t b[PANELS * PANEL_BYTES], last[PADDED_GROUPS * PANEL * GROUP];
+    int32_t zeros[N], sums[64], want[ROWS * N], got[ROWS * N];
+  } *m = calloc(1, sizeof *m);
+  if (!m) return false;
   uint32_t state = 12345;
-  for (int r = 0; r < 64; r++)
-    for (int i = 0; i < STRIDE; i++) {
+  for (int r = 0; r < ROWS; r++)
+    for (int i = 0; i < K; i++) {
       state = state * 1103515245u + 12345u;
-      a[r * STRIDE + i] = r < ROWS && i < K ? (uint8_t)(state >> 16) : 0;
+      m->a[r * STRIDE + i] = (uint8_t)(state >> 16);
     }
   for (int i = 0; i < PANELS * PANEL_BYTES; i++) {
     state = state * 1103515245u + 12345u;
-    b[i] = (int8_t)(state >> 16);
+    m->b[i] = (int8_t)(state >> 16);
   }
-  memset(last, 0, sizeof last);
-  memcpy(last, b + (PANELS - 1) * PANEL_BYTES, PANEL_BYTES);
-  int8_job j = {.a = a, .stride = STRIDE, .rows = ROWS, .k = K, .n = N, .b = b, .panel_bytes = PANEL_BYTES,
-                .d = zeros, .csum = zeros, .row_sums = sums, .out = want, .amx_last_panel = last};
+  memcpy(m->last, m->b + (PANELS - 1) * PANEL_BYTES, PANEL_BYTES);
+  int8_job j = {.a = m->a, .stride = STRIDE, .rows = ROWS, .k = K, .n = N, .b = m->b, .panel_bytes = PANEL_BYTES,
+                .d = m->zeros, .csum = m->zeros, .row_sums = m->sums, .out = m->want, .amx_last_panel = m->last};
   tile_portable(&j, 0, ROWS, 0, PANELS);
-  j.out = got;
+  j.out = m->got;
   fn(&j, 0, ROWS, 0, PANELS);
-  return memcmp(want, got, sizeof want) == 0;
+  bool same = memcmp(m->want, m->got, sizeof m->want) == 0;
+  free(m);
+  return same;
 }
 
 /* same_as_portable, saying on stderr when a path fails it (and is not taken). */
