@@ -304,6 +304,8 @@ typedef struct rk_view {
   int64_t strides[RK_MAX_RANK];
 } rk_view;
 
+/* Compact tensor t (rank <= RK_MAX_RANK) seen as it is. */
+RVM_HIDDEN void rk_view_compact(const DLTensor *t, rk_view *out);
 /* Compact tensor t seen as permute_dims(t, perm), perm the Shape at args[i] (None: t itself);
  * a ValueError names `name` when perm is not a permutation of t's axes. */
 RVM_HIDDEN int rk_view_permuted(const char *kernel, const DLTensor *t, const TVMFFIAny *args, int32_t num_args,

@@ -377,14 +377,7 @@ int rvm_builtin_kl_attention(void *self, const TVMFFIAny *args, int32_t num_args
   if (!rc) rc = out->ndim > RK_MAX_RANK ? rk_shape_error(kernel, "the result's rank is too large", out) : 0;
   if (!rc) rc = rk_view_result(kernel, out, args, num_args, 7, &vo);
   if (!rc && mask) rc = mask->ndim > RK_MAX_RANK ? rk_shape_error(kernel, "the mask's rank is too large", mask) : 0;
-  if (!rc && mask) {
-    vm.ndim = mask->ndim;
-    int64_t s = 1;
-    for (int32_t d = mask->ndim - 1; d >= 0; d--) {
-      vm.shape[d] = mask->shape[d], vm.strides[d] = s;
-      s *= mask->shape[d];
-    }
-  }
+  if (!rc && mask) rk_view_compact(mask, &vm);
   float alpha = 1.0f;
   if (!rc) rc = rk_arg_scalars(kernel, args, num_args, 8, "alpha", 1, &alpha);
   sdpa_job j = {0};

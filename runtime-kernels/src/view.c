@@ -16,6 +16,12 @@ static void compact_strides(const DLTensor *t, int64_t *strides) {
   }
 }
 
+void rk_view_compact(const DLTensor *t, rk_view *out) {
+  out->ndim = t->ndim;
+  compact_strides(t, out->strides);
+  for (int32_t d = 0; d < t->ndim; d++) out->shape[d] = t->shape[d];
+}
+
 /* perm[i] must name every dim of an ndim-dim tensor once. */
 static int check_permutation(const char *kernel, const char *name, const int64_t *perm, int64_t count, int32_t ndim) {
   bool seen[RK_MAX_RANK] = {false};
@@ -32,16 +38,13 @@ static int check_permutation(const char *kernel, const char *name, const int64_t
 int rk_view_permuted(const char *kernel, const DLTensor *t, const TVMFFIAny *args, int32_t num_args, int32_t i,
                     const char *name, rk_view *out) {
   if (t->ndim > RK_MAX_RANK) return rvm_raise("ValueError", "%s: %s has rank %d (at most %d)", kernel, name, t->ndim, RK_MAX_RANK);
+  if (args[i].type_index == kTVMFFINone) {
+    rk_view_compact(t, out);
+    return 0;
+  }
   int64_t strides[RK_MAX_RANK];
   compact_strides(t, strides);
   out->ndim = t->ndim;
-  if (args[i].type_index == kTVMFFINone) {
-    for (int32_t d = 0; d < t->ndim; d++) {
-      out->shape[d] = t->shape[d];
-      out->strides[d] = strides[d];
-    }
-    return 0;
-  }
   const int64_t *perm;
   int64_t count;
   int rc = rk_arg_shape(kernel, args, num_args, i, name, -1, &perm, &count);
